@@ -1,0 +1,92 @@
+"""should_fuse(match) -> (bool, reason): whether a matched pair is worth and safe to rewrite,
+and which implementation its op will run."""
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch.fx import Node
+
+from . import config
+from .patterns import AllGatherMatmulMatch, Match, MatmulReduceScatterMatch
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _val(node: Node | None):
+    return None if node is None else node.meta.get("val")
+
+
+def _tensors(match: Match) -> list[torch.Tensor]:
+    if isinstance(match, AllGatherMatmulMatch):
+        nodes = [match.shard, match.gathered] + [
+            n for use in match.matmuls for n in (use.mm, use.mat2, use.bias) if n is not None
+        ]
+    else:
+        nodes = [n for n in (match.input, match.mat2, match.bias, match.mm) if n is not None]
+    return [_val(n) for n in nodes]
+
+
+def _is_static(tensor: torch.Tensor) -> bool:
+    return all(isinstance(s, int) for s in tensor.shape)
+
+
+def group_ranks(group_name: str) -> list[int] | None:
+    """Global ranks of a group, or None where the group cannot be resolved here."""
+    try:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        return dist.get_process_group_ranks(_resolve_process_group(group_name))
+    except Exception:
+        return None
+
+
+def _spans_hosts(ranks: list[int]) -> bool:
+    """Whether ranks sit on different hosts, by torchrun's LOCAL_WORLD_SIZE (ranks are laid
+    out host by host). Unknown layouts count as one host."""
+    per_host = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    return per_host > 0 and len({r // per_host for r in ranks}) > 1
+
+
+def choose_implementation(match: Match) -> str:
+    """Which implementation the rewritten op runs. Only the reference decomposition exists so
+    far; the GPU kernels will be chosen here per device and shape."""
+    return "reference"
+
+
+def should_fuse(match: Match) -> tuple[bool, str]:
+    """(True, "") when the match should be rewritten, else (False, reason)."""
+    if isinstance(match, AllGatherMatmulMatch) and not config.all_gather_matmul:
+        return False, "disabled by overlap_pass.config.all_gather_matmul"
+    if isinstance(match, MatmulReduceScatterMatch) and not config.matmul_reduce_scatter:
+        return False, "disabled by overlap_pass.config.matmul_reduce_scatter"
+    if config.implementation not in config.IMPLEMENTATIONS:
+        return False, (
+            f"overlap_pass.config.implementation={config.implementation!r}; "
+            f"expected one of {config.IMPLEMENTATIONS}"
+        )
+    if match.world_size == 1:
+        return False, "group of size 1: the collective is a copy, nothing to overlap"
+    tensors = _tensors(match)
+    if any(not isinstance(t, torch.Tensor) for t in tensors):
+        return False, "missing tensor metadata on a matched node"
+    if not all(_is_static(t) for t in tensors):
+        return False, "dynamic shapes are not supported yet"
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1:
+        return False, f"mixed dtypes {sorted(str(d) for d in dtypes)}"
+    (dtype,) = dtypes
+    if dtype not in SUPPORTED_DTYPES:
+        return False, f"dtype {dtype} is not supported"
+    devices = {t.device.type for t in tensors}
+    if len(devices) != 1 or devices & {"meta"}:
+        return False, f"tensors on devices {sorted(devices)}"
+    if devices == {"cuda"}:
+        ranks = group_ranks(match.group_name)
+        if ranks is not None and _spans_hosts(ranks):
+            return False, "group spans hosts: the overlapped ops need every rank on one host"
+    if isinstance(match, MatmulReduceScatterMatch):
+        rows = _val(match.scattered).shape[match.scatter_dim]
+        if rows % match.world_size:
+            return False, f"scatter dim size {rows} is not divisible by world size"
+    return True, ""

@@ -1,0 +1,247 @@
+"""OverlapPass: find -> decide -> rewrite on each post-grad graph, forward and backward.
+
+The pass sits in Inductor's post_grad_custom_pre_pass slot: it runs before Inductor's own
+post-grad pattern passes and before ``_micro_pipeline_tp``, so neither can take or reshape the
+collective -> matmul patterns first.
+"""
+
+import functools
+import glob
+import os
+
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch._inductor.pattern_matcher import stable_topological_sort
+from torch.fx import Graph
+
+from . import config, debug, decide, patterns, rewrite
+from .debug import describe_node, log
+from .patterns import AllGatherMatmulMatch, Candidate
+
+
+class OverlapPass(CustomGraphPass):
+    """Rewrites all_gather -> matmul and matmul -> reduce_scatter into overlap's ops.
+
+    ``always=True`` (backend="overlap") runs on every graph; ``always=False`` is the hook that
+    ``import overlap_pass`` installs into the default Inductor compile, active only while
+    ``overlap_pass.config.enabled`` is set.
+    """
+
+    def __init__(self, always: bool = True) -> None:
+        self.always = always
+
+    def active(self) -> bool:
+        return self.always or config.enabled
+
+    def __call__(self, graph: Graph) -> None:
+        if self.active():
+            overlap_graph_pass(graph)
+
+    def uuid(self):
+        if not self.active():
+            return "overlap_pass:off"
+        if debug.dumping():
+            return None  # no FX graph cache, so every compile writes its dump
+        return (_source_hash(), config.get_hash())
+
+
+@functools.cache
+def _source_hash() -> bytes:
+    here = os.path.dirname(os.path.abspath(__file__))
+    return get_hash_for_files(tuple(sorted(glob.glob(os.path.join(here, "*.py")))))
+
+
+class ChainedGraphPass(CustomGraphPass):
+    """Several custom passes in one Inductor slot, for torch versions whose slots take one."""
+
+    def __init__(self, passes: list) -> None:
+        self.passes = list(passes)
+
+    def __call__(self, graph: Graph) -> None:
+        for graph_pass in self.passes:
+            graph_pass(graph)
+
+    def uuid(self):
+        ids = [p.uuid() if hasattr(p, "uuid") else None for p in self.passes]
+        return None if any(i is None for i in ids) else tuple(ids)
+
+
+def with_overlap_pass(slot, overlap_pass: OverlapPass):
+    """The value for an Inductor custom-pass slot: what it held, minus any OverlapPass, then
+    ``overlap_pass``."""
+    if slot is None:
+        existing = []
+    elif isinstance(slot, ChainedGraphPass):
+        existing = slot.passes
+    elif isinstance(slot, (list, tuple)):
+        existing = list(slot)
+    else:
+        existing = [slot]
+    passes = [p for p in existing if not isinstance(p, OverlapPass)] + [overlap_pass]
+    return passes[0] if len(passes) == 1 else ChainedGraphPass(passes)
+
+
+def install() -> None:
+    """Hooks the pass into the default torch.compile, gated by config.enabled. Idempotent."""
+    inductor = torch._inductor.config
+    slot = inductor.post_grad_custom_pre_pass
+    held = slot.passes if isinstance(slot, ChainedGraphPass) else [slot]
+    if not any(isinstance(p, OverlapPass) for p in held):
+        inductor.post_grad_custom_pre_pass = with_overlap_pass(slot, OverlapPass(always=False))
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def overlap_graph_pass(graph: Graph) -> list[dict]:
+    """find -> decide -> rewrite on one graph; returns the decision records."""
+    dumping = debug.dumping()
+    before = debug.graph_text(graph) if dumping else ""
+    candidates = patterns.find_all_gather_matmuls(graph) + patterns.find_matmul_reduce_scatters(
+        graph
+    )
+    if not candidates:
+        return []
+
+    decisions = _decide(candidates)
+    if any(record["rewritten"] for _, record in decisions):
+        _rewrite_all(graph, decisions)
+
+    records = [record for _, record in decisions]
+    _count_and_log(records)
+    if dumping:
+        _dump(before, debug.graph_text(graph), records)
+    return records
+
+
+def _rewrite_all(graph: Graph, decisions: list[tuple[Candidate, dict]]) -> None:
+    """Rewrites every accepted candidate, or none: if one rewrite fails, the graph is restored
+    and every candidate records the failure, so compilation goes on with the original graph."""
+    snapshot = _copy_graph(graph)
+    # Reduce-scatters first: their ops read a matmul that an all-gather op may replace next,
+    # and the replacement then updates them (see rewrite.py).
+    ordered = sorted(decisions, key=lambda d: d[0].kind == patterns.ALL_GATHER_MATMUL)
+    try:
+        for candidate, record in ordered:
+            if not record["rewritten"]:
+                continue
+            if isinstance(candidate.match, AllGatherMatmulMatch):
+                op = rewrite.rewrite_all_gather_matmul(graph, candidate.match)
+            else:
+                op = rewrite.rewrite_matmul_reduce_scatter(graph, candidate.match)
+            record["op"] = op.name
+        stable_topological_sort(graph)
+        graph.lint()
+    except Exception as error:  # never crash compilation on a graph we did not foresee
+        log.warning("overlap_pass: rewrite failed, graph left as it was: %r", error)
+        _restore_graph(graph, snapshot)
+        for _, record in decisions:
+            if record["rewritten"]:
+                record.update(
+                    rewritten=False,
+                    reason=f"rewrite failed ({type(error).__name__}: {error})",
+                    implementation=None,
+                    op=None,
+                )
+
+
+def _copy_graph(graph: Graph) -> Graph:
+    copy = Graph()
+    copy.output(copy.graph_copy(graph, {}))
+    return copy
+
+
+def _restore_graph(graph: Graph, snapshot: Graph) -> None:
+    """Makes ``graph`` hold the nodes of ``snapshot`` again."""
+    for node in reversed(list(graph.nodes)):
+        node.users.clear()
+        graph.erase_node(node)
+    graph.output(graph.graph_copy(snapshot, {}))
+
+
+def _decide(candidates: list[Candidate]) -> list[tuple[Candidate, dict]]:
+    """A record per candidate: matched or not, rewritten or not, why."""
+    taken_by_all_gather = {
+        use.mm
+        for c in candidates
+        if isinstance(c.match, AllGatherMatmulMatch)
+        for use in c.match.matmuls
+    }
+    decisions = []
+    for candidate in candidates:
+        record = _describe(candidate)
+        if candidate.match is None:
+            ok, reason = False, candidate.reason
+        elif getattr(candidate.match, "mm", None) in taken_by_all_gather:
+            ok, reason = False, "the matmul is already fused with its all-gather"
+        else:
+            ok, reason = decide.should_fuse(candidate.match)
+        record["rewritten"] = ok
+        record["reason"] = reason or None
+        record["implementation"] = decide.choose_implementation(candidate.match) if ok else None
+        decisions.append((candidate, record))
+    return decisions
+
+
+def _describe(candidate: Candidate) -> dict:
+    node = candidate.collective
+    world_size, group_name = node.args[-2], node.args[-1]
+    record = {
+        "kind": candidate.kind,
+        "collective": describe_node(node),
+        "group": {"name": group_name, "size": world_size, "ranks": decide.group_ranks(group_name)},
+    }
+    match = candidate.match
+    if isinstance(match, AllGatherMatmulMatch):
+        record["dim"] = match.gather_dim
+        record["nodes"] = {
+            "shard": describe_node(match.shard),
+            "gathered": describe_node(match.gathered),
+            "matmuls": [
+                {k: describe_node(v) for k, v in (("mm", u.mm), ("mat2", u.mat2), ("bias", u.bias))}
+                for u in match.matmuls
+            ],
+            "other_users": [n.name for n in match.other_users],
+        }
+        record["return_gathered"] = bool(match.other_users)
+    elif match is not None:
+        record["dim"] = match.scatter_dim
+        record["reduce_op"] = match.reduce_op
+        record["nodes"] = {
+            "matmul": describe_node(match.mm),
+            "input": describe_node(match.input),
+            "mat2": describe_node(match.mat2),
+            "bias": describe_node(match.bias),
+            "scattered": describe_node(match.scattered),
+        }
+    return record
+
+
+def _count_and_log(records: list[dict]) -> None:
+    for record in records:
+        outcome = "rewritten" if record["rewritten"] else "skipped"
+        counters["overlap_pass"][f"{record['kind']}_{outcome}"] += 1
+        if record["rewritten"]:
+            log.debug("%s at %s: rewritten", record["kind"], record["collective"]["name"])
+        else:
+            log.debug(
+                "%s at %s: skipped: %s",
+                record["kind"],
+                record["collective"]["name"],
+                record["reason"],
+            )
+    rewritten = sum(r["rewritten"] for r in records)
+    log.info(
+        "overlap_pass on %s: %d of %d candidates rewritten",
+        debug.graph_name(),
+        rewritten,
+        len(records),
+    )
+
+
+def _dump(before: str, after: str, records: list[dict]) -> None:
+    record = {"graph": debug.graph_name(), "rank": debug.rank(), "candidates": records}
+    debug.trace_artifacts(before, after, record)
+    for folder in debug.write_dump(before, after, record):
+        log.info("overlap_pass dump: %s", folder)

@@ -1,0 +1,251 @@
+"""overlap::all_gather_matmul and overlap::matmul_reduce_scatter: schemas, fake kernels and the
+reference decomposition.
+
+    all_gather_matmul:      A = all_gather(shard, gather_dim);  out[i] = A @ mat2s[i] + biases[i]
+    matmul_reduce_scatter:  out = reduce_scatter(sum_i inputs[i] @ mat2s[i] + bias, scatter_dim)
+
+Matmuls contract the last dim of A (or inputs[i]) with dim 0 of mat2 ([K, N]); the gathered or
+scattered dim is any other dim. All outputs are contiguous, as eager's would be.
+
+The reference implementation is the decomposed algorithm itself, on torch.distributed point-to-
+point ops, so it runs on gloo and NCCL alike: per-rank chunks in the order of schedule.py, the
+local chunk first, each chunk's matmul as soon as its data is there. Later GPU implementations plug
+in behind the same ops.
+"""
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group
+
+from . import schedule
+
+REDUCE_OPS = ("sum", "avg")
+
+_SCHEMAS = {
+    "all_gather_matmul": (
+        "(Tensor shard, Tensor[] mat2s, Tensor?[] biases, int gather_dim, "
+        "int world_size, str group_name, bool return_gathered=False) -> (Tensor?, Tensor[])"
+    ),
+    "matmul_reduce_scatter": (
+        "(Tensor[] inputs, Tensor[] mat2s, Tensor? bias, str reduce_op, "
+        "int scatter_dim, int world_size, str group_name) -> Tensor"
+    ),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes, shared by the fake kernels and the reference
+
+
+def _gathered_shape(shard: torch.Tensor, gather_dim: int, world_size: int) -> list[int]:
+    shape = list(shard.shape)
+    shape[gather_dim] *= world_size
+    return shape
+
+
+def _scattered_shape(full: list[int], scatter_dim: int, world_size: int) -> list[int]:
+    shape = list(full)
+    shape[scatter_dim] //= world_size
+    return shape
+
+
+def _check_all_gather_matmul(shard, mat2s, biases, gather_dim, world_size) -> int:
+    """Validates arguments; returns gather_dim normalized to a non-negative dim."""
+    torch._check(len(mat2s) > 0, lambda: "all_gather_matmul needs at least one mat2")
+    torch._check(
+        len(biases) == len(mat2s),
+        lambda: f"all_gather_matmul: {len(biases)} biases for {len(mat2s)} mat2s",
+    )
+    torch._check(shard.dim() >= 2, lambda: f"shard must be at least 2-D, got {shard.dim()}-D")
+    dim = gather_dim % shard.dim()
+    torch._check(
+        dim != shard.dim() - 1,
+        lambda: "gather_dim is the contraction dim (K); only leading dims can be gathered",
+    )
+    for mat2, bias in zip(mat2s, biases):
+        torch._check(
+            mat2.dim() == 2 and mat2.shape[0] == shard.shape[-1],
+            lambda: f"mat2 of shape {list(mat2.shape)} does not match K={shard.shape[-1]}",
+        )
+        torch._check(mat2.dtype == shard.dtype, lambda: "mat2 dtype differs from shard dtype")
+        if bias is not None:
+            torch._check(
+                bias.dim() == 1 and bias.shape[0] == mat2.shape[1],
+                lambda: f"bias of shape {list(bias.shape)} does not match N={mat2.shape[1]}",
+            )
+    torch._check(world_size >= 1, lambda: f"world_size must be positive, got {world_size}")
+    return dim
+
+
+def _check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size) -> int:
+    """Validates arguments; returns scatter_dim normalized to a non-negative dim."""
+    torch._check(len(inputs) > 0, lambda: "matmul_reduce_scatter needs at least one input")
+    torch._check(len(inputs) == len(mat2s), lambda: "one mat2 per input")
+    torch._check(reduce_op in REDUCE_OPS, lambda: f"reduce_op must be one of {REDUCE_OPS}")
+    first = inputs[0]
+    torch._check(first.dim() >= 2, lambda: f"inputs must be at least 2-D, got {first.dim()}-D")
+    dim = scatter_dim % first.dim()
+    torch._check(
+        dim != first.dim() - 1, lambda: "scatter_dim must be a leading dim, not the output's N"
+    )
+    n = mat2s[0].shape[1]
+    for a, mat2 in zip(inputs, mat2s):
+        torch._check(
+            a.shape[:-1] == first.shape[:-1], lambda: "all inputs must share their leading dims"
+        )
+        torch._check(
+            mat2.dim() == 2 and mat2.shape[0] == a.shape[-1] and mat2.shape[1] == n,
+            lambda: f"mat2 of shape {list(mat2.shape)} does not match input {list(a.shape)}",
+        )
+    torch._check(
+        first.shape[dim] % world_size == 0,
+        lambda: f"scatter dim size {first.shape[dim]} is not divisible by world size {world_size}",
+    )
+    if bias is not None:
+        torch._check(bias.dim() == 1 and bias.shape[0] == n, lambda: "bias must be 1-D of size N")
+    return dim
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake kernels
+
+
+def _all_gather_matmul_fake(
+    shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False
+):
+    dim = _check_all_gather_matmul(shard, mat2s, biases, gather_dim, world_size)
+    gathered_shape = _gathered_shape(shard, dim, world_size)
+    outputs = [shard.new_empty(gathered_shape[:-1] + [mat2.shape[1]]) for mat2 in mat2s]
+    gathered = shard.new_empty(gathered_shape) if return_gathered else None
+    return gathered, outputs
+
+
+def _matmul_reduce_scatter_fake(
+    inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name
+):
+    dim = _check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size)
+    full = list(inputs[0].shape[:-1]) + [mat2s[0].shape[1]]
+    return inputs[0].new_empty(_scattered_shape(full, dim, world_size))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference decomposition
+
+
+def _global_rank(group: dist.ProcessGroup, group_rank: int) -> int:
+    return dist.get_global_rank(group, group_rank)
+
+
+def _exchange(group, send: torch.Tensor, send_to: int, recv: torch.Tensor, recv_from: int):
+    """Posts one send and one receive as a batch (so NCCL cannot deadlock on the pair);
+    returns the works to wait on."""
+    ops = [
+        dist.P2POp(dist.isend, send, _global_rank(group, send_to), group),
+        dist.P2POp(dist.irecv, recv, _global_rank(group, recv_from), group),
+    ]
+    return dist.batch_isend_irecv(ops)
+
+
+def _linear(a: torch.Tensor, mat2: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    out = torch.matmul(a, mat2)
+    return out if bias is None else out + bias
+
+
+def all_gather_matmul_reference(
+    shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False
+):
+    """Rank-rotated all-gather on point-to-point ops, overlapped with per-chunk matmuls."""
+    dim = _check_all_gather_matmul(shard, mat2s, biases, gather_dim, world_size)
+    group = _resolve_process_group(group_name)
+    rank = group.rank()
+    torch._check(
+        group.size() == world_size,
+        lambda: f"group {group_name} has {group.size()} ranks, the op was given {world_size}",
+    )
+    shard = shard.contiguous()
+    gathered_shape = _gathered_shape(shard, dim, world_size)
+    outputs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]]) for m in mat2s]
+    gathered = shard.new_empty(gathered_shape) if return_gathered else None
+
+    # Post every transfer up front; each step's matmul waits only for its own chunk.
+    received, works = {rank: shard}, {}
+    for step in range(1, world_size):
+        send_to, recv_from = schedule.all_gather_peers(rank, world_size, step)
+        received[recv_from] = torch.empty_like(shard)
+        works[recv_from] = _exchange(group, shard, send_to, received[recv_from], recv_from)
+
+    for src in schedule.all_gather_order(rank, world_size):
+        for work in works.get(src, ()):
+            work.wait()
+        chunk = received[src]
+        for out, mat2, bias in zip(outputs, mat2s, biases):
+            schedule.chunk(out, dim, src, world_size).copy_(_linear(chunk, mat2, bias))
+        if gathered is not None:
+            schedule.chunk(gathered, dim, src, world_size).copy_(chunk)
+    return gathered, outputs
+
+
+def matmul_reduce_scatter_reference(
+    inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name
+):
+    """Per-chunk matmuls, the chunk for rank + 1 first, each partial sent to its owner as soon as
+    it exists; the owner sums all partials of its chunk in fp32, in rank order (deterministic)."""
+    dim = _check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size)
+    group = _resolve_process_group(group_name)
+    rank = group.rank()
+    torch._check(
+        group.size() == world_size,
+        lambda: f"group {group_name} has {group.size()} ranks, the op was given {world_size}",
+    )
+
+    def partial(index: int) -> torch.Tensor:
+        acc = None
+        for a, mat2 in zip(inputs, mat2s):
+            term = torch.matmul(schedule.chunk(a, dim, index, world_size), mat2)
+            acc = term if acc is None else acc + term
+        return (acc if bias is None else acc + bias).contiguous()
+
+    partials, works = {}, []
+    for step, dst in enumerate(schedule.reduce_scatter_order(rank, world_size), start=1):
+        if dst == rank:
+            partials[rank] = partial(rank)
+            continue
+        send_to, recv_from = schedule.reduce_scatter_peers(rank, world_size, step)
+        mine = partial(dst)
+        partials[recv_from] = torch.empty_like(mine)
+        works += _exchange(group, mine, send_to, partials[recv_from], recv_from)
+    for work in works:
+        work.wait()
+
+    total = torch.zeros_like(partials[rank], dtype=torch.float32)
+    for src in range(world_size):
+        total += partials[src]
+    if reduce_op == "avg":
+        total /= world_size
+    return total.to(partials[rank].dtype)
+
+
+def _is_registered(name: str) -> bool:
+    try:
+        getattr(torch.ops.overlap, name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def _register_ops() -> None:
+    """Defines the ops with their fake and reference kernels, once per process, so that
+    reloading this module is harmless."""
+    kernels = {
+        "all_gather_matmul": (_all_gather_matmul_fake, all_gather_matmul_reference),
+        "matmul_reduce_scatter": (_matmul_reduce_scatter_fake, matmul_reduce_scatter_reference),
+    }
+    for name, (fake, reference) in kernels.items():
+        if _is_registered(name):
+            continue
+        torch.library.define(f"overlap::{name}", _SCHEMAS[name])
+        torch.library.register_fake(f"overlap::{name}", fake)
+        torch.library.impl(f"overlap::{name}", "CompositeExplicitAutograd", reference)
+
+
+_register_ops()

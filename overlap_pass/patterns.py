@@ -1,0 +1,348 @@
+"""find_*: locate all-gather -> matmul and matmul -> reduce-scatter candidates in a post-grad graph.
+
+Every all_gather_into_tensor and reduce_scatter_tensor node is a candidate. Each comes back as a
+Candidate holding either a frozen match record or the reason it does not match. Nothing here
+mutates the graph.
+"""
+
+import dataclasses
+import operator
+
+import torch
+from torch.fx import Graph, Node
+
+aten = torch.ops.aten
+c10d = torch.ops._c10d_functional
+
+ALL_GATHER = c10d.all_gather_into_tensor.default
+REDUCE_SCATTER = c10d.reduce_scatter_tensor.default
+WAIT = c10d.wait_tensor.default
+VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+SPLITS = (aten.split.Tensor, aten.split_with_sizes.default)
+CASTS = (torch.ops.prims.convert_element_type.default, aten._to_copy.default)
+
+ALL_GATHER_MATMUL = "all_gather_matmul"
+MATMUL_REDUCE_SCATTER = "matmul_reduce_scatter"
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulUse:
+    """One matmul that reads the gathered tensor (through views) as its left operand."""
+
+    mm: Node  # aten.mm or aten.addmm
+    mat2: Node
+    bias: Node | None
+
+
+@dataclasses.dataclass(frozen=True)
+class AllGatherMatmulMatch:
+    """shard -> all_gather -> wait [-> split/cat for gather_dim > 0] -> views -> mm(s)."""
+
+    gather: Node
+    wait: Node
+    gathered: Node  # the gathered tensor in its gather_dim layout: wait, or the cat
+    shard: Node
+    gather_dim: int
+    world_size: int
+    group_name: str
+    matmuls: tuple[MatmulUse, ...]
+    # users of the gathered tensor other than the matmuls (the op then returns it)
+    other_users: tuple[Node, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulReduceScatterMatch:
+    """mm -> views [-> split/cat for scatter_dim > 0] -> reduce_scatter -> wait."""
+
+    mm: Node
+    input: Node  # the mm's 2-D left operand
+    mat2: Node
+    bias: Node | None
+    scattered: Node  # the tensor the collective scatters, in its scatter_dim layout
+    reduce_scatter: Node
+    wait: Node
+    scatter_dim: int
+    reduce_op: str
+    world_size: int
+    group_name: str
+
+
+Match = AllGatherMatmulMatch | MatmulReduceScatterMatch
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    kind: str
+    collective: Node
+    match: Match | None = None
+    reason: str | None = None  # why there is no match
+
+
+class NoMatch(Exception):
+    """Raised inside the matchers to return a reason."""
+
+
+def _val(node: Node):
+    return node.meta.get("val") if isinstance(node, Node) else None
+
+
+def _shape(node: Node) -> tuple | None:
+    val = _val(node)
+    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def _keeps_rows(view: Node) -> bool:
+    """A reshape that keeps the last dim keeps every row intact, so it commutes with `@ mat2`."""
+    before, after = _shape(view.args[0]), _shape(view)
+    return bool(before and after) and before[-1] == after[-1]
+
+
+def _is_unit(value) -> bool:
+    return value in (1, 1.0)
+
+
+def _bias_of_addmm(mm: Node) -> Node:
+    """The 1-D bias of an addmm with default alpha and beta, or NoMatch."""
+    if not (_is_unit(mm.kwargs.get("alpha", 1)) and _is_unit(mm.kwargs.get("beta", 1))):
+        raise NoMatch("addmm with alpha or beta other than 1")
+    bias = mm.args[0]
+    shape = _shape(bias)
+    if shape is None or len(shape) != 1:
+        raise NoMatch(f"addmm bias of shape {list(shape) if shape else '?'} is not 1-D")
+    return bias
+
+
+def _node_names(nodes) -> str:
+    return ", ".join(sorted({f"{n.name} ({_describe_target(n)})" for n in nodes}))
+
+
+def _describe_target(node: Node) -> str:
+    target = node.target
+    return getattr(target, "__name__", None) or str(target)
+
+
+def _split_chunks(split: Node, source: Node) -> tuple[int, list[Node]] | None:
+    """(dim, getitems in chunk order) when ``split`` cuts ``source`` into equal chunks and
+    nothing else reads them, else None."""
+    if split.target not in SPLITS or split.args[0] is not source:
+        return None
+    sizes = split.args[1]
+    dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
+    shape = _shape(source)
+    if shape is None:
+        return None
+    dim %= len(shape)
+    if isinstance(sizes, int):
+        count = -(-shape[dim] // sizes)
+        if count * sizes != shape[dim]:
+            return None
+    elif len(set(sizes)) == 1:
+        count = len(sizes)
+    else:
+        return None
+    getitems = [None] * count
+    for user in split.users:
+        if user.target is not operator.getitem or not isinstance(user.args[1], int):
+            return None
+        getitems[user.args[1]] = user
+    if any(g is None for g in getitems):
+        return None
+    return dim, getitems
+
+
+def _single_cat_of(getitems: list[Node]) -> Node | None:
+    """The one cat that concatenates ``getitems`` in order, if each feeds only that cat."""
+    users = {u for g in getitems for u in g.users}
+    if len(users) != 1 or any(len(g.users) != 1 for g in getitems):
+        return None
+    (cat,) = users
+    if cat.target is not aten.cat.default or list(cat.args[0]) != getitems:
+        return None
+    return cat
+
+
+# ---------------------------------------------------------------------------------------------
+# all_gather -> matmul
+
+
+def _gathered_layout(wait: Node, shard: Node, world_size: int) -> tuple[Node, int]:
+    """The node holding the gathered tensor and its gather dim (in the shard's dims).
+
+    all_gather_into_tensor stacks shards along dim 0; a gather along dim d > 0 appears as
+    split(dim 0, one chunk per rank) -> cat(dim d)."""
+    users = list(wait.users)
+    if len(users) == 1:
+        chunks = _split_chunks(users[0], wait)
+        shard_shape = _shape(shard)
+        if chunks is not None and chunks[0] == 0 and len(chunks[1]) == world_size:
+            cat = _single_cat_of(chunks[1])
+            if cat is not None and shard_shape is not None:
+                dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+                return cat, dim % len(shard_shape)
+    return wait, 0
+
+
+def _matmul_users(gathered: Node) -> tuple[list[MatmulUse], list[Node], list[str]]:
+    """Matmuls reading ``gathered`` as their left operand through row-keeping reshapes; the
+    other users; and reasons why some matmul-looking users were not taken."""
+    matmuls, others, notes = [], [], []
+
+    def visit(node: Node) -> None:
+        for user in node.users:
+            if user.target in VIEWS and _keeps_rows(user):
+                visit(user)
+            elif user.target is aten.mm.default and user.args[0] is node and user.args[1] is not node:
+                matmuls.append(MatmulUse(user, user.args[1], None))
+            elif user.target is aten.addmm.default and user.args[1] is node:
+                try:
+                    matmuls.append(MatmulUse(user, user.args[2], _bias_of_addmm(user)))
+                except NoMatch as why:
+                    notes.append(str(why))
+                    others.append(user)
+            else:
+                others.append(user)
+
+    visit(gathered)
+    return matmuls, others, notes
+
+
+def _reaches_matmul(node: Node, depth: int = 4) -> bool:
+    if node.target in (aten.mm.default, aten.addmm.default):
+        return True
+    return depth > 0 and any(_reaches_matmul(u, depth - 1) for u in node.users)
+
+
+def _why_no_matmul(gathered: Node, gather_dim: int, others: list[Node], notes: list[str]) -> str:
+    shape = _shape(gathered)
+    if shape is not None and gather_dim == len(shape) - 1:
+        return "K-sharded gather: the gathered dim is the matmul's contraction dim"
+    if notes:
+        return notes[0]
+    casts = [u for u in others if u.target in CASTS and _reaches_matmul(u)]
+    if casts:
+        return "dtype cast between the all-gather and the matmul"
+    mats = [u for u in others if u.target in (aten.mm.default, aten.addmm.default)]
+    if mats:
+        return "gathered tensor is the matmul's right operand (mat2), not its rows"
+    if not others:
+        return "gathered tensor has no users"
+    return f"no matmul reads the gathered rows; users: {_node_names(others)}"
+
+
+def _match_all_gather(gather: Node) -> AllGatherMatmulMatch:
+    shard, world_size, group_name = gather.args[:3]
+    users = list(gather.users)
+    if len(users) != 1 or users[0].target is not WAIT:
+        raise NoMatch("all-gather result is not read through exactly one wait_tensor")
+    wait = users[0]
+    gathered, gather_dim = _gathered_layout(wait, shard, world_size)
+    matmuls, others, notes = _matmul_users(gathered)
+    shape = _shape(gathered)
+    if shape is None:
+        raise NoMatch("gathered tensor has no shape metadata")
+    if not matmuls or gather_dim == len(shape) - 1:
+        raise NoMatch(_why_no_matmul(gathered, gather_dim, others, notes))
+    return AllGatherMatmulMatch(
+        gather=gather,
+        wait=wait,
+        gathered=gathered,
+        shard=shard,
+        gather_dim=gather_dim,
+        world_size=world_size,
+        group_name=group_name,
+        matmuls=tuple(matmuls),
+        other_users=tuple(others),
+    )
+
+
+def find_all_gather_matmuls(graph: Graph) -> list[Candidate]:
+    """One Candidate per all_gather_into_tensor in ``graph``."""
+    return [
+        _candidate(ALL_GATHER_MATMUL, node, _match_all_gather)
+        for node in graph.find_nodes(op="call_function", target=ALL_GATHER)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# matmul -> reduce_scatter
+
+
+def _scattered_layout(collective_input: Node, world_size: int) -> tuple[Node, int]:
+    """The tensor being scattered and its scatter dim.
+
+    reduce_scatter_tensor scatters along dim 0; a scatter along dim d > 0 appears as
+    split(dim d, one chunk per rank) -> cat(dim 0) in front of it."""
+    node = collective_input
+    if node.target is aten.cat.default:
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        pieces = list(node.args[0])
+        source = pieces[0].args[0] if pieces and pieces[0].target is operator.getitem else None
+        single_use = all(len(p.users) == 1 for p in pieces)
+        if dim == 0 and source is not None and single_use:
+            chunks = _split_chunks(source, source.args[0])
+            if chunks is not None and chunks[1] == pieces and len(pieces) == world_size:
+                return source.args[0], chunks[0]
+    return node, 0
+
+
+def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
+    collective_input, reduce_op, world_size, group_name = reduce_scatter.args[:4]
+    users = list(reduce_scatter.users)
+    if len(users) != 1 or users[0].target is not WAIT:
+        raise NoMatch("reduce-scatter result is not read through exactly one wait_tensor")
+    if reduce_op not in ("sum", "avg"):
+        raise NoMatch(f"reduce op {reduce_op!r} (only sum and avg)")
+    scattered, scatter_dim = _scattered_layout(collective_input, world_size)
+    shape = _shape(scattered)
+    if shape is None:
+        raise NoMatch("scattered tensor has no shape metadata")
+    if scatter_dim == len(shape) - 1:
+        raise NoMatch("scatter along the matmul's N dim (the last dim)")
+
+    node = scattered
+    while node.target in VIEWS:
+        if len(node.users) != 1:
+            raise NoMatch("matmul result has other users")
+        if not _keeps_rows(node):
+            raise NoMatch("reshape between matmul and reduce-scatter changes the last dim")
+        node = node.args[0]
+    if node.target in CASTS:
+        raise NoMatch("dtype cast between the matmul and the reduce-scatter")
+    if node.target not in (aten.mm.default, aten.addmm.default):
+        raise NoMatch(f"reduce-scatter input is not a matmul result: {_node_names([node])}")
+    if len(node.users) != 1:
+        raise NoMatch("matmul result has other users")
+    if node.target is aten.mm.default:
+        a, mat2, bias = node.args[0], node.args[1], None
+    else:
+        a, mat2, bias = node.args[1], node.args[2], _bias_of_addmm(node)
+    return MatmulReduceScatterMatch(
+        mm=node,
+        input=a,
+        mat2=mat2,
+        bias=bias,
+        scattered=scattered,
+        reduce_scatter=reduce_scatter,
+        wait=users[0],
+        scatter_dim=scatter_dim,
+        reduce_op=reduce_op,
+        world_size=world_size,
+        group_name=group_name,
+    )
+
+
+def find_matmul_reduce_scatters(graph: Graph) -> list[Candidate]:
+    """One Candidate per reduce_scatter_tensor in ``graph``."""
+    return [
+        _candidate(MATMUL_REDUCE_SCATTER, node, _match_reduce_scatter)
+        for node in graph.find_nodes(op="call_function", target=REDUCE_SCATTER)
+    ]
+
+
+def _candidate(kind: str, node: Node, matcher) -> Candidate:
+    try:
+        return Candidate(kind, node, match=matcher(node))
+    except NoMatch as why:
+        return Candidate(kind, node, reason=str(why))
+    except Exception as error:  # a graph shape the matcher did not foresee: skip, never crash
+        return Candidate(kind, node, reason=f"not understood ({type(error).__name__}: {error})")

@@ -1,0 +1,24 @@
+from setuptools import setup
+
+setup(
+    name="overlap",
+    version="0.1.0",
+    description="torch.compile backend and Inductor pass that overlaps tensor-parallel "
+    "collectives with their matmuls",
+    python_requires=">=3.10",
+    # One import namespace: lowering/ and templates/ install as overlap_pass.lowering and
+    # overlap_pass.templates; nothing generic lands at the top of site-packages.
+    packages=["overlap_pass", "overlap_pass.lowering", "overlap_pass.templates"],
+    package_dir={
+        "overlap_pass": "overlap_pass",
+        "overlap_pass.lowering": "lowering",
+        "overlap_pass.templates": "templates",
+    },
+    # torch is not listed: pip would fetch a CUDA build onto CPU machines. tools/install.sh
+    # installs the right build first.
+    install_requires=["sympy"],
+    extras_require={"test": ["pytest", "expecttest"]},
+    entry_points={
+        "torch_dynamo_backends": ["overlap = overlap_pass.backend:overlap_backend"],
+    },
+)
