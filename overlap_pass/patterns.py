@@ -121,44 +121,42 @@ def _describe_target(node: Node) -> str:
     return getattr(target, "__name__", None) or str(target)
 
 
-def _split_chunks(split: Node, source: Node) -> tuple[int, list[Node]] | None:
-    """(dim, getitems in chunk order) when ``split`` cuts ``source`` into equal chunks and
-    nothing else reads them, else None."""
-    if split.target not in SPLITS or split.args[0] is not source:
+def _cat_dim(cat: Node) -> int:
+    return cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+
+
+def _equal_chunks(pieces: list[Node], world_size: int) -> tuple[Node, int] | None:
+    """(source, dim) when ``pieces`` are ``world_size`` equal consecutive chunks of one tensor
+    along ``dim``, in order, each read only once: getitems of a split, or slices."""
+    if len(pieces) != world_size or any(len(p.users) != 1 for p in pieces):
         return None
-    sizes = split.args[1]
-    dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
+    if all(p.target is operator.getitem for p in pieces):
+        split = pieces[0].args[0]
+        if split.target not in SPLITS or [p.args for p in pieces] != [
+            (split, i) for i in range(world_size)
+        ]:
+            return None
+        if len(split.users) != world_size:
+            return None
+        source = split.args[0]
+        dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
+    elif all(p.target is aten.slice.Tensor for p in pieces):
+        source = pieces[0].args[0]
+        dim = pieces[0].args[1] if len(pieces[0].args) > 1 else 0
+        size = _shape(source)[dim] // world_size if _shape(source) else None
+        expected = [(source, dim, i * size, (i + 1) * size) for i in range(world_size)]
+        if size is None or [tuple(p.args) for p in pieces] != expected:
+            return None
+    else:
+        return None
     shape = _shape(source)
     if shape is None:
         return None
     dim %= len(shape)
-    if isinstance(sizes, int):
-        count = -(-shape[dim] // sizes)
-        if count * sizes != shape[dim]:
-            return None
-    elif len(set(sizes)) == 1:
-        count = len(sizes)
-    else:
+    sizes = {_shape(p)[dim] if _shape(p) else None for p in pieces}
+    if len(sizes) != 1 or sizes.pop() * world_size != shape[dim]:
         return None
-    getitems = [None] * count
-    for user in split.users:
-        if user.target is not operator.getitem or not isinstance(user.args[1], int):
-            return None
-        getitems[user.args[1]] = user
-    if any(g is None for g in getitems):
-        return None
-    return dim, getitems
-
-
-def _single_cat_of(getitems: list[Node]) -> Node | None:
-    """The one cat that concatenates ``getitems`` in order, if each feeds only that cat."""
-    users = {u for g in getitems for u in g.users}
-    if len(users) != 1 or any(len(g.users) != 1 for g in getitems):
-        return None
-    (cat,) = users
-    if cat.target is not aten.cat.default or list(cat.args[0]) != getitems:
-        return None
-    return cat
+    return source, dim
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,16 +167,15 @@ def _gathered_layout(wait: Node, shard: Node, world_size: int) -> tuple[Node, in
     """The node holding the gathered tensor and its gather dim (in the shard's dims).
 
     all_gather_into_tensor stacks shards along dim 0; a gather along dim d > 0 appears as
-    split(dim 0, one chunk per rank) -> cat(dim d)."""
-    users = list(wait.users)
-    if len(users) == 1:
-        chunks = _split_chunks(users[0], wait)
-        shard_shape = _shape(shard)
-        if chunks is not None and chunks[0] == 0 and len(chunks[1]) == world_size:
-            cat = _single_cat_of(chunks[1])
-            if cat is not None and shard_shape is not None:
-                dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
-                return cat, dim % len(shard_shape)
+    one chunk per rank along dim 0 (split or slices) -> cat(dim d)."""
+    pieces = [p for u in wait.users for p in (u.users if u.target in SPLITS else [u])]
+    cats = {c for p in pieces for c in p.users if c.target is aten.cat.default}
+    if len(cats) == 1:
+        (cat,) = cats
+        chunks = _equal_chunks(list(cat.args[0]), world_size)
+        shape = _shape(shard)
+        if chunks == (wait, 0) and shape is not None:
+            return cat, _cat_dim(cat) % len(shape)
     return wait, 0
 
 
@@ -267,22 +264,18 @@ def find_all_gather_matmuls(graph: Graph) -> list[Candidate]:
 # matmul -> reduce_scatter
 
 
-def _scattered_layout(collective_input: Node, world_size: int) -> tuple[Node, int]:
-    """The tensor being scattered and its scatter dim.
+def _scattered_layout(collective_input: Node, world_size: int) -> tuple[Node, int, set[Node]]:
+    """The tensor being scattered, its scatter dim, and the nodes between it and the collective.
 
-    reduce_scatter_tensor scatters along dim 0; a scatter along dim d > 0 appears as
-    split(dim d, one chunk per rank) -> cat(dim 0) in front of it."""
+    reduce_scatter_tensor scatters along dim 0; a scatter along dim d > 0 appears as one chunk
+    per rank along dim d (split or slices) -> cat(dim 0) in front of it."""
     node = collective_input
-    if node.target is aten.cat.default:
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    if node.target is aten.cat.default and _cat_dim(node) == 0:
         pieces = list(node.args[0])
-        source = pieces[0].args[0] if pieces and pieces[0].target is operator.getitem else None
-        single_use = all(len(p.users) == 1 for p in pieces)
-        if dim == 0 and source is not None and single_use:
-            chunks = _split_chunks(source, source.args[0])
-            if chunks is not None and chunks[1] == pieces and len(pieces) == world_size:
-                return source.args[0], chunks[0]
-    return node, 0
+        chunks = _equal_chunks(pieces, world_size)
+        if chunks is not None:
+            return *chunks, {node, *pieces, *(p.args[0] for p in pieces)}
+    return node, 0, set()
 
 
 def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
@@ -292,16 +285,18 @@ def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
         raise NoMatch("reduce-scatter result is not read through exactly one wait_tensor")
     if reduce_op not in ("sum", "avg"):
         raise NoMatch(f"reduce op {reduce_op!r} (only sum and avg)")
-    scattered, scatter_dim = _scattered_layout(collective_input, world_size)
+    scattered, scatter_dim, between = _scattered_layout(collective_input, world_size)
     shape = _shape(scattered)
     if shape is None:
         raise NoMatch("scattered tensor has no shape metadata")
     if scatter_dim == len(shape) - 1:
         raise NoMatch("scatter along the matmul's N dim (the last dim)")
 
+    if not set(scattered.users) <= between | {reduce_scatter}:
+        raise NoMatch("matmul result has other users")
     node = scattered
     while node.target in VIEWS:
-        if len(node.users) != 1:
+        if node is not scattered and len(node.users) != 1:
             raise NoMatch("matmul result has other users")
         if not _keeps_rows(node):
             raise NoMatch("reshape between matmul and reduce-scatter changes the last dim")
@@ -310,7 +305,7 @@ def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
         raise NoMatch("dtype cast between the matmul and the reduce-scatter")
     if node.target not in (aten.mm.default, aten.addmm.default):
         raise NoMatch(f"reduce-scatter input is not a matmul result: {_node_names([node])}")
-    if len(node.users) != 1:
+    if node is not scattered and len(node.users) != 1:
         raise NoMatch("matmul result has other users")
     if node.target is aten.mm.default:
         a, mat2, bias = node.args[0], node.args[1], None

@@ -1,0 +1,257 @@
+"""Graph tests on the fake process group: what the pass finds, rewrites and skips, and why."""
+
+import pytest
+import torch
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+
+from tools.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
+
+from .fake_world import compile_and_dump, fake_world, rewritten, skipped
+
+AGM, MRS = "all_gather_matmul", "matmul_reduce_scatter"
+WORLD_SIZES = [2, 4, 8]
+gather = funcol.all_gather_tensor_autograd
+scatter = funcol.reduce_scatter_tensor_autograd
+
+
+def _only(candidates: list[dict], kind: str) -> dict:
+    (found,) = [c for c in candidates if c["kind"] == kind]
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# all_gather -> matmul
+
+
+def gathered_linears(x, weights, biases, dim, group, other_use):
+    g = gather(x, dim, group)
+    outs = [F.linear(g, w, b) for w, b in zip(weights, biases)]
+    return tuple(outs) + ((g.sin(),) if other_use else ())
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("shape, dim", [((3, 8), 0), ((2, 3, 8), 0), ((2, 3, 8), 1)])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("consumers", [1, 3])
+@pytest.mark.parametrize("other_use", [False, True])
+def test_all_gather_matmul(tmp_path, world_size, shape, dim, bias, consumers, other_use):
+    with fake_world(world_size) as group:
+        x = torch.randn(shape)
+        weights = [torch.randn(5 + i, shape[-1]) for i in range(consumers)]
+        biases = [torch.randn(5 + i) if bias else None for i in range(consumers)]
+        outs, dump = compile_and_dump(
+            gathered_linears, (x, weights, biases, dim, group, other_use), tmp_path
+        )
+    decision = _only(dump.candidates("inference"), AGM)
+    assert decision["rewritten"], decision["reason"]
+    assert decision["dim"] == dim
+    assert decision["implementation"] == "reference"
+    assert decision["return_gathered"] == other_use
+    assert decision["group"]["size"] == world_size
+    assert len(decision["nodes"]["matmuls"]) == consumers
+    assert all((m["bias"] is not None) == bias for m in decision["nodes"]["matmuls"])
+    after = dump.after("inference")
+    assert "overlap.all_gather_matmul" in after and "all_gather_into_tensor" not in after
+    gathered_shape = list(shape)
+    gathered_shape[dim] *= world_size
+    for out, w in zip(outs, weights):
+        assert list(out.shape) == gathered_shape[:-1] + [w.shape[0]]
+        assert out.is_contiguous()
+
+
+# ---------------------------------------------------------------------------------------------
+# matmul -> reduce_scatter
+
+
+def linear_scattered(a, w, b, dim, reduce_op, group):
+    return scatter(F.linear(a, w, b), reduce_op, dim, group)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("rows, dim", [((16,), 0), ((2, 8), 0), ((2, 8), 1)])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("reduce_op", ["sum", "avg"])
+def test_matmul_reduce_scatter(tmp_path, world_size, rows, dim, bias, reduce_op):
+    with fake_world(world_size) as group:
+        a = torch.randn(*[r * world_size // 2 if i == dim else r for i, r in enumerate(rows)], 6)
+        w, b = torch.randn(4, 6), torch.randn(4) if bias else None
+        out, dump = compile_and_dump(linear_scattered, (a, w, b, dim, reduce_op, group), tmp_path)
+    decision = _only(dump.candidates("inference"), MRS)
+    assert decision["rewritten"], decision["reason"]
+    assert (decision["dim"], decision["reduce_op"]) == (dim, reduce_op)
+    assert (decision["nodes"]["bias"] is not None) == bias
+    after = dump.after("inference")
+    assert "overlap.matmul_reduce_scatter" in after and "reduce_scatter_tensor" not in after
+    expected = list(a.shape[:-1]) + [4]
+    expected[dim] //= world_size
+    assert list(out.shape) == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# backward graphs, chains, tensor-parallel models
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("dim", [0, 1])
+def test_backward_of_gathered_linear(tmp_path, world_size, dim):
+    """AG -> linear forward; backward: grad of the input is mm -> reduce-scatter."""
+    with fake_world(world_size) as group:
+        x = torch.randn(2, 3, 8, requires_grad=True)
+        w = torch.randn(5, 8, requires_grad=True)
+        _, dump = compile_and_dump(
+            gathered_linears, (x, [w], [None], dim, group, False), tmp_path, backward=True
+        )
+    assert rewritten(dump.candidates("forward"), AGM)
+    backward = _only(dump.candidates("backward"), MRS)
+    assert backward["rewritten"], backward["reason"]
+    assert backward["dim"] == dim
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_backward_of_scattered_linear(tmp_path, world_size):
+    """linear -> RS forward; backward: AG of the output grad feeds the input-grad matmul and
+    the weight-grad matmul, so the op returns the gathered grad too."""
+    with fake_world(world_size) as group:
+        a = torch.randn(2, 4 * world_size, 6, requires_grad=True)
+        w = torch.randn(4, 6, requires_grad=True)
+        _, dump = compile_and_dump(
+            linear_scattered, (a, w, None, 1, "sum", group), tmp_path, backward=True
+        )
+    assert rewritten(dump.candidates("forward"), MRS)
+    backward = _only(dump.candidates("backward"), AGM)
+    assert backward["rewritten"], backward["reason"]
+    assert backward["return_gathered"]
+
+
+def chain(x, w1, w2, group):
+    """all_gather -> mm -> mm -> reduce_scatter, nothing in between."""
+    return scatter(gather(x, 0, group) @ w1 @ w2, "sum", 0, group)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_back_to_back_chain_fuses_both_ends(tmp_path, world_size):
+    with fake_world(world_size) as group:
+        x, w1, w2 = torch.randn(4, 8), torch.randn(8, 16), torch.randn(16, 8)
+        out, dump = compile_and_dump(chain, (x, w1, w2, group), tmp_path)
+    candidates = dump.candidates("inference")
+    assert len(rewritten(candidates, AGM)) == 1 and len(rewritten(candidates, MRS)) == 1
+    assert "_c10d_functional" not in dump.after("inference")
+    assert list(out.shape) == [4, 8]
+
+
+def _collectives(dump, kind):
+    return sorted((c["kind"], c["rewritten"], c["reason"]) for c in dump.candidates(kind))
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_dtensor_mlp_forward_and_backward(tmp_path, world_size):
+    with fake_world(world_size):
+        mlp = parallelize_mlp(MLP(dim=16, hidden=8 * world_size), init_device_mesh("cpu", (world_size,)))
+        x = torch.randn(2, 3, 16, requires_grad=True)
+        _, dump = compile_and_dump(mlp, (x,), tmp_path, backward=True)
+    assert _collectives(dump, "forward") == [(AGM, True, None), (MRS, True, None)]
+    assert _collectives(dump, "backward") == [(AGM, True, None), (MRS, True, None)]
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_dtensor_transformer_block(tmp_path, world_size, bias):
+    """Forward: each of attention and MLP gathers once for all its column-parallel linears
+    (Q, K, V: three matmuls; gate, up: two) and reduce-scatters once."""
+    with fake_world(world_size):
+        block = TransformerBlock(dim=32, heads=world_size, hidden=16 * world_size, bias=bias)
+        block = parallelize_block(block, init_device_mesh("cpu", (world_size,)))
+        x = torch.randn(2, 3, 32, requires_grad=True)
+        _, dump = compile_and_dump(block, (x,), tmp_path, backward=True)
+    forward = dump.candidates("forward")
+    assert sorted(len(c["nodes"]["matmuls"]) for c in rewritten(forward, AGM)) == [2, 3]
+    assert len(rewritten(forward, MRS)) == 2 and not skipped(forward)
+    # Backward: the output-grad gathers are rewritten; the input grads of the Q/K/V and
+    # gate/up linears are sums of matmuls before their reduce-scatter, skipped with a reason.
+    backward = dump.candidates("backward")
+    assert len(rewritten(backward, AGM)) == 2
+    for c in skipped(backward):
+        assert c["kind"] == MRS and "not a matmul result" in c["reason"], c
+
+
+# ---------------------------------------------------------------------------------------------
+# what is skipped, and why
+
+
+def k_sharded(x, w, group):
+    return gather(x, 1, group) @ w
+
+
+def cast_between(x, w, group):
+    return gather(x, 0, group).to(torch.bfloat16) @ w
+
+
+def gathered_as_mat2(x, w, group):
+    return w @ gather(x, 0, group)
+
+
+def no_matmul(x, w, group):
+    return gather(x, 0, group).sin()
+
+
+def matmul_with_other_users(x, w, group):
+    y = x @ w
+    return scatter(y, "sum", 0, group), y.sum()
+
+
+def cast_before_scatter(x, w, group):
+    return scatter((x @ w).to(torch.bfloat16), "sum", 0, group)
+
+
+def scatter_along_n(x, w, group):
+    return scatter(x @ w, "sum", 1, group)
+
+
+def not_a_matmul(x, w, group):
+    return scatter(x.sin(), "sum", 0, group)
+
+
+SKIPS = [
+    (k_sharded, lambda W: (torch.randn(8, 4), torch.randn(4 * W, 3)), "K-sharded gather"),
+    (cast_between, lambda W: (torch.randn(4, 8), torch.randn(8, 3).bfloat16()), "dtype cast"),
+    (gathered_as_mat2, lambda W: (torch.randn(2, 3), torch.randn(5, 2 * W)), "right operand"),
+    (no_matmul, lambda W: (torch.randn(2, 3), None), "no matmul reads the gathered rows"),
+    (
+        matmul_with_other_users,
+        lambda W: (torch.randn(2 * W, 3), torch.randn(3, 4)),
+        "matmul result has other users",
+    ),
+    (
+        cast_before_scatter,
+        lambda W: (torch.randn(2 * W, 3), torch.randn(3, 4)),
+        "dtype cast between the matmul and the reduce-scatter",
+    ),
+    (scatter_along_n, lambda W: (torch.randn(4, 3), torch.randn(3, 2 * W)), "N dim"),
+    (not_a_matmul, lambda W: (torch.randn(2 * W, 3), None), "not a matmul result"),
+]
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("fn, make_args, reason", SKIPS, ids=[s[0].__name__ for s in SKIPS])
+def test_skipped_with_reason(tmp_path, world_size, fn, make_args, reason):
+    with fake_world(world_size) as group:
+        _, dump = compile_and_dump(fn, (*make_args(world_size), group), tmp_path)
+    (decision,) = dump.candidates("inference")
+    assert not decision["rewritten"]
+    assert reason in decision["reason"], decision["reason"]
+    assert decision["implementation"] is None
+
+
+@pytest.mark.parametrize(
+    "flag, kind", [("all_gather_matmul", AGM), ("matmul_reduce_scatter", MRS)]
+)
+def test_config_disables_one_kind(tmp_path, flag, kind):
+    with fake_world(2) as group:
+        args = (torch.randn(4, 8), torch.randn(8, 16), torch.randn(16, 8), group)
+        _, dump = compile_and_dump(chain, args, tmp_path, **{flag: False})
+    (off,) = [c for c in dump.candidates("inference") if c["kind"] == kind]
+    assert not off["rewritten"] and flag in off["reason"]
+    (on,) = [c for c in dump.candidates("inference") if c["kind"] != kind]
+    assert on["rewritten"]
