@@ -101,9 +101,6 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
     candidates = patterns.find_all_gather_matmuls(graph) + patterns.find_matmul_reduce_scatters(
         graph
     )
-    if not candidates:
-        return []
-
     decisions = _decide(candidates)
     if any(record["rewritten"] for _, record in decisions):
         _rewrite_all(graph, decisions)
@@ -231,6 +228,8 @@ def _count_and_log(records: list[dict]) -> None:
                 record["collective"]["name"],
                 record["reason"],
             )
+    if not records:
+        return
     rewritten = sum(r["rewritten"] for r in records)
     log.info(
         "overlap_pass on %s: %d of %d candidates rewritten",

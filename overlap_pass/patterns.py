@@ -218,6 +218,9 @@ def _why_no_matmul(gathered: Node, gather_dim: int, others: list[Node], notes: l
     casts = [u for u in others if u.target in CASTS and _reaches_matmul(u)]
     if casts:
         return "dtype cast between the all-gather and the matmul"
+    slices = [u for u in others if u.target in (aten.slice.Tensor, aten.narrow.default)]
+    if slices and all(_reaches_matmul(u) for u in slices):
+        return "uneven shards: the gathered tensor is sliced (padding removed) before the matmul"
     mats = [u for u in others if u.target in (aten.mm.default, aten.addmm.default)]
     if mats:
         return "gathered tensor is the matmul's right operand (mat2), not its rows"
@@ -303,6 +306,11 @@ def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
         node = node.args[0]
     if node.target in CASTS:
         raise NoMatch("dtype cast between the matmul and the reduce-scatter")
+    if node.target is aten.cat.default:
+        raise NoMatch(
+            f"reduce-scatter input is not a matmul result: {_node_names([node])} is not one equal "
+            "chunk per rank (uneven shards are padded before the collective)"
+        )
     if node.target not in (aten.mm.default, aten.addmm.default):
         raise NoMatch(f"reduce-scatter input is not a matmul result: {_node_names([node])}")
     if node is not scattered and len(node.users) != 1:

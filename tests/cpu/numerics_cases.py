@@ -1,21 +1,24 @@
 """Bodies of the gloo numerics tests; each runs on every rank of a GlooWorld.
 
 Each compiles with backend="overlap", runs forward and backward on fresh random inputs, compares
-with eager at float32 tolerance, and returns the pass's counters so the test can check that the
-rewrite really happened.
+with eager at float32 tolerance, and returns the pass's decisions as (kind, rewritten, reason)
+so the test can check that the rewrite really happened, or why not.
 """
 
 import copy
 import functools
+import glob
+import json
+import os
+import tempfile
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from torch._dynamo.utils import counters
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-import overlap_pass  # noqa: F401  (registers the ops and the backend)
+from overlap_pass import config
 from tools.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
 
 TOL = dict(atol=2e-5, rtol=2e-5)
@@ -30,10 +33,30 @@ def _local(t):
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _compare_module(model, make_input, seed: int) -> dict:
+def _decisions(folder: str) -> list[tuple]:
+    found = []
+    for path in sorted(glob.glob(os.path.join(folder, "*", "*", "decisions.json"))):
+        with open(path) as f:
+            found += [(c["kind"], c["rewritten"], c["reason"]) for c in json.load(f)["candidates"]]
+    return sorted(found, key=str)
+
+
+def _decided(fn):
+    """Runs fn with dumps on and returns the decisions of every graph it compiled."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        torch._dynamo.reset()
+        folder = tempfile.mkdtemp(prefix="overlap-test-")
+        with config.patch(debug_dir=folder):
+            fn(*args, **kwargs)
+        return _decisions(folder)
+
+    return wrapper
+
+
+def _compare_module(model, make_input, seed: int) -> None:
     """Compiled vs eager copies of one parallelized model: outputs, input and parameter grads."""
-    torch._dynamo.reset()
-    counters.clear()
     eager, compiled = model, copy.deepcopy(model)
     compiled_fn = torch.compile(compiled, backend="overlap")
     torch.manual_seed(seed + 1000 * dist.get_rank())
@@ -50,20 +73,21 @@ def _compare_module(model, make_input, seed: int) -> dict:
             torch.testing.assert_close(_local(pc.grad), _local(pe.grad), **TOL, msg=name)
             pe.grad = pc.grad = None
         x = torch.randn_like(x)
-    return dict(counters["overlap_pass"])
 
 
+@_decided
 def tp_block(bias: bool, seed: int = 0) -> dict:
     torch.manual_seed(seed)  # the same full weights on every rank
     block = parallelize_block(TransformerBlock(dim=32, heads=4, hidden=64, bias=bias), _mesh())
     seq = 4 * dist.get_world_size()
-    return _compare_module(block, lambda: torch.randn(2, seq // dist.get_world_size(), 32), seed)
+    _compare_module(block, lambda: torch.randn(2, seq // dist.get_world_size(), 32), seed)
 
 
+@_decided
 def tp_mlp(bias: bool, seed: int = 0) -> dict:
     torch.manual_seed(seed)
     mlp = parallelize_mlp(MLP(dim=24, hidden=40 * dist.get_world_size(), bias=bias), _mesh())
-    return _compare_module(mlp, lambda: torch.randn(3, 5, 24), seed)
+    _compare_module(mlp, lambda: torch.randn(3, 5, 24), seed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,9 +106,8 @@ def megatron_mlp(x, w_up, b_up, w_down, gather_dim, reduce_op):
     return funcol.reduce_scatter_tensor(out, reduce_op, gather_dim, _group_name())
 
 
+@_decided
 def functional_mlp(shape: tuple, gather_dim: int, bias: bool, reduce_op: str, seed: int = 0):
-    torch._dynamo.reset()
-    counters.clear()
     torch.manual_seed(seed + dist.get_rank())
     k, hidden = shape[-1], 12
     x = torch.randn(shape)
@@ -95,4 +118,65 @@ def functional_mlp(shape: tuple, gather_dim: int, bias: bool, reduce_op: str, se
         args = (x, w_up, b_up, w_down, gather_dim, reduce_op)
         torch.testing.assert_close(compiled(*args), megatron_mlp(*args), **TOL)
         x = torch.randn(shape)
-    return dict(counters["overlap_pass"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad and odd input: each compiles and computes the right answer, rewritten or skipped
+
+
+@_decided
+def uneven_sequence(seed: int = 0):
+    """A sequence length the world size does not divide: DTensor pads around the gather."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    world = dist.get_world_size()
+    torch.manual_seed(seed)
+    mlp = parallelize_mlp(MLP(dim=16, hidden=8 * world), _mesh())
+    make = lambda: distribute_tensor(torch.randn(2, 3 * world + 1, 16), _mesh(), [Shard(1)])  # noqa: E731
+    _compare_module(mlp, make, seed)
+
+
+@_decided
+def non_contiguous_inputs(seed: int = 0):
+    """Transposed activations and weights, in both directions."""
+    torch.manual_seed(seed + dist.get_rank())
+    compiled = torch.compile(megatron_mlp, backend="overlap")
+    for _ in range(2):
+        x = torch.randn(8, 2, 6).transpose(0, 2)  # [6, 2, 8], not contiguous
+        w_up = torch.randn(8, 10).t()
+        w_down = torch.randn(10, 8).t()
+        for dim in (0, 1):
+            args = (x, w_up, None, w_down, dim, "sum")
+            torch.testing.assert_close(compiled(*args), megatron_mlp(*args), **TOL)
+
+
+@_decided
+def no_collectives(seed: int = 0):
+    torch.manual_seed(seed)
+    _compare_module(MLP(dim=8, hidden=16), lambda: torch.randn(3, 8), seed)
+
+
+@_decided
+def single_rank_group(seed: int = 0):
+    """Collectives on a group of one rank (every rank its own group)."""
+    group, _ = dist.new_subgroups(group_size=1)
+    name = group.group_name
+
+    def fn(x, w1, w2):
+        hidden = funcol.all_gather_tensor(x, 0, name) @ w1
+        return funcol.reduce_scatter_tensor(hidden @ w2, "sum", 0, name)
+
+    torch.manual_seed(seed + dist.get_rank())
+    args = (torch.randn(4, 8), torch.randn(8, 6), torch.randn(6, 8))
+    torch.testing.assert_close(torch.compile(fn, backend="overlap")(*args), fn(*args), **TOL)
+
+
+@_decided
+def tp_inside_dp(seed: int = 0):
+    """A 2-D mesh: tensor parallel on the inner dim, data parallel across; the collectives run
+    on the TP sub-groups."""
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(seed)
+    mlp = parallelize_mlp(MLP(dim=16, hidden=8 * world), mesh["tp"])
+    _compare_module(mlp, lambda: torch.randn(2, 3, 16), seed)

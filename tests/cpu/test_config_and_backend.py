@@ -1,0 +1,142 @@
+"""Both ways to turn the pass on, its cache identity, the entry point, and failure handling."""
+
+import importlib.metadata
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.distributed._functional_collectives as funcol
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+import overlap_pass
+from overlap_pass import config, graph_pass, rewrite
+from overlap_pass.backend import overlap_config_patches
+from overlap_pass.graph_pass import ChainedGraphPass, OverlapPass
+
+from .fake_world import compile_and_dump, fake_world
+
+
+class RecordTargets(CustomGraphPass):
+    """Records the call targets of the graphs Inductor lowers (runs after every other pass)."""
+
+    def __init__(self) -> None:
+        self.targets = set()
+
+    def __call__(self, graph) -> None:
+        self.targets |= {str(n.target) for n in graph.nodes if n.op == "call_function"}
+
+    def uuid(self):
+        return None
+
+
+def chain(x, w1, w2, group):
+    hidden = funcol.all_gather_tensor(x, 0, group) @ w1
+    return funcol.reduce_scatter_tensor(hidden @ w2, "sum", 0, group)
+
+
+def _compiled_targets(enabled: bool, **inductor_patches) -> set:
+    recorder = RecordTargets()
+    with fake_world(2) as group, config.patch(enabled=enabled), torch._inductor.config.patch(
+        post_grad_custom_post_pass=recorder, **inductor_patches
+    ):
+        torch.compile(chain)(torch.randn(4, 8), torch.randn(8, 8), torch.randn(8, 8), group)
+    return recorder.targets
+
+
+def test_config_enabled_applies_the_pass_to_the_default_compile():
+    assert "overlap.all_gather_matmul.default" in _compiled_targets(enabled=True)
+    off = _compiled_targets(enabled=False)
+    assert not any(t.startswith("overlap.") for t in off)
+    assert "_c10d_functional.all_gather_into_tensor.default" in off
+
+
+def test_micro_pipeline_tp_does_not_take_the_patterns():
+    targets = _compiled_targets(enabled=True, _micro_pipeline_tp=True)
+    assert {"overlap.all_gather_matmul.default", "overlap.matmul_reduce_scatter.default"} <= targets
+    assert not any("symm_mem" in t for t in targets)
+
+
+def test_backend_turns_micro_pipeline_tp_off_and_keeps_user_passes():
+    class UserPass(RecordTargets):
+        pass
+
+    user = UserPass()
+    with torch._inductor.config.patch(post_grad_custom_pre_pass=user):
+        patches = overlap_config_patches(mode="max-autotune-no-cudagraphs")
+    assert patches["_micro_pipeline_tp"] is False
+    assert patches["max_autotune"] is True
+    chained = patches["post_grad_custom_pre_pass"]
+    assert isinstance(chained, ChainedGraphPass)
+    assert chained.passes[0] is user and chained.passes[1].always
+
+
+def test_install_is_idempotent():
+    before = torch._inductor.config.post_grad_custom_pre_pass
+    graph_pass.install()
+    graph_pass.install()
+    assert torch._inductor.config.post_grad_custom_pre_pass is before
+    assert isinstance(before, OverlapPass) and not before.always
+
+
+def test_uuid_follows_source_and_config(tmp_path):
+    always, gate = OverlapPass(always=True), OverlapPass(always=False)
+    base = always.uuid()
+    assert base is not None and base == OverlapPass().uuid()
+    with config.patch(all_gather_matmul=False):
+        assert always.uuid() != base
+    with config.patch(debug_dir=str(tmp_path)):
+        assert always.uuid() is None, "dumping must bypass the FX graph cache"
+    assert gate.uuid() == "overlap_pass:off"
+    with config.patch(enabled=True):
+        assert gate.uuid()[0] == base[0], "the same source hash once the gate is open"
+
+
+def test_entry_point_in_a_fresh_interpreter():
+    points = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    assert "overlap_pass.backend:overlap_backend" in [p.value for p in points if p.name == "overlap"]
+    script = textwrap.dedent(
+        """
+        import sys, torch
+        f = torch.compile(lambda x: torch.sin(x) @ x, backend="overlap")
+        x = torch.randn(4, 4)
+        torch.testing.assert_close(f(x), torch.sin(x) @ x)
+        assert "overlap_pass" in sys.modules
+        print("ok")
+        """
+    )
+    assert "import overlap_pass" not in script
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
+def test_failed_rewrite_leaves_the_graph_as_it_was(tmp_path, monkeypatch):
+    def broken(graph, match):
+        with graph.inserting_before(match.wait):  # a half-done, wrong edit, then a failure
+            wrong = graph.call_function(torch.ops.aten.relu.default, (match.mm,))
+        match.wait.replace_all_uses_with(wrong)
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(rewrite, "rewrite_matmul_reduce_scatter", broken)
+    with fake_world(2) as group:
+        args = (torch.randn(4, 8), torch.randn(8, 8), torch.randn(8, 8), group)
+        out, dump = compile_and_dump(chain, args, tmp_path)
+    assert list(out.shape) == [4, 8]
+    for c in dump.candidates("inference"):
+        assert not c["rewritten"] and "rewrite failed (RuntimeError: injected)" in c["reason"]
+    after = dump.after("inference")
+    assert "reduce_scatter_tensor" in after and "overlap." not in after and "relu" not in after
+
+
+def test_public_api():
+    assert overlap_pass.overlap_backend is overlap_pass.backend.overlap_backend
+    assert set(overlap_pass.__all__) >= {"OverlapPass", "config", "overlap_backend"}
+
+
+@pytest.mark.parametrize("value", ["1", "0"])
+def test_env_var_sets_a_flag(value):
+    script = "import overlap_pass; print(overlap_pass.config.enabled)"
+    env = {"OVERLAP_PASS_ENABLED": value, "PATH": ""}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert result.stdout.strip() == str(value == "1"), result.stderr[-2000:]

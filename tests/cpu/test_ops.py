@@ -1,0 +1,103 @@
+"""The overlap ops: schemas, fake kernels (shapes and strides as eager), argument checks, and
+the reference decomposition on gloo ranks."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from . import op_cases
+from .fake_world import fake_world
+
+agm = torch.ops.overlap.all_gather_matmul
+mrs = torch.ops.overlap.matmul_reduce_scatter
+
+
+@pytest.mark.parametrize("shape, dim", [((3, 8), 0), ((2, 3, 8), 1), ((2, 3, 4, 8), -2)])
+@pytest.mark.parametrize("return_gathered", [False, True])
+def test_fake_kernel_matches_reference_metadata(shape, dim, return_gathered):
+    with fake_world(4) as group:
+        args = lambda: (  # noqa: E731
+            torch.randn(shape),
+            [torch.randn(8, 5), torch.randn(6, 8).t()],
+            [torch.randn(5), None],
+            dim,
+            4,
+            group,
+            return_gathered,
+        )
+        real = agm(*args())
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            fake = agm(*args())
+    flat = lambda r: [t for t in [r[0], *r[1]] if t is not None]  # noqa: E731
+    assert (real[0] is None) == (not return_gathered) == (fake[0] is None)
+    for r, f in zip(flat(real), flat(fake)):
+        assert (r.shape, r.stride(), r.dtype) == (f.shape, f.stride(), f.dtype)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_reduce_scatter_fake_kernel_matches_reference_metadata(dim):
+    with fake_world(4) as group:
+        args = lambda: ([torch.randn(8, 8, 6)], [torch.randn(6, 5)], torch.randn(5), "avg", dim, 4, group)  # noqa: E731
+        real = mrs(*args())
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            fake = mrs(*args())
+    assert (real.shape, real.stride()) == (fake.shape, fake.stride())
+
+
+BAD_ALL_GATHER = [
+    (dict(mat2s=[]), "at least one mat2"),
+    (dict(biases=[]), "biases for 1 mat2s"),
+    (dict(gather_dim=1), "contraction dim"),
+    (dict(mat2s=[torch.randn(7, 5)]), "does not match K=8"),
+    (dict(biases=[torch.randn(4)]), "does not match N=5"),
+    (dict(mat2s=[torch.randn(8, 5, dtype=torch.float64)]), "dtype"),
+]
+
+
+@pytest.mark.parametrize("change, message", BAD_ALL_GATHER, ids=[m for _, m in BAD_ALL_GATHER])
+def test_all_gather_matmul_rejects_bad_arguments(change, message):
+    args = dict(
+        shard=torch.randn(3, 8),
+        mat2s=[torch.randn(8, 5)],
+        biases=[None],
+        gather_dim=0,
+        world_size=2,
+        group_name="unused",
+    )
+    args.update(change)
+    with pytest.raises(RuntimeError, match=message):
+        agm(**args)
+
+
+BAD_REDUCE_SCATTER = [
+    (dict(reduce_op="max"), "reduce_op must be one of"),
+    (dict(scatter_dim=1), "leading dim"),
+    (dict(inputs=[torch.randn(5, 8)]), "not divisible"),
+    (dict(mat2s=[torch.randn(7, 5)]), "does not match input"),
+    (dict(bias=torch.randn(2)), "bias must be 1-D of size N"),
+]
+
+
+@pytest.mark.parametrize("change, message", BAD_REDUCE_SCATTER, ids=[m for _, m in BAD_REDUCE_SCATTER])
+def test_matmul_reduce_scatter_rejects_bad_arguments(change, message):
+    args = dict(
+        inputs=[torch.randn(4, 8)],
+        mat2s=[torch.randn(8, 5)],
+        bias=None,
+        reduce_op="sum",
+        scatter_dim=0,
+        world_size=2,
+        group_name="unused",
+    )
+    args.update(change)
+    with pytest.raises(RuntimeError, match=message):
+        mrs(**args)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_reference_against_torch_distributed(gloo_world, world_size):
+    assert gloo_world(world_size).run(op_cases.back_to_back_calls) == [6] * world_size
+
+
+def test_reference_reduce_scatter_is_deterministic(gloo_world):
+    assert all(gloo_world(3).run(op_cases.deterministic_reduce_scatter))

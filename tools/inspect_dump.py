@@ -1,0 +1,82 @@
+"""Print a readable summary of an overlap dump folder.
+
+    python -m tools.inspect_dump overlap_dump/          # every rank and graph below it
+    python -m tools.inspect_dump overlap_dump/rank0/model__0_forward_1
+
+One row per candidate collective: graph, kind, collective node, dim, shapes, whether it was
+rewritten, the implementation chosen, and the reason it was not.
+"""
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+COLUMNS = ("graph", "kind", "collective", "dim", "shapes", "rewritten", "impl", "reason")
+
+
+def _shape(described: dict | None) -> str:
+    if not described or "shape" not in described:
+        return "?"
+    return "x".join(str(s) for s in described["shape"])
+
+
+def _shapes(candidate: dict) -> str:
+    """The operand shapes of a candidate: shard -> matmul outputs, or input @ mat2 -> out."""
+    nodes = candidate.get("nodes")
+    if not nodes:
+        return _shape(candidate.get("collective"))
+    if candidate["kind"] == "all_gather_matmul":
+        outs = ",".join(_shape(m["mm"]) for m in nodes["matmuls"])
+        return f"{_shape(nodes['shard'])} -> {outs}"
+    return f"{_shape(nodes['input'])} @ {_shape(nodes['mat2'])} -> {_shape(candidate['collective'])}"
+
+
+def rows(folder: str) -> list[tuple[str, ...]]:
+    """One row per candidate of every decisions.json at or below ``folder``."""
+    paths = sorted(glob.glob(os.path.join(folder, "**", "decisions.json"), recursive=True))
+    found = []
+    for path in paths:
+        with open(path) as f:
+            record = json.load(f)
+        graph = os.path.relpath(os.path.dirname(path), folder)
+        for c in record["candidates"]:
+            found.append(
+                (
+                    graph if graph != "." else record["graph"],
+                    c["kind"],
+                    c["collective"]["name"],
+                    str(c.get("dim", "")),
+                    _shapes(c),
+                    "yes" if c["rewritten"] else "no",
+                    c.get("implementation") or "",
+                    c.get("reason") or "",
+                )
+            )
+    return found
+
+
+def format_table(table: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in [COLUMNS, *table]) for i in range(len(COLUMNS))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in [COLUMNS, *table]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", help="a dump folder (config.debug_dir) or any folder below it")
+    args = parser.parse_args(argv)
+    table = rows(args.folder)
+    if not table:
+        print(f"no decisions.json under {args.folder}", file=sys.stderr)
+        return 1
+    print(format_table(table))
+    done = sum(r[5] == "yes" for r in table)
+    print(f"\n{done} of {len(table)} candidates rewritten")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
