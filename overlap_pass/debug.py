@@ -8,6 +8,7 @@ trace_structured artifacts. Logging: TORCH_LOGS=+overlap_pass.
 import json
 import logging
 import os
+import re
 
 import torch
 from torch._logging import trace_structured
@@ -94,9 +95,14 @@ def write_dump(before: str, after: str, record: dict) -> list[str]:
             with open(os.path.join(folder, name), "w") as f:
                 f.write(text)
         with open(os.path.join(folder, DECISIONS_FILE), "w") as f:
-            json.dump(record, f, indent=2)
-            f.write("\n")
+            f.write(decisions_json(record))
     return dirs
+
+
+def decisions_json(record: dict) -> str:
+    """Indented JSON with short lists (shapes, ranks) kept on one line."""
+    text = json.dumps(record, indent=2)
+    return re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + re.sub(r"\s*\n\s*", " ", m[1]) + "]", text) + "\n"
 
 
 def trace_artifacts(before: str, after: str, record: dict) -> None:

@@ -281,6 +281,15 @@ def _scattered_layout(collective_input: Node, world_size: int) -> tuple[Node, in
     return node, 0, set()
 
 
+def _reaches_back_to_matmul(node: Node) -> bool:
+    """Whether ``node`` is a matmul, or a sum of matmuls, seen through reshapes."""
+    while node.target in VIEWS:
+        node = node.args[0]
+    if node.target is aten.add.Tensor:
+        return all(isinstance(a, Node) and _reaches_back_to_matmul(a) for a in node.args[:2])
+    return node.target in (aten.mm.default, aten.addmm.default)
+
+
 def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
     collective_input, reduce_op, world_size, group_name = reduce_scatter.args[:4]
     users = list(reduce_scatter.users)
@@ -310,6 +319,13 @@ def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
         raise NoMatch(
             f"reduce-scatter input is not a matmul result: {_node_names([node])} is not one equal "
             "chunk per rank (uneven shards are padded before the collective)"
+        )
+    if node.target is aten.add.Tensor and all(
+        isinstance(a, Node) and _reaches_back_to_matmul(a) for a in node.args[:2]
+    ):
+        raise NoMatch(
+            f"reduce-scatter input is not a matmul result: {_node_names([node])} sums several "
+            "matmuls (input grad of linears sharing an input; not fused yet)"
         )
     if node.target not in (aten.mm.default, aten.addmm.default):
         raise NoMatch(f"reduce-scatter input is not a matmul result: {_node_names([node])}")
