@@ -91,6 +91,13 @@ def _shape(node: Node) -> tuple | None:
     return tuple(val.shape) if isinstance(val, torch.Tensor) else None
 
 
+def _require_static(*nodes: Node) -> None:
+    for node in nodes:
+        shape = _shape(node)
+        if shape is not None and not all(isinstance(s, int) for s in shape):
+            raise NoMatch("dynamic shapes are not supported yet")
+
+
 def _keeps_rows(view: Node) -> bool:
     """A reshape that keeps the last dim keeps every row intact, so it commutes with `@ mat2`."""
     before, after = _shape(view.args[0]), _shape(view)
@@ -231,6 +238,7 @@ def _why_no_matmul(gathered: Node, gather_dim: int, others: list[Node], notes: l
 
 def _match_all_gather(gather: Node) -> AllGatherMatmulMatch:
     shard, world_size, group_name = gather.args[:3]
+    _require_static(shard, gather)
     users = list(gather.users)
     if len(users) != 1 or users[0].target is not WAIT:
         raise NoMatch("all-gather result is not read through exactly one wait_tensor")
@@ -292,6 +300,7 @@ def _reaches_back_to_matmul(node: Node) -> bool:
 
 def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
     collective_input, reduce_op, world_size, group_name = reduce_scatter.args[:4]
+    _require_static(collective_input, reduce_scatter)
     users = list(reduce_scatter.users)
     if len(users) != 1 or users[0].target is not WAIT:
         raise NoMatch("reduce-scatter result is not read through exactly one wait_tensor")

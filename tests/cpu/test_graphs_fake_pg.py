@@ -6,9 +6,10 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
+from overlap_pass import config
 from tools.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
 
-from .fake_world import compile_and_dump, fake_world, rewritten, skipped
+from .fake_world import Dump, compile_and_dump, fake_world, rewritten, skipped
 
 AGM, MRS = "all_gather_matmul", "matmul_reduce_scatter"
 WORLD_SIZES = [2, 4, 8]
@@ -255,3 +256,19 @@ def test_config_disables_one_kind(tmp_path, flag, kind):
     assert not off["rewritten"] and flag in off["reason"]
     (on,) = [c for c in dump.candidates("inference") if c["kind"] != kind]
     assert on["rewritten"]
+
+
+def test_dynamic_shapes_are_skipped_with_a_reason(tmp_path):
+    with fake_world(2) as group:
+        args = (torch.randn(4, 8), torch.randn(8, 16), torch.randn(16, 8), group)
+        torch._dynamo.reset()
+        with config.patch(debug_dir=str(tmp_path / "dump")):
+            compiled = torch.compile(chain, backend="overlap", dynamic=True)
+            for rows in (4, 6):
+                out = compiled(torch.randn(rows, 8), *args[1:])
+                assert list(out.shape) == [rows, 8]
+        candidates = Dump(str(tmp_path / "dump")).all_candidates()
+    assert candidates and all(
+        not c["rewritten"] and c["reason"] == "dynamic shapes are not supported yet"
+        for c in candidates
+    )
