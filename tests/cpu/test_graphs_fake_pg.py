@@ -14,7 +14,14 @@ from .fake_world import Dump, compile_and_dump, fake_world, rewritten, skipped
 AGM, MRS = "all_gather_matmul", "matmul_reduce_scatter"
 WORLD_SIZES = [2, 4, 8]
 gather = funcol.all_gather_tensor_autograd
-scatter = funcol.reduce_scatter_tensor_autograd
+
+
+def scatter(x, reduce_op, dim, group):
+    """reduce_scatter; the differentiable variant where a gradient is needed (it only takes
+    "sum" on torch 2.11)."""
+    if x.requires_grad:
+        return funcol.reduce_scatter_tensor_autograd(x, reduce_op, dim, group)
+    return funcol.reduce_scatter_tensor(x, reduce_op, dim, group)
 
 
 def _only(candidates: list[dict], kind: str) -> dict:

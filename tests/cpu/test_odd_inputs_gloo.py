@@ -11,6 +11,8 @@ AGM, MRS = "all_gather_matmul", "matmul_reduce_scatter"
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_uneven_sequence(gloo_world, world_size):
     (decisions, *_) = gloo_world(world_size).run(cases.uneven_sequence)
+    if isinstance(decisions, dict):
+        pytest.skip(decisions["skip"])
     assert decisions, "DTensor's uneven gather and scatter should be candidates"
     for kind, rewritten, reason in decisions:
         assert rewritten or reason, (kind, reason)
