@@ -207,7 +207,31 @@ def _matmul_users(gathered: Node) -> tuple[list[MatmulUse], list[Node], list[str
                 others.append(user)
 
     visit(gathered)
-    return matmuls, others, notes
+    # The op takes mat2 and bias as inputs, so they must not be computed from its own output.
+    independent = []
+    for use in matmuls:
+        if any(n is not None and _depends_on(n, gathered) for n in (use.mat2, use.bias)):
+            notes.append("the matmul's mat2 or bias is computed from the gathered tensor")
+            others.append(use.mm)
+        else:
+            independent.append(use)
+    return independent, others, notes
+
+
+def _depends_on(node: Node, ancestor: Node) -> bool:
+    """Whether ``ancestor`` is among the inputs of ``node``, transitively. Nodes placed before
+    ``ancestor`` cannot depend on it, which bounds the walk."""
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    stack, seen = [node], set()
+    while stack:
+        current = stack.pop()
+        if current is ancestor:
+            return True
+        if current in seen or order[current] < order[ancestor]:
+            continue
+        seen.add(current)
+        stack.extend(current.all_input_nodes)
+    return False
 
 
 def _reaches_matmul(node: Node, depth: int = 4) -> bool:

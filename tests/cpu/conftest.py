@@ -1,17 +1,17 @@
 import pytest
 
-from .gloo_world import GlooWorld
+from tests.rank_pool import RankPool
 
-_worlds: dict[int, GlooWorld] = {}
+_worlds: dict[int, RankPool] = {}
 
 
 @pytest.fixture(scope="session")
 def gloo_world():
     """gloo_world(W): a pool of W gloo ranks, started once per session."""
 
-    def get(world_size: int) -> GlooWorld:
+    def get(world_size: int) -> RankPool:
         if world_size not in _worlds:
-            _worlds[world_size] = GlooWorld(world_size)
+            _worlds[world_size] = RankPool(world_size, "gloo")
         return _worlds[world_size]
 
     yield get

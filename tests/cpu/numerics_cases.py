@@ -1,4 +1,4 @@
-"""Bodies of the gloo numerics tests; each runs on every rank of a GlooWorld.
+"""Bodies of the gloo numerics tests; each runs on every rank of a RankPool.
 
 Each compiles with backend="overlap", runs forward and backward on fresh random inputs, compares
 with eager at float32 tolerance, and returns the pass's decisions as (kind, rewritten, reason)

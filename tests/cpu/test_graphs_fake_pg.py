@@ -279,3 +279,17 @@ def test_dynamic_shapes_are_skipped_with_a_reason(tmp_path):
         not c["rewritten"] and c["reason"] == "dynamic shapes are not supported yet"
         for c in candidates
     )
+
+
+def mat2_from_gathered(x, group):
+    g = gather(x, 0, group)
+    return g @ g.t()[:, : x.shape[0]]
+
+
+def test_mat2_computed_from_the_gathered_tensor_is_not_taken(tmp_path):
+    with fake_world(2) as group:
+        out, dump = compile_and_dump(mat2_from_gathered, (torch.randn(4, 4), group), tmp_path)
+    (decision,) = dump.candidates("inference")
+    assert not decision["rewritten"]
+    assert "computed from the gathered tensor" in decision["reason"]
+    assert list(out.shape) == [8, 4]

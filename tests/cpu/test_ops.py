@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from . import op_cases
+from tests import op_cases
+
 from .fake_world import fake_world
 
 agm = torch.ops.overlap.all_gather_matmul

@@ -1,9 +1,10 @@
-"""A pool of gloo ranks that lives across tests: spawning processes and importing torch once per
+"""A pool of ranks that lives across tests: spawning processes and importing torch once per
 world size, not once per test, keeps CI fast on two cores.
 
-GlooWorld(W).run(fn, *args) runs fn(*args) on every rank (fn must be importable) and returns the
-per-rank results; an exception on any rank is raised here with that rank's traceback. Every
-wait is bounded: a rank that does not answer in time is named, and the pool is torn down.
+RankPool(W, "gloo" | "nccl").run(fn, *args) runs fn(*args) on every rank (fn must be importable)
+and returns the per-rank results; an exception on any rank is raised here with that rank's
+traceback. Every wait is bounded: a rank that does not answer in time is named, and the pool is
+torn down. NCCL ranks use GPU <rank>, with NVLink multicast off.
 """
 
 import multiprocessing
@@ -21,11 +22,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, tasks, results) -> None:
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def _worker(rank: int, world_size: int, backend: str, port: int, tasks, results) -> None:
+    os.environ.update(MULTICAST_OFF)
+    import torch
     import torch.distributed as dist
 
+    kwargs = {}
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        kwargs["device_id"] = torch.device("cuda", rank)
     dist.init_process_group(
-        "gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}"
+        backend,
+        rank=rank,
+        world_size=world_size,
+        init_method=f"tcp://127.0.0.1:{port}",
+        **kwargs,
     )
     while True:
         task = tasks.get()
@@ -43,15 +61,18 @@ class RankFailed(AssertionError):
     pass
 
 
-class GlooWorld:
-    def __init__(self, world_size: int) -> None:
+class RankPool:
+    def __init__(self, world_size: int, backend: str = "gloo") -> None:
         ctx = multiprocessing.get_context("spawn")
         self.world_size = world_size
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         port = _free_port()
         self.procs = [
-            ctx.Process(target=_worker, args=(r, world_size, port, self.tasks[r], self.results))
+            ctx.Process(
+                target=_worker,
+                args=(r, world_size, backend, port, self.tasks[r], self.results),
+            )
             for r in range(world_size)
         ]
         for p in self.procs:
