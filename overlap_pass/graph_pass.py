@@ -35,8 +35,12 @@ class OverlapPass(CustomGraphPass):
         return self.always or config.enabled
 
     def __call__(self, graph: Graph) -> None:
-        if self.active():
+        if not self.active():
+            return
+        try:
             overlap_graph_pass(graph)
+        except Exception as error:  # the graph is whole (see _rewrite_all); compile goes on
+            log.warning("overlap_pass failed on %s: %r", debug.graph_name(), error)
 
     def uuid(self):
         if not self.active():
@@ -113,8 +117,11 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
 
 
 def _rewrite_all(graph: Graph, decisions: list[tuple[Candidate, dict]]) -> None:
-    """Rewrites every accepted candidate, or none: if one rewrite fails, the graph is restored
-    and every candidate records the failure, so compilation goes on with the original graph."""
+    """Rewrites the accepted candidates one by one, keeping the graph sorted after each.
+
+    A candidate whose op would read its own result (through rewrites done before it) is skipped
+    with its reason. Should a rewrite still fail, the graph is restored as it was before the
+    pass and every candidate records the failure, so compilation goes on with the original."""
     snapshot = _copy_graph(graph)
     # Reduce-scatters first: their ops read a matmul that an all-gather op may replace next,
     # and the replacement then updates them (see rewrite.py).
@@ -123,12 +130,15 @@ def _rewrite_all(graph: Graph, decisions: list[tuple[Candidate, dict]]) -> None:
         for candidate, record in ordered:
             if not record["rewritten"]:
                 continue
+            if rewrite.would_create_cycle(candidate.match):
+                record.update(rewritten=False, implementation=None, reason=CYCLE)
+                continue
             if isinstance(candidate.match, AllGatherMatmulMatch):
                 op = rewrite.rewrite_all_gather_matmul(graph, candidate.match)
             else:
                 op = rewrite.rewrite_matmul_reduce_scatter(graph, candidate.match)
             record["op"] = op.name
-        stable_topological_sort(graph)
+            stable_topological_sort(graph)
         graph.lint()
     except Exception as error:  # never crash compilation on a graph we did not foresee
         log.warning("overlap_pass: rewrite failed, graph left as it was: %r", error)
@@ -143,6 +153,9 @@ def _rewrite_all(graph: Graph, decisions: list[tuple[Candidate, dict]]) -> None:
                 )
 
 
+CYCLE = "its op would read a value computed from its own result (through another rewrite)"
+
+
 def _copy_graph(graph: Graph) -> Graph:
     copy = Graph()
     copy.output(copy.graph_copy(graph, {}))
@@ -150,23 +163,23 @@ def _copy_graph(graph: Graph) -> Graph:
 
 
 def _restore_graph(graph: Graph, snapshot: Graph) -> None:
-    """Makes ``graph`` hold the nodes of ``snapshot`` again."""
-    for node in reversed(list(graph.nodes)):
-        node.users.clear()
+    """Makes ``graph`` hold the nodes of ``snapshot`` again. A failed rewrite can leave the
+    graph unsorted, so every node lets go of its inputs before any is erased."""
+    nodes = list(graph.nodes)
+    for node in nodes:
+        node.args, node.kwargs = (), {}
+    for node in nodes:
         graph.erase_node(node)
     graph.output(graph.graph_copy(snapshot, {}))
 
 
 def _decide(candidates: list[Candidate]) -> list[tuple[Candidate, dict]]:
-    """A record per candidate: matched or not, rewritten or not, why."""
-    taken_by_all_gather = {
-        use.mm
-        for c in candidates
-        if isinstance(c.match, AllGatherMatmulMatch)
-        for use in c.match.matmuls
-    }
-    decisions = []
-    for candidate in candidates:
+    """A record per candidate: matched or not, accepted or not, why. All-gathers are decided
+    first: a matmul they take is no longer free for a reduce-scatter."""
+    records = {}
+    taken_by_all_gather = set()
+    by_kind = sorted(candidates, key=lambda c: c.kind != patterns.ALL_GATHER_MATMUL)
+    for candidate in by_kind:
         record = _describe(candidate)
         if candidate.match is None:
             ok, reason = False, candidate.reason
@@ -174,11 +187,13 @@ def _decide(candidates: list[Candidate]) -> list[tuple[Candidate, dict]]:
             ok, reason = False, "the matmul is already fused with its all-gather"
         else:
             ok, reason = decide.should_fuse(candidate.match)
+        if ok and isinstance(candidate.match, AllGatherMatmulMatch):
+            taken_by_all_gather |= {use.mm for use in candidate.match.matmuls}
         record["rewritten"] = ok
         record["reason"] = reason or None
         record["implementation"] = decide.choose_implementation(candidate.match) if ok else None
-        decisions.append((candidate, record))
-    return decisions
+        records[id(candidate)] = record
+    return [(c, records[id(c)]) for c in candidates]
 
 
 def _describe(candidate: Candidate) -> dict:
@@ -241,6 +256,9 @@ def _count_and_log(records: list[dict]) -> None:
 
 def _dump(before: str, after: str, records: list[dict]) -> None:
     record = {"graph": debug.graph_name(), "rank": debug.rank(), "candidates": records}
-    debug.trace_artifacts(before, after, record)
-    for folder in debug.write_dump(before, after, record):
-        log.info("overlap_pass dump: %s", folder)
+    try:
+        debug.trace_artifacts(before, after, record)
+        for folder in debug.write_dump(before, after, record):
+            log.info("overlap_pass dump: %s", folder)
+    except OSError as error:
+        log.warning("overlap_pass: could not write the dump: %r", error)

@@ -112,10 +112,11 @@ def _bias_of_addmm(mm: Node) -> Node:
     """The 1-D bias of an addmm with default alpha and beta, or NoMatch."""
     if not (_is_unit(mm.kwargs.get("alpha", 1)) and _is_unit(mm.kwargs.get("beta", 1))):
         raise NoMatch("addmm with alpha or beta other than 1")
-    bias = mm.args[0]
+    bias, out = mm.args[0], _shape(mm)
     shape = _shape(bias)
-    if shape is None or len(shape) != 1:
-        raise NoMatch(f"addmm bias of shape {list(shape) if shape else '?'} is not 1-D")
+    if shape is None or out is None or shape != out[-1:]:
+        described = list(shape) if shape is not None else "?"
+        raise NoMatch(f"addmm bias of shape {described} is not one value per output column")
     return bias
 
 
@@ -182,6 +183,12 @@ def _gathered_layout(wait: Node, shard: Node, world_size: int) -> tuple[Node, in
         chunks = _equal_chunks(list(cat.args[0]), world_size)
         shape = _shape(shard)
         if chunks == (wait, 0) and shape is not None:
+            cutters = {p.args[0] if p.target is operator.getitem else p for p in cat.args[0]}
+            if set(wait.users) != cutters:
+                raise NoMatch(
+                    "the all-gather result (ranks stacked on dim 0) is also read outside the "
+                    "split/cat that gathers it along a later dim"
+                )
             return cat, _cat_dim(cat) % len(shape)
     return wait, 0
 
@@ -208,9 +215,9 @@ def _matmul_users(gathered: Node) -> tuple[list[MatmulUse], list[Node], list[str
 
     visit(gathered)
     # The op takes mat2 and bias as inputs, so they must not be computed from its own output.
-    independent = []
+    independent, order = [], graph_order(gathered.graph)
     for use in matmuls:
-        if any(n is not None and _depends_on(n, gathered) for n in (use.mat2, use.bias)):
+        if any(n is not None and depends_on(n, gathered, order) for n in (use.mat2, use.bias)):
             notes.append("the matmul's mat2 or bias is computed from the gathered tensor")
             others.append(use.mm)
         else:
@@ -218,10 +225,14 @@ def _matmul_users(gathered: Node) -> tuple[list[MatmulUse], list[Node], list[str
     return independent, others, notes
 
 
-def _depends_on(node: Node, ancestor: Node) -> bool:
-    """Whether ``ancestor`` is among the inputs of ``node``, transitively. Nodes placed before
-    ``ancestor`` cannot depend on it, which bounds the walk."""
-    order = {n: i for i, n in enumerate(node.graph.nodes)}
+def graph_order(graph: Graph) -> dict[Node, int]:
+    return {n: i for i, n in enumerate(graph.nodes)}
+
+
+def depends_on(node: Node, ancestor: Node, order: dict[Node, int]) -> bool:
+    """Whether ``ancestor`` is among the inputs of ``node``, transitively. In a topologically
+    sorted graph (``order``), nodes placed before ``ancestor`` cannot depend on it, which bounds
+    the walk."""
     stack, seen = [node], set()
     while stack:
         current = stack.pop()

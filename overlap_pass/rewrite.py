@@ -13,7 +13,13 @@ from torch.fx import Graph, Node
 from torch.fx.node import map_arg
 
 from . import ops  # noqa: F401  (registers torch.ops.overlap)
-from .patterns import AllGatherMatmulMatch, MatmulReduceScatterMatch
+from .patterns import (
+    AllGatherMatmulMatch,
+    Match,
+    MatmulReduceScatterMatch,
+    depends_on,
+    graph_order,
+)
 
 aten = torch.ops.aten
 
@@ -64,6 +70,21 @@ def _chain(start: Node, stop: Node) -> list[Node]:
             continue
         node = node.args[0]
     return nodes + [stop]
+
+
+def would_create_cycle(match: Match) -> bool:
+    """Whether the op would read a value computed from its own result, on the graph as it is
+    now (after the rewrites before it, sorted): the inputs of an all-gather op must not depend
+    on the all-gather. A reduce-scatter's nodes form a single-user chain, which cannot close a
+    loop."""
+    if not isinstance(match, AllGatherMatmulMatch):
+        return False
+    inputs = [match.gather.args[0]]
+    for use in match.matmuls:
+        _, mat2, bias = _mm_operands(use.mm)
+        inputs += [mat2] + ([bias] if bias is not None else [])
+    order = graph_order(match.gather.graph)
+    return any(depends_on(node, match.gather, order) for node in inputs)
 
 
 def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node:

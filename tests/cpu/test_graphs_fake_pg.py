@@ -293,3 +293,92 @@ def test_mat2_computed_from_the_gathered_tensor_is_not_taken(tmp_path):
     assert not decision["rewritten"]
     assert "computed from the gathered tensor" in decision["reason"]
     assert list(out.shape) == [8, 4]
+
+
+# ---------------------------------------------------------------------------------------------
+# candidates that touch each other, and a rewrite that fails halfway
+
+
+def crossed_mat2s(x1, x2, group):
+    """Each gathered tensor is the other matmul's mat2: fusing both would form a cycle."""
+    g1, g2 = gather(x1, 0, group), gather(x2, 0, group)
+    return g1 @ g2.t(), g2 @ g1.t()
+
+
+def test_crossed_candidates_fuse_one_and_skip_the_other(tmp_path):
+    with fake_world(2) as group:
+        _, dump = compile_and_dump(crossed_mat2s, (torch.randn(4, 8), torch.randn(4, 8), group), tmp_path)
+    first, second = dump.candidates("inference")
+    assert first["rewritten"], first["reason"]
+    assert not second["rewritten"] and "read a value computed from its own result" in second["reason"]
+
+
+def broadcast_bias(x, w1, w2, b2, group):
+    g = gather(x, 0, group)
+    return F.linear(g, w1), F.linear(g, w2.cos(), b2)
+
+
+def test_broadcast_bias_is_not_taken(tmp_path):
+    with fake_world(2) as group:
+        args = (torch.randn(4, 8), torch.randn(6, 8), torch.randn(6, 8), torch.randn(1), group)
+        _, dump = compile_and_dump(broadcast_bias, args, tmp_path)
+    (decision,) = dump.candidates("inference")
+    assert decision["rewritten"] and decision["return_gathered"]
+    assert len(decision["nodes"]["matmuls"]) == 1
+
+
+def raw_gather_read_twice(x, w, group):
+    g0 = funcol.all_gather_tensor(x, 0, group)
+    return torch.cat(torch.chunk(g0, 2, dim=0), dim=1) @ w, g0.sin()
+
+
+def test_raw_gather_with_other_readers_is_skipped(tmp_path):
+    with fake_world(2) as group:
+        _, dump = compile_and_dump(raw_gather_read_twice, (torch.randn(2, 3, 8), torch.randn(8, 6), group), tmp_path)
+    (decision,) = dump.candidates("inference")
+    assert not decision["rewritten"] and "also read outside the split/cat" in decision["reason"]
+    assert "overlap." not in dump.after("inference")
+
+
+def same_matmul(x, w, group):
+    return scatter(gather(x, 0, group) @ w, "sum", 0, group)
+
+
+@pytest.mark.parametrize("all_gather_on", [True, False])
+def test_one_matmul_between_two_collectives(tmp_path, all_gather_on):
+    with fake_world(2) as group:
+        _, dump = compile_and_dump(
+            same_matmul, (torch.randn(4, 8), torch.randn(8, 6), group), tmp_path,
+            all_gather_matmul=all_gather_on,
+        )
+    ag, rs = sorted(dump.candidates("inference"), key=lambda c: c["kind"])
+    assert ag["rewritten"] == all_gather_on
+    if all_gather_on:
+        assert not rs["rewritten"] and "already fused with its all-gather" in rs["reason"]
+    else:
+        assert rs["rewritten"], rs["reason"]
+
+
+def test_failure_halfway_through_an_unsorted_rewrite_restores_the_graph(tmp_path, monkeypatch):
+    from overlap_pass import rewrite
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    # the op is in the graph and the matmuls are replaced, not yet sorted: then the failure
+    monkeypatch.setattr(rewrite, "_erase_dead", fail)
+    with fake_world(2) as group:
+        args = (torch.randn(4, 8), torch.randn(6, 8), torch.randn(6, 8), torch.randn(6), group)
+        out, dump = compile_and_dump(broadcast_bias, args, tmp_path)
+    (decision,) = dump.candidates("inference")
+    assert not decision["rewritten"] and "rewrite failed (RuntimeError: injected)" in decision["reason"]
+    assert "overlap." not in dump.after("inference") and len(out) == 2
+
+
+def test_a_dump_that_cannot_be_written_does_not_stop_compilation(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    with fake_world(2) as group, config.patch(debug_dir=str(not_a_dir)):
+        torch._dynamo.reset()
+        out = torch.compile(same_matmul, backend="overlap")(torch.randn(4, 8), torch.randn(8, 6), group)
+    assert list(out.shape) == [4, 6]
