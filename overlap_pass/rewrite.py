@@ -53,7 +53,7 @@ def _mm_operands(mm: Node) -> tuple[Node, Node, Node | None]:
 
 def _erase_dead(graph: Graph, nodes) -> None:
     """Erases ``nodes`` that nothing reads any more, consumers before producers."""
-    order = {n: i for i, n in enumerate(graph.nodes)}
+    order = graph_order(graph)
     for node in sorted(set(nodes), key=lambda n: order.get(n, -1), reverse=True):
         if node.graph is graph and node in order and not node.users:
             graph.erase_node(node)
@@ -97,7 +97,7 @@ def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node
     """
     shard = match.gather.args[0]
     operands = [_mm_operands(use.mm) for use in match.matmuls]
-    first_mm = min((use.mm for use in match.matmuls), key=_position(graph))
+    first_mm = min((use.mm for use in match.matmuls), key=graph_order(graph).__getitem__)
     return_gathered = bool(match.other_users)
     dead = [use.mm for use in match.matmuls] + _chain(match.gathered, match.gather)
     for rows, _, _ in operands:
@@ -156,7 +156,3 @@ def rewrite_matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch)
     _erase_dead(graph, dead)
     return op
 
-
-def _position(graph: Graph):
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    return order.__getitem__
