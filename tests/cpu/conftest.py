@@ -1,3 +1,8 @@
+import os
+
+# Triton kernels run in the interpreter on CPU (set before anything imports triton).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 
 from tests.rank_pool import RankPool

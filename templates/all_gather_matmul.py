@@ -1,0 +1,191 @@
+"""Consumer GEMM of the fused all-gather + matmul: a persistent Triton kernel that computes
+out = A @ B (+ bias) while A's chunks are still arriving.
+
+A is the gathered input in its stacked layout: rank j's shard occupies rows
+[j * rows_per_chunk, (j + 1) * rows_per_chunk) of a [world * rows_per_chunk, K] buffer, as the
+chunk copies leave it. Tiles go chunk by chunk in the order of schedule.all_gather_order (the
+local chunk first, then the peers rank-rotated), GROUP_M-swizzled inside a chunk, and never
+straddle two chunks. Before a tile's first load from a peer's chunk the kernel waits for that
+chunk's flag. Output rows are written where the gather along ``gather_dim`` puts them, so no
+copy is needed for gathers along later dims:
+
+    stacked row r of chunk j, r = o * inner + i   ->   output row o * (world * inner) + j * inner + i
+
+where ``inner`` is the product of the shard's dims from gather_dim to the last but one, and
+``outer`` the product of the dims before gather_dim.
+
+Phases per tile: wait (peer chunk only) -> load -> dot -> (bias) -> store.
+"""
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from .signals import wait_flag
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+
+# 128x256x64, 3 stages, 8 warps: the persistent TMA GEMM that reached 0.92-1.02x cuBLAS in
+# PERF_REFERENCE.md; the others are the smaller neighbours to sweep. Tiny blocks serve tests.
+CONFIGS = [
+    GemmConfig(128, 256, 64, 8, 8, 3),
+    GemmConfig(128, 128, 64, 8, 4, 4),
+    GemmConfig(64, 128, 64, 8, 4, 4),
+]
+TEST_CONFIG = GemmConfig(16, 16, 16, 2, 4, 1)
+
+
+@triton.jit
+def all_gather_matmul_consumer_kernel(
+    a_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, timeouts_ptr, tile_log_ptr,
+    rows_per_chunk, N, K, inner,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    rank, world_size, epoch, num_programs,
+    HAS_BIAS: tl.constexpr,
+    LOG_TILES: tl.constexpr,
+    FP32_IEEE: tl.constexpr,
+    SPIN_LIMIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(rows_per_chunk, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles_per_chunk = tiles_m * tiles_n
+    for tile in range(pid, tiles_per_chunk * world_size, num_programs):
+        # chunk order: own chunk first, then rank + 1, rank + 2, ... (schedule.all_gather_order)
+        step = tile // tiles_per_chunk
+        chunk = (rank + step) % world_size
+        local = tile % tiles_per_chunk
+        # GROUP_M swizzle inside the chunk, so neighbouring programs share B tiles
+        group_size = GROUP_M * tiles_n
+        first_m = (local // group_size) * GROUP_M
+        rows_in_group = tl.minimum(tiles_m - first_m, GROUP_M)
+        tile_m = first_m + (local % group_size) % rows_in_group
+        tile_n = (local % group_size) // rows_in_group
+
+        # wait: a peer's chunk must have landed before any load from it
+        if chunk != rank:
+            wait_flag(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT)
+        if LOG_TILES:
+            tl.store(tile_log_ptr + tile, tl.atomic_add(tile_log_ptr + world_size * tiles_per_chunk, 1))
+
+        # load -> dot
+        offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)  # row within the chunk
+        offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_mask = offs_m < rows_per_chunk
+        n_mask = offs_n < N
+        a_rows = chunk * rows_per_chunk + offs_m
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < K
+            a = tl.load(
+                a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak,
+                mask=m_mask[:, None] & k_mask[None, :],
+                other=0.0,
+            )
+            b = tl.load(
+                b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                mask=k_mask[:, None] & n_mask[None, :],
+                other=0.0,
+            )
+            if FP32_IEEE:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+
+        # store, at the rows the gather along gather_dim gives them
+        out_rows = (offs_m // inner) * (world_size * inner) + chunk * inner + offs_m % inner
+        tl.store(
+            c_ptr + out_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+            acc.to(c_ptr.dtype.element_ty),
+            mask=m_mask[:, None] & n_mask[None, :],
+        )
+
+
+class ChunkTimeout(RuntimeError):
+    """A consumer gave up waiting for a chunk: names the rank and the chunks."""
+
+
+def all_gather_matmul_consumer(
+    a_stacked: torch.Tensor,
+    mat2: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    flags: torch.Tensor,
+    *,
+    rank: int,
+    world_size: int,
+    inner: int,
+    epoch: int,
+    config: GemmConfig = CONFIGS[0],
+    num_programs: int | None = None,
+    spin_limit: int = 1 << 30,
+    timeouts: torch.Tensor | None = None,
+    tile_log: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Launches the consumer GEMM. ``a_stacked``: [world * rows_per_chunk, K], chunks stacked
+    by rank; ``out``: [world * rows_per_chunk, N] in the gather_dim row order (see the module
+    docstring); ``flags``: one word per chunk, the peers' set to ``epoch`` when their chunk is
+    in ``a_stacked``. ``timeouts`` (int32, one per chunk, zeroed by the caller) receives the
+    chunks a wait gave up on; ``tile_log`` (int32, tiles + 1) the order tiles started in."""
+    rows, k = a_stacked.shape
+    n = mat2.shape[1]
+    if rows % world_size or mat2.shape[0] != k or out.shape != (rows, n):
+        raise ValueError(
+            f"shapes do not fit: A {list(a_stacked.shape)}, B {list(mat2.shape)}, "
+            f"out {list(out.shape)}, world {world_size}"
+        )
+    rows_per_chunk = rows // world_size
+    if rows_per_chunk % inner:
+        raise ValueError(f"inner={inner} does not divide the {rows_per_chunk} rows of a chunk")
+    if a_stacked.dtype != mat2.dtype:
+        raise ValueError(f"A is {a_stacked.dtype}, B is {mat2.dtype}")
+    tiles = world_size * triton.cdiv(rows_per_chunk, config.block_m) * triton.cdiv(n, config.block_n)
+    if num_programs is None:
+        sms = torch.cuda.get_device_properties(out.device).multi_processor_count if out.is_cuda else 4
+        num_programs = min(sms, tiles)
+    if timeouts is None:
+        timeouts = torch.zeros(world_size, dtype=torch.int32, device=out.device)
+    all_gather_matmul_consumer_kernel[(num_programs,)](
+        a_stacked, mat2, bias if bias is not None else out, out, flags, timeouts,
+        tile_log if tile_log is not None else timeouts,
+        rows_per_chunk, n, k, inner,
+        a_stacked.stride(0), a_stacked.stride(1), mat2.stride(0), mat2.stride(1),
+        out.stride(0), out.stride(1),
+        rank, world_size, epoch, num_programs,
+        HAS_BIAS=bias is not None,
+        LOG_TILES=tile_log is not None,
+        FP32_IEEE=a_stacked.dtype == torch.float32,
+        SPIN_LIMIT=spin_limit,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        GROUP_M=config.group_m,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )  # fmt: skip
+    return out
+
+
+def raise_on_timeouts(timeouts: torch.Tensor, rank: int) -> None:
+    """After the kernel: name the chunks this rank gave up waiting for."""
+    late = timeouts.nonzero().flatten().tolist()
+    if late:
+        raise ChunkTimeout(f"rank {rank} gave up waiting for the flags of chunks {late}")

@@ -1,0 +1,61 @@
+"""The all-gather consumer GEMM on one GPU with simulated peers (chunks in place, flags preset or
+held back). Skipped without a GPU."""
+
+import pytest
+import torch
+
+from overlap_pass.templates import all_gather_matmul as agm
+from tests.consumer_cases import EPOCH, problem, run_consumer
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+REL_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def _rel(out, ref):
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+@pytest.mark.parametrize("config", agm.CONFIGS + [agm.TEST_CONFIG], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize(
+    "world, shard_shape, gather_dim, bias",
+    [(4, (1000, 520), 0, True), (2, (2, 333, 256), 1, False), (4, (3, 77, 64), 1, True)],
+)
+def test_matches_torch(config, dtype, world, shard_shape, gather_dim, bias):
+    stacked, mat2, b, ref, inner = problem(
+        world, shard_shape, 1000, dtype, bias, gather_dim, device="cuda"
+    )
+    flags = torch.full((world,), EPOCH, dtype=torch.int32, device="cuda")
+    out, timeouts = run_consumer(stacked, mat2, b, world, 1, inner, flags, config=config)
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any() and not timeouts.any()
+    assert _rel(out, ref) <= REL_TOL[dtype]
+
+
+def test_late_chunk_is_reported_on_the_gpu():
+    world, rank, late = 4, 2, 1
+    stacked, mat2, b, ref, inner = problem(world, (256, 128), 256, torch.bfloat16, False, 0, device="cuda")
+    flags = torch.full((world,), EPOCH, dtype=torch.int32, device="cuda")
+    flags[late] = EPOCH - 1
+    out, timeouts = run_consumer(stacked, mat2, b, world, rank, inner, flags, spin_limit=10_000)
+    torch.cuda.synchronize()
+    with pytest.raises(agm.ChunkTimeout, match="rank 2 gave up waiting for the flags of chunks \\[1\\]"):
+        agm.raise_on_timeouts(timeouts, rank)
+
+
+def test_back_to_back_calls_with_growing_epochs():
+    world = 4
+    for call in range(50):
+        epoch = EPOCH + call
+        shape = (64 + 17 * (call % 5), 96)
+        stacked, mat2, b, ref, inner = problem(world, shape, 80, torch.bfloat16, call % 2 == 0, 0, seed=call, device="cuda")
+        flags = torch.full((world,), epoch, dtype=torch.int32, device="cuda")
+        out = torch.full_like(ref, float("nan"))
+        timeouts = torch.zeros(world, dtype=torch.int32, device="cuda")
+        agm.all_gather_matmul_consumer(
+            stacked, mat2, b, out, flags, rank=call % world, world_size=world, inner=inner,
+            epoch=epoch, config=agm.CONFIGS[2], timeouts=timeouts, spin_limit=100_000,
+        )
+        agm.raise_on_timeouts(timeouts, call % world)
+        assert _rel(out, ref) <= REL_TOL[torch.bfloat16], call
