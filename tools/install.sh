@@ -5,7 +5,8 @@
 #   bash tools/install.sh --test   # and the test dependencies
 #
 # torch: kept as it is where one is installed (the GPU machines have theirs); otherwise the CPU
-# build, torch==2.13.0+cpu. If pip cannot find that build, point it at PyTorch's CPU wheels:
+# build, torch==2.13.0+cpu. With --test also triton, for its CPU interpreter, where it is missing.
+# If pip cannot find the CPU build of torch, point it at PyTorch's CPU wheels:
 #   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash tools/install.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,11 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
   "$PYTHON" -m pip install --quiet "torch==2.13.0+cpu"
 fi
 extras=""
-if [ "${1:-}" = "--test" ]; then extras="[test]"; fi
+if [ "${1:-}" = "--test" ]; then
+  extras="[test]"
+  # The CPU tests run the Triton kernels in its interpreter; 3.6.0 is what the GPU machines
+  # have. A triton that came with torch is kept.
+  "$PYTHON" -c "import triton" 2>/dev/null || "$PYTHON" -m pip install --quiet "triton==3.6.0"
+fi
 "$PYTHON" -m pip install --quiet -e ".${extras}"
 "$PYTHON" -c "import torch, overlap_pass; print('overlap installed; torch', torch.__version__)"
