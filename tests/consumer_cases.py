@@ -8,31 +8,38 @@ from overlap_pass.templates import all_gather_matmul as agm
 EPOCH = 7
 
 
-def problem(world, shard_shape, n, dtype, bias, gather_dim, seed=0, device="cpu"):
-    """Simulated peers: every rank's shard already stacked in A; the reference output."""
+def problem(world, shard_shape, ns, dtype, bias, gather_dim, seed=0, device="cpu"):
+    """Simulated peers: every rank's shard already stacked in A, one mat2 per entry of ``ns``
+    (bias: True for all, False for none, or one flag per mat2), and the reference outputs."""
     gen = torch.Generator().manual_seed(seed)
+    ns = [ns] if isinstance(ns, int) else list(ns)
+    with_bias = [bias] * len(ns) if isinstance(bias, bool) else list(bias)
     shards = [torch.randn(shard_shape, generator=gen).to(dtype) for _ in range(world)]
     k = shard_shape[-1]
-    mat2 = torch.randn(n, k, generator=gen).to(dtype).t()  # a transposed weight, as in linear
-    b = torch.randn(n, generator=gen).to(dtype) if bias else None
+    mat2s = [torch.randn(n, k, generator=gen).to(dtype).t() for n in ns]  # linear weights
+    biases = [torch.randn(n, generator=gen).to(dtype) if b else None for n, b in zip(ns, with_bias)]
     stacked = torch.cat([s.reshape(-1, k) for s in shards])
-    gathered = torch.cat(shards, dim=gather_dim)
-    ref = gathered.float() @ mat2.float() + (b.float() if bias else 0)
+    gathered = torch.cat(shards, dim=gather_dim).reshape(-1, k).float()
+    refs = [
+        (gathered @ m.float() + (b.float() if b is not None else 0)).to(dtype)
+        for m, b in zip(mat2s, biases)
+    ]
     inner = 1
     for size in shard_shape[gather_dim:-1]:
         inner *= size
-    to = lambda t: None if t is None else t.to(device)  # noqa: E731
-    return to(stacked), to(mat2), to(b), to(ref.reshape(-1, n).to(dtype)), inner
+    to = lambda ts: [None if t is None else t.to(device) for t in ts]  # noqa: E731
+    return stacked.to(device), to(mat2s), to(biases), to(refs), inner
 
 
-def run_consumer(stacked, mat2, b, world, rank, inner, flags, config=agm.TEST_CONFIG, **kwargs):
-    """Runs the consumer on a NaN-poisoned output; returns it and the per-chunk timeouts."""
-    out = torch.full(
-        (stacked.shape[0], mat2.shape[1]), float("nan"), dtype=stacked.dtype, device=stacked.device
-    )
+def run_consumer(stacked, mat2s, biases, world, rank, inner, flags, config=agm.TEST_CONFIG, **kwargs):
+    """Runs the consumer on NaN-poisoned outputs; returns them and the per-chunk timeouts."""
+    outs = [
+        torch.full((stacked.shape[0], m.shape[1]), float("nan"), dtype=stacked.dtype, device=stacked.device)
+        for m in mat2s
+    ]
     timeouts = torch.zeros(world, dtype=torch.int32, device=stacked.device)
     agm.all_gather_matmul_consumer(
-        stacked, mat2, b, out, flags, rank=rank, world_size=world, inner=inner, epoch=EPOCH,
+        stacked, mat2s, biases, outs, flags, rank=rank, world_size=world, inner=inner, epoch=EPOCH,
         config=config, timeouts=timeouts, **kwargs,
     )
-    return out, timeouts
+    return outs, timeouts

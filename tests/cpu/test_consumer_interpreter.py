@@ -1,5 +1,6 @@
 """The all-gather consumer GEMM under TRITON_INTERPRET=1 with simulated peers: chunks already
-in place, flags preset (or held back). Tile order, flag waits, masking, bias, gather dims."""
+in place, flags preset (or held back). Tile order, flag waits, masking, bias, several mat2s,
+gather dims."""
 
 import pytest
 import torch
@@ -11,6 +12,12 @@ from overlap_pass.templates import all_gather_matmul as agm  # noqa: E402
 from tests.consumer_cases import EPOCH, problem, run_consumer  # noqa: E402
 
 
+def _assert_all_close(outs, refs, tol):
+    for out, ref in zip(outs, refs):
+        assert not torch.isnan(out).any(), "some output rows were never written"
+        torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize(
@@ -18,23 +25,34 @@ from tests.consumer_cases import EPOCH, problem, run_consumer  # noqa: E402
     [(2, (13, 24), 0), (3, (2, 5, 20), 1), (4, (3, 2, 3, 17), 2), (3, (2, 5, 20), 0)],
 )
 def test_matches_torch(dtype, bias, world, shard_shape, gather_dim):
-    stacked, mat2, b, ref, inner = problem(world, shard_shape, 19, dtype, bias, gather_dim)
-    rank = world - 1
+    stacked, mat2s, biases, refs, inner = problem(world, shard_shape, 19, dtype, bias, gather_dim)
     flags = torch.full((world,), EPOCH + 1, dtype=torch.uint32)  # epochs only grow: >= passes
-    out, timeouts = run_consumer(stacked, mat2, b, world, rank, inner, flags, num_programs=3)
-    assert not torch.isnan(out).any(), "some output rows were never written"
+    outs, timeouts = run_consumer(stacked, mat2s, biases, world, world - 1, inner, flags, num_programs=3)
     assert not timeouts.any()
-    tol = 1e-5 if dtype == torch.float32 else 1e-2
-    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+    _assert_all_close(outs, refs, 1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize(
+    "ns, bias",
+    [((19, 7, 33), (True, False, True)), ((16, 16, 16, 16, 5), False), ((40, 8), (False, True))],
+    ids=["qkv-mixed-bias", "five-mats-two-launches", "two-mats"],
+)
+def test_several_mat2s_share_one_gather(ns, bias):
+    world = 3
+    stacked, mat2s, biases, refs, inner = problem(world, (2, 5, 20), ns, torch.float32, bias, 1)
+    flags = torch.full((world,), EPOCH, dtype=torch.uint32)
+    outs, timeouts = run_consumer(stacked, mat2s, biases, world, 1, inner, flags, num_programs=2)
+    assert not timeouts.any()
+    _assert_all_close(outs, refs, 1e-5)
 
 
 @pytest.mark.parametrize("world, rank", [(2, 0), (4, 1), (4, 3)])
 def test_tiles_go_chunk_by_chunk_in_schedule_order(world, rank):
-    stacked, mat2, b, _, inner = problem(world, (20, 16), 40, torch.float32, False, 0)
+    stacked, mat2s, biases, _, inner = problem(world, (20, 16), (24, 16), torch.float32, False, 0)
     flags = torch.full((world,), EPOCH, dtype=torch.uint32)
-    tiles_per_chunk = 2 * 3  # ceil(20 / 16) x ceil(40 / 16)
+    tiles_per_chunk = 2 * (2 + 1)  # ceil(20 / 16) x (ceil(24 / 16) + ceil(16 / 16))
     log = torch.zeros(world * tiles_per_chunk + 1, dtype=torch.int32)
-    run_consumer(stacked, mat2, b, world, rank, inner, flags, num_programs=1, tile_log=log)
+    run_consumer(stacked, mat2s, biases, world, rank, inner, flags, num_programs=1, tile_log=log)
     started = log[:-1].argsort()  # tile ids in the order they started
     chunk_of_tile = [(rank + int(t) // tiles_per_chunk) % world for t in started]
     expected = [c for c in schedule.all_gather_order(rank, world) for _ in range(tiles_per_chunk)]
@@ -43,32 +61,31 @@ def test_tiles_go_chunk_by_chunk_in_schedule_order(world, rank):
 
 def test_a_late_chunk_is_reported_not_waited_for_forever():
     world, rank, late = 4, 1, 3
-    stacked, mat2, b, ref, inner = problem(world, (8, 16), 16, torch.float32, True, 0)
+    stacked, mat2s, biases, refs, inner = problem(world, (8, 16), 16, torch.float32, True, 0)
     flags = torch.full((world,), EPOCH, dtype=torch.uint32)
     flags[late] = EPOCH - 1  # the previous call's value: not arrived yet
-    out, timeouts = run_consumer(stacked, mat2, b, world, rank, inner, flags, spin_limit=3)
+    (out,), timeouts = run_consumer(stacked, mat2s, biases, world, rank, inner, flags, spin_limit=3)
     assert timeouts.tolist() == [0, 0, 0, 1]
     with pytest.raises(agm.ChunkTimeout, match="rank 1 gave up waiting for the flags of chunks \\[3\\]"):
         agm.raise_on_timeouts(timeouts, rank)
-    on_time = [c for c in range(world) if c != late]
     rows = stacked.shape[0] // world
-    for c in on_time:
-        torch.testing.assert_close(out[c * rows : (c + 1) * rows], ref[c * rows : (c + 1) * rows])
+    for c in [c for c in range(world) if c != late]:
+        torch.testing.assert_close(out[c * rows : (c + 1) * rows], refs[0][c * rows : (c + 1) * rows])
 
 
 def test_own_chunk_needs_no_flag():
     world, rank = 3, 2
-    stacked, mat2, b, ref, inner = problem(world, (6, 8), 8, torch.float32, False, 0)
+    stacked, mat2s, biases, refs, inner = problem(world, (6, 8), 8, torch.float32, False, 0)
     flags = torch.tensor([EPOCH, EPOCH, 0], dtype=torch.uint32)  # its own flag never set
-    out, timeouts = run_consumer(stacked, mat2, b, world, rank, inner, flags, spin_limit=1)
+    outs, timeouts = run_consumer(stacked, mat2s, biases, world, rank, inner, flags, spin_limit=1)
     assert not timeouts.any()
-    torch.testing.assert_close(out, ref)
+    _assert_all_close(outs, refs, 1e-5)
 
 
 def test_bad_shapes_are_rejected():
     a, mat2 = torch.randn(10, 8), torch.randn(8, 4)
     with pytest.raises(ValueError, match="shapes do not fit"):
         agm.all_gather_matmul_consumer(
-            a, mat2, None, torch.empty(10, 4), torch.zeros(3, dtype=torch.uint32),
+            a, [mat2], [None], [torch.empty(10, 4)], torch.zeros(3, dtype=torch.uint32),
             rank=0, world_size=3, inner=1, epoch=1,
         )
