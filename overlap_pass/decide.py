@@ -5,16 +5,11 @@ import os
 
 import torch
 import torch.distributed as dist
-from torch.fx import Node
 
 from . import config
-from .patterns import AllGatherMatmulMatch, Match, MatmulReduceScatterMatch
+from .patterns import AllGatherMatmulMatch, Match, MatmulReduceScatterMatch, meta_val
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _val(node: Node | None):
-    return None if node is None else node.meta.get("val")
 
 
 def _tensors(match: Match) -> list[torch.Tensor]:
@@ -24,7 +19,7 @@ def _tensors(match: Match) -> list[torch.Tensor]:
         ]
     else:
         nodes = [n for n in (match.input, match.mat2, match.bias, match.mm) if n is not None]
-    return [_val(n) for n in nodes]
+    return [meta_val(n) for n in nodes]
 
 
 def _is_static(tensor: torch.Tensor) -> bool:
@@ -86,7 +81,7 @@ def should_fuse(match: Match) -> tuple[bool, str]:
         if ranks is not None and _spans_hosts(ranks):
             return False, "group spans hosts: the overlapped ops need every rank on one host"
     if isinstance(match, MatmulReduceScatterMatch):
-        rows = _val(match.scattered).shape[match.scatter_dim]
+        rows = meta_val(match.scattered).shape[match.scatter_dim]
         if rows % match.world_size:
             return False, f"scatter dim size {rows} is not divisible by world size"
     return True, ""

@@ -82,12 +82,13 @@ class NoMatch(Exception):
     """Raised inside the matchers to return a reason."""
 
 
-def _val(node: Node):
+def meta_val(node: Node | None):
+    """The fake tensor (or other value) Inductor recorded for a node; None for non-nodes."""
     return node.meta.get("val") if isinstance(node, Node) else None
 
 
 def _shape(node: Node) -> tuple | None:
-    val = _val(node)
+    val = meta_val(node)
     return tuple(val.shape) if isinstance(val, torch.Tensor) else None
 
 

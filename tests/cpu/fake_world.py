@@ -13,7 +13,6 @@ import torch
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-import overlap_pass
 from overlap_pass import config
 
 
@@ -73,5 +72,3 @@ def rewritten(candidates: list[dict], kind: str) -> list[dict]:
 def skipped(candidates: list[dict]) -> list[dict]:
     return [c for c in candidates if not c["rewritten"]]
 
-
-__all__ = ["Dump", "compile_and_dump", "fake_world", "overlap_pass", "rewritten", "skipped"]
