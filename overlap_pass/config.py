@@ -5,6 +5,7 @@ Set a knob in code (``overlap_pass.config.enabled = True``), for a block
 (``OVERLAP_PASS_<NAME>``, read when overlap_pass is imported).
 """
 
+import os
 import sys
 
 from torch.utils._config_module import Config, install_config_module
@@ -21,15 +22,28 @@ matmul_reduce_scatter: bool = Config(
     default=True, env_name_default="OVERLAP_PASS_MATMUL_REDUCE_SCATTER"
 )
 
-# Which implementation the rewritten ops run: "auto" picks per device and shape (today the
-# reference decomposition everywhere); "reference" forces the torch.distributed decomposition.
+# Which implementation the rewritten ops run. "auto": on CUDA with an NCCL group, the fastest of
+# the variants measured at a shape's first call (lowering/choose.py); elsewhere the reference
+# decomposition. "reference" forces the torch.distributed decomposition; "fused",
+# "copy_engine_cublas" and "nccl_cublas" force one CUDA variant (all_gather_matmul).
 implementation: str = Config(default="auto", env_name_default="OVERLAP_PASS_IMPLEMENTATION")
+
+# Polls before a wait on a peer gives up (barrier, chunk flags). It then records which rank or
+# chunk it missed and the op raises ChunkTimeout (at the latest one call later). Each poll is a
+# system-scope atomic read, about a microsecond: the default gives up after tens of seconds.
+# (Config's env vars take only booleans and strings, hence the plain read.)
+spin_limit: int = int(os.environ.get("OVERLAP_PASS_SPIN_LIMIT", 1 << 25))
+
+# JSON file of the per-shape choices (rank 0 writes it, later runs read it).
+choice_cache: str = Config(
+    default="~/.cache/overlap_pass/choices.json", env_name_default="OVERLAP_PASS_CHOICE_CACHE"
+)
 
 # Folder for debug dumps: per compiled graph, the graph before and after the pass and
 # decisions.json. Dumping turns the FX graph cache off for those graphs, so that every compile
 # writes its dump. TORCH_COMPILE_DEBUG=1 also dumps, into Inductor's debug folder.
 debug_dir: str | None = Config(default=None, env_name_default="OVERLAP_PASS_DEBUG_DIR")
 
-IMPLEMENTATIONS = ("auto", "reference")
+IMPLEMENTATIONS = ("auto", "reference", "fused", "copy_engine_cublas", "nccl_cublas")
 
 install_config_module(sys.modules[__name__])

@@ -44,9 +44,28 @@ def _spans_hosts(ranks: list[int]) -> bool:
 
 
 def choose_implementation(match: Match) -> str:
-    """Which implementation the rewritten op runs. Only the reference decomposition exists so
-    far; the GPU kernels will be chosen here per device and shape."""
-    return "reference"
+    """Which implementation the rewritten op runs, as decisions.json shows it. CUDA tensors on
+    an all-gather: a forced variant, the cached per-shape choice, or "auto" until the first call
+    measures (lowering/choose.py). Everything else runs the reference decomposition."""
+    device = meta_val(match.shard if isinstance(match, AllGatherMatmulMatch) else match.mm).device
+    if device.type != "cuda" or not isinstance(match, AllGatherMatmulMatch):
+        return "reference"
+    if config.implementation != "auto":
+        return config.implementation
+    try:
+        from overlap_pass.lowering import choose, dispatch
+
+        shapes = dispatch.all_gather_matmul_shapes(
+            meta_val(match.shard).shape,
+            [meta_val(use.mat2) for use in match.matmuls],
+            [use.bias for use in match.matmuls],
+            match.gather_dim % meta_val(match.shard).dim(),
+        )
+        key = choose.shape_key("all_gather_matmul", match.world_size, shapes, meta_val(match.shard).dtype)
+        cached = choose.cached_choice(key)
+    except Exception as e:  # the choice is only shown here; never fail compilation over it
+        return f"auto (no cached choice: {e})"
+    return f"auto: {cached} (cached)" if cached else "auto: measured at the first call"
 
 
 def should_fuse(match: Match) -> tuple[bool, str]:

@@ -246,6 +246,15 @@ def _register_ops() -> None:
         torch.library.define(f"overlap::{name}", _SCHEMAS[name])
         torch.library.register_fake(f"overlap::{name}", fake)
         torch.library.impl(f"overlap::{name}", "CompositeExplicitAutograd", reference)
+        if name == "all_gather_matmul":
+            torch.library.impl(f"overlap::{name}", "CUDA", _all_gather_matmul_cuda)
+
+
+def _all_gather_matmul_cuda(*args, **kwargs):
+    """CUDA tensors: the variant lowering/choose.py picks (the lowering loads on first use)."""
+    from overlap_pass.lowering import dispatch
+
+    return dispatch.all_gather_matmul(*args, **kwargs)
 
 
 _register_ops()

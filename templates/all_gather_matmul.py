@@ -3,7 +3,8 @@ out_i = A @ B_i (+ bias_i) while A's chunks are still arriving.
 
 A is the gathered input in its stacked layout: rank j's shard occupies rows
 [j * rows_per_chunk, (j + 1) * rows_per_chunk) of a [world * rows_per_chunk, K] buffer, as the
-chunk copies leave it. Tiles go chunk by chunk in the order of schedule.all_gather_order (the
+chunk copies leave it. The local chunk may instead be read in place from the rank's own shard
+(``a_local``), so it never has to be copied into the buffer. Tiles go chunk by chunk in the order of schedule.all_gather_order (the
 local chunk first, then the peers rank-rotated), GROUP_M-swizzled inside a chunk, and never
 straddle two chunks. Before a tile's first load from a peer's chunk the kernel waits for that
 chunk's flag. Output rows are written where the gather along ``gather_dim`` puts them, so no
@@ -48,10 +49,10 @@ TEST_CONFIG = GemmConfig(16, 16, 16, 2, 4, 1)
 
 @triton.jit
 def all_gather_matmul_consumer_kernel(
-    a_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, timeouts_ptr, tile_log_ptr,
+    a_ptr, a_local_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, epoch_ptr, timeouts_ptr, tile_log_ptr,
     rows_per_chunk, N, K, inner,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    rank, world_size, epoch, num_programs,
+    rank, world_size, num_programs,
     HAS_BIAS: tl.constexpr,
     LOG_TILES: tl.constexpr,
     FP32_IEEE: tl.constexpr,
@@ -62,6 +63,8 @@ def all_gather_matmul_consumer_kernel(
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
+    # the call's epoch lives on the device, so CUDA-graph replays wait for their own flags
+    epoch = tl.load(epoch_ptr)
     tiles_m = tl.cdiv(rows_per_chunk, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles_per_chunk = tiles_m * tiles_n
@@ -88,13 +91,16 @@ def all_gather_matmul_consumer_kernel(
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
         m_mask = offs_m < rows_per_chunk
         n_mask = offs_n < N
-        a_rows = chunk * rows_per_chunk + offs_m
+        if chunk == rank:
+            a_base = a_local_ptr + offs_m[:, None] * stride_am
+        else:
+            a_base = a_ptr + (chunk * rows_per_chunk + offs_m)[:, None] * stride_am
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < K
             a = tl.load(
-                a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak,
+                a_base + offs_k[None, :] * stride_ak,
                 mask=m_mask[:, None] & k_mask[None, :],
                 other=0.0,
             )
@@ -129,11 +135,12 @@ def all_gather_matmul_consumer(
     biases: list[torch.Tensor | None],
     outs: list[torch.Tensor],
     flags: torch.Tensor,
+    epoch: torch.Tensor,
     *,
     rank: int,
     world_size: int,
     inner: int,
-    epoch: int,
+    a_local: torch.Tensor | None = None,
     config: GemmConfig = CONFIGS[0],
     num_programs: int | None = None,
     spin_limit: int = 1 << 30,
@@ -144,7 +151,9 @@ def all_gather_matmul_consumer(
 
     ``a_stacked``: [world * rows_per_chunk, K], chunks stacked by rank. ``outs[i]``:
     [world * rows_per_chunk, N_i] in the gather_dim row order (module docstring). ``flags``: one
-    word per chunk, the peers' set to ``epoch`` once their chunk is in ``a_stacked``.
+    int32 word per chunk, a peer's set to the call's epoch (``epoch``: a one-word int32 device
+    tensor) once its chunk is in ``a_stacked``. ``a_local``: the own chunk, read in place
+    (strides as ``a_stacked``'s); by default it is read from ``a_stacked``.
     ``timeouts`` (int32, one per chunk, zeroed by the caller) receives the chunks a wait gave up
     on; ``tile_log`` (int32, tiles + 1; one mat2 only) the order tiles started in.
 
@@ -163,6 +172,13 @@ def all_gather_matmul_consumer(
         if mat2.dtype != a_stacked.dtype:
             raise ValueError(f"A is {a_stacked.dtype}, B is {mat2.dtype}")
     rows_per_chunk = rows // world_size
+    if a_local is None:
+        a_local = a_stacked[rank * rows_per_chunk : (rank + 1) * rows_per_chunk]
+    if a_local.shape != (rows_per_chunk, k) or a_local.stride() != a_stacked.stride():
+        raise ValueError(
+            f"a_local {list(a_local.shape)} strides {a_local.stride()} does not fit A "
+            f"{list(a_stacked.shape)} strides {a_stacked.stride()}"
+        )
     if rows_per_chunk % inner:
         raise ValueError(f"inner={inner} does not divide the {rows_per_chunk} rows of a chunk")
     if tile_log is not None and len(mat2s) > 1:
@@ -177,12 +193,12 @@ def all_gather_matmul_consumer(
             sms = torch.cuda.get_device_properties(out.device).multi_processor_count if out.is_cuda else 4
             programs = min(sms, tiles)
         all_gather_matmul_consumer_kernel[(programs,)](
-            a_stacked, mat2, bias if bias is not None else out, out, flags, timeouts,
-            tile_log if tile_log is not None else timeouts,
+            a_stacked, a_local, mat2, bias if bias is not None else out, out, flags, epoch,
+            timeouts, tile_log if tile_log is not None else timeouts,
             rows_per_chunk, n, k, inner,
             a_stacked.stride(0), a_stacked.stride(1), mat2.stride(0), mat2.stride(1),
             out.stride(0), out.stride(1),
-            rank, world_size, epoch, programs,
+            rank, world_size, programs,
             HAS_BIAS=bias is not None,
             LOG_TILES=tile_log is not None,
             FP32_IEEE=a_stacked.dtype == torch.float32,

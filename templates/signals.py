@@ -23,3 +23,40 @@ def wait_flag(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT: tl.constexpr):
         polls += 1
     if value.to(tl.int64) < epoch:
         tl.atomic_xchg(timeouts_ptr + chunk, 1, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def barrier_kernel(
+    pad_ptrs_ptr, epoch_ptr, timeouts_ptr, rank, world_size,
+    SPIN_LIMIT: tl.constexpr, BLOCK_W: tl.constexpr,
+):  # fmt: skip
+    """One program: advance this rank's epoch, tell every rank (itself included) that this rank
+    reached it, and wait until every rank has told this one the same.
+
+    ``pad_ptrs_ptr``: int64 addresses of each rank's pad, W int32 words in symmetric memory;
+    rank p writes slot ``rank`` of every pad. Values are epochs, which only grow, so pads are
+    never reset and a CUDA-graph replay advances them too. On giving up after SPIN_LIMIT polls,
+    timeouts[p] = 1 for each rank p that never arrived."""
+    epoch = tl.load(epoch_ptr) + 1
+    tl.store(epoch_ptr, epoch)
+    ranks = tl.arange(0, BLOCK_W)
+    live = ranks < world_size
+    pads = tl.load(pad_ptrs_ptr + ranks, mask=live, other=0).to(tl.pointer_type(tl.int32))
+    # release: every write this rank made before the barrier is visible to a peer that sees it
+    tl.atomic_max(pads + rank, epoch, mask=live, sem="release", scope="sys")
+    own = tl.load(pad_ptrs_ptr + rank).to(tl.pointer_type(tl.int32))
+    seen = tl.atomic_add(own + ranks, 0, mask=live, sem="acquire", scope="sys")
+    missing = tl.sum(((seen < epoch) & live).to(tl.int32), axis=0)
+    polls = 0
+    while (missing > 0) & (polls < SPIN_LIMIT):
+        seen = tl.atomic_add(own + ranks, 0, mask=live, sem="acquire", scope="sys")
+        missing = tl.sum(((seen < epoch) & live).to(tl.int32), axis=0)
+        polls += 1
+    tl.store(timeouts_ptr + ranks, 1, mask=live & (seen < epoch))
+
+
+@triton.jit
+def wait_kernel(flags_ptr, epoch_ptr, timeouts_ptr, chunk, SPIN_LIMIT: tl.constexpr):
+    """One program that holds its stream until flags[chunk] reaches the call's epoch, so that
+    stream work queued after it (a cuBLAS matmul of that chunk) reads the chunk's data."""
+    wait_flag(flags_ptr, timeouts_ptr, chunk, tl.load(epoch_ptr), SPIN_LIMIT)

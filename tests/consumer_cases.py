@@ -38,8 +38,9 @@ def run_consumer(stacked, mat2s, biases, world, rank, inner, flags, config=agm.T
         for m in mat2s
     ]
     timeouts = torch.zeros(world, dtype=torch.int32, device=stacked.device)
+    epoch = torch.tensor([EPOCH], dtype=torch.int32, device=stacked.device)
     agm.all_gather_matmul_consumer(
-        stacked, mat2s, biases, outs, flags, rank=rank, world_size=world, inner=inner, epoch=EPOCH,
-        config=config, timeouts=timeouts, **kwargs,
+        stacked, mat2s, biases, outs, flags.to(torch.int32), epoch, rank=rank, world_size=world,
+        inner=inner, config=config, timeouts=timeouts, **kwargs,
     )
     return outs, timeouts

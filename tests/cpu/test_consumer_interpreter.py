@@ -26,7 +26,7 @@ def _assert_all_close(outs, refs, tol):
 )
 def test_matches_torch(dtype, bias, world, shard_shape, gather_dim):
     stacked, mat2s, biases, refs, inner = problem(world, shard_shape, 19, dtype, bias, gather_dim)
-    flags = torch.full((world,), EPOCH + 1, dtype=torch.uint32)  # epochs only grow: >= passes
+    flags = torch.full((world,), EPOCH + 1, dtype=torch.int32)  # epochs only grow: >= passes
     outs, timeouts = run_consumer(stacked, mat2s, biases, world, world - 1, inner, flags, num_programs=3)
     assert not timeouts.any()
     _assert_all_close(outs, refs, 1e-5 if dtype == torch.float32 else 1e-2)
@@ -40,7 +40,7 @@ def test_matches_torch(dtype, bias, world, shard_shape, gather_dim):
 def test_several_mat2s_share_one_gather(ns, bias):
     world = 3
     stacked, mat2s, biases, refs, inner = problem(world, (2, 5, 20), ns, torch.float32, bias, 1)
-    flags = torch.full((world,), EPOCH, dtype=torch.uint32)
+    flags = torch.full((world,), EPOCH, dtype=torch.int32)
     outs, timeouts = run_consumer(stacked, mat2s, biases, world, 1, inner, flags, num_programs=2)
     assert not timeouts.any()
     _assert_all_close(outs, refs, 1e-5)
@@ -49,7 +49,7 @@ def test_several_mat2s_share_one_gather(ns, bias):
 @pytest.mark.parametrize("world, rank", [(2, 0), (4, 1), (4, 3)])
 def test_tiles_go_chunk_by_chunk_in_schedule_order(world, rank):
     stacked, mat2s, biases, _, inner = problem(world, (20, 16), 40, torch.float32, False, 0)
-    flags = torch.full((world,), EPOCH, dtype=torch.uint32)
+    flags = torch.full((world,), EPOCH, dtype=torch.int32)
     tiles_per_chunk = 2 * 3  # ceil(20 / 16) x ceil(40 / 16)
     log = torch.zeros(world * tiles_per_chunk + 1, dtype=torch.int32)
     run_consumer(stacked, mat2s, biases, world, rank, inner, flags, num_programs=1, tile_log=log)
@@ -62,7 +62,7 @@ def test_tiles_go_chunk_by_chunk_in_schedule_order(world, rank):
 def test_a_late_chunk_is_reported_not_waited_for_forever():
     world, rank, late = 4, 1, 3
     stacked, mat2s, biases, refs, inner = problem(world, (8, 16), 16, torch.float32, True, 0)
-    flags = torch.full((world,), EPOCH, dtype=torch.uint32)
+    flags = torch.full((world,), EPOCH, dtype=torch.int32)
     flags[late] = EPOCH - 1  # the previous call's value: not arrived yet
     (out,), timeouts = run_consumer(stacked, mat2s, biases, world, rank, inner, flags, spin_limit=3)
     assert timeouts.tolist() == [0, 0, 0, 1]
@@ -76,7 +76,7 @@ def test_a_late_chunk_is_reported_not_waited_for_forever():
 def test_own_chunk_needs_no_flag():
     world, rank = 3, 2
     stacked, mat2s, biases, refs, inner = problem(world, (6, 8), 8, torch.float32, False, 0)
-    flags = torch.tensor([EPOCH, EPOCH, 0], dtype=torch.uint32)  # its own flag never set
+    flags = torch.tensor([EPOCH, EPOCH, 0], dtype=torch.int32)  # its own flag never set
     outs, timeouts = run_consumer(stacked, mat2s, biases, world, rank, inner, flags, spin_limit=1)
     assert not timeouts.any()
     _assert_all_close(outs, refs, 1e-5)
@@ -86,6 +86,18 @@ def test_bad_shapes_are_rejected():
     a, mat2 = torch.randn(10, 8), torch.randn(8, 4)
     with pytest.raises(ValueError, match="shapes do not fit"):
         agm.all_gather_matmul_consumer(
-            a, [mat2], [None], [torch.empty(10, 4)], torch.zeros(3, dtype=torch.uint32),
+            a, [mat2], [None], [torch.empty(10, 4)], torch.zeros(3, dtype=torch.int32),
             rank=0, world_size=3, inner=1, epoch=1,
         )
+
+
+def test_own_chunk_is_read_in_place_from_a_local():
+    world, rank = 3, 1
+    stacked, mat2s, biases, refs, inner = problem(world, (6, 8), 8, torch.float32, True, 0)
+    rows = stacked.shape[0] // world
+    own = stacked[rank * rows : (rank + 1) * rows].clone()
+    stacked[rank * rows : (rank + 1) * rows] = float("nan")  # the buffer's own slot is never read
+    flags = torch.full((world,), EPOCH, dtype=torch.int32)
+    outs, timeouts = run_consumer(stacked, mat2s, biases, world, rank, inner, flags, a_local=own)
+    assert not timeouts.any()
+    _assert_all_close(outs, refs, 1e-5)

@@ -64,8 +64,9 @@ def test_back_to_back_calls_with_growing_epochs():
         outs = [torch.full_like(r, float("nan")) for r in refs]
         timeouts = torch.zeros(world, dtype=torch.int32, device="cuda")
         agm.all_gather_matmul_consumer(
-            stacked, mat2s, biases, outs, flags, rank=call % world, world_size=world,
-            inner=inner, epoch=epoch, config=agm.CONFIGS[2], timeouts=timeouts, spin_limit=100_000,
+            stacked, mat2s, biases, outs, flags, torch.tensor([epoch], dtype=torch.int32, device="cuda"),
+            rank=call % world, world_size=world, inner=inner, config=agm.CONFIGS[2],
+            timeouts=timeouts, spin_limit=100_000,
         )
         agm.raise_on_timeouts(timeouts, call % world)
         _check(outs, refs, torch.bfloat16)

@@ -1,0 +1,155 @@
+"""overlap::all_gather_matmul on CUDA: the variants that choose.py picks from.
+
+- fused: every rank pushes its shard into each peer's symmetric workspace with the copy engine
+  (side stream, rank-rotated, each chunk followed by its flag), while the persistent Triton GEMM
+  of templates/all_gather_matmul.py starts on the local shard in place and takes the peers'
+  chunks as their flags arrive.
+- copy_engine_cublas: the same pushes and flags; the caller's stream runs one cuBLAS matmul per
+  chunk, each behind a one-program kernel that waits for that chunk's flag.
+- nccl_cublas: NCCL all-gather, then cuBLAS. The baseline, and the fallback.
+
+All take the op's arguments and return what the op returns: (gathered or None, outputs).
+"""
+
+import functools
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group
+
+from overlap_pass import config, schedule
+from overlap_pass.templates import all_gather_matmul as consumer
+from overlap_pass.templates import signals
+
+from . import symm
+
+KIND = "all_gather_matmul"
+
+
+def _prepare(shard, mat2s, gather_dim, world_size):
+    """The shard as [rows, K] (contiguous), the inner size of the output row remap, and
+    empty outputs in the op's (contiguous) layout."""
+    shard = shard.contiguous()
+    k = shard.shape[-1]
+    flat = shard.view(-1, k)
+    inner = 1
+    for size in shard.shape[gather_dim:-1]:
+        inner *= size
+    gathered_shape = list(shard.shape)
+    gathered_shape[gather_dim] *= world_size
+    outs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]]) for m in mat2s]
+    return shard, flat, inner, gathered_shape, outs
+
+
+def _push_chunks(ws: symm.Workspace, flat: torch.Tensor, stacked_shape) -> None:
+    """Side stream: copy this rank's shard into every peer's data, rank-rotated (at step s to
+    rank - s, so each rank receives rank + 1, rank + 2, ... in the order its consumer takes
+    them), each copy followed by that peer's flag."""
+    rows = flat.shape[0]
+    for step in range(1, ws.world_size):
+        peer, _ = schedule.all_gather_peers(ws.rank, ws.world_size, step)
+        peer_stacked = ws.peer_data(peer, stacked_shape, flat.dtype)
+        peer_stacked[ws.rank * rows : (ws.rank + 1) * rows].copy_(flat)
+        ws.signal_peer(peer)
+
+
+def _start(shard, mat2s, gather_dim, world_size, group_name):
+    """Steps 1 and 2 of the protocol (symm.py): barrier on the caller's stream, then the pushes
+    on the side stream. Returns the workspace, the stacked view of its data, and _prepare's."""
+    shard, flat, inner, gathered_shape, outs = _prepare(shard, mat2s, gather_dim, world_size)
+    ws = symm.workspace(KIND, group_name, shard.device)
+    stacked_shape = (world_size * flat.shape[0], flat.shape[1])
+    ws.reserve(stacked_shape[0] * stacked_shape[1] * flat.element_size())
+    main = torch.cuda.current_stream(shard.device)
+    ws.barrier(config.spin_limit)
+    ws.side_stream.wait_stream(main)
+    with torch.cuda.stream(ws.side_stream):
+        _push_chunks(ws, flat, stacked_shape)
+    return ws, ws.data(stacked_shape, flat.dtype), shard, flat, inner, gathered_shape, outs
+
+
+def _finish(ws, shard, stacked, flat, gather_dim, gathered_shape, return_gathered):
+    """Step 3's end: join the side stream; the gathered tensor, if asked for, is copied out of
+    the workspace (the next call overwrites it)."""
+    torch.cuda.current_stream(shard.device).wait_stream(ws.side_stream)
+    ws.finish()
+    if not return_gathered:
+        return None
+    world, rows = ws.world_size, flat.shape[0]
+    chunks = [
+        (flat if j == ws.rank else stacked[j * rows : (j + 1) * rows]).view(shard.shape)
+        for j in range(world)
+    ]
+    return torch.cat(chunks, dim=gather_dim).view(gathered_shape)
+
+
+def fused(shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False, *, gemm_config=None):
+    ws, stacked, shard, flat, inner, gathered_shape, outs = _start(
+        shard, mat2s, gather_dim, world_size, group_name
+    )
+    consumer.all_gather_matmul_consumer(
+        stacked, list(mat2s), list(biases), [o.view(-1, o.shape[-1]) for o in outs],
+        ws.flags, ws.epoch, rank=ws.rank, world_size=world_size, inner=inner, a_local=flat,
+        config=gemm_config or consumer.CONFIGS[0], num_programs=None,
+        spin_limit=config.spin_limit, timeouts=ws.chunk_timeouts,
+    )  # fmt: skip
+    gathered = _finish(ws, shard, stacked, flat, gather_dim, gathered_shape, return_gathered)
+    return gathered, outs
+
+
+def copy_engine_cublas(shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False):
+    ws, stacked, shard, flat, inner, gathered_shape, outs = _start(
+        shard, mat2s, gather_dim, world_size, group_name
+    )
+    rows = flat.shape[0]
+    for chunk in schedule.all_gather_order(ws.rank, world_size):
+        if chunk == ws.rank:
+            a = flat
+        else:
+            signals.wait_kernel[(1,)](
+                ws.flags, ws.epoch, ws.chunk_timeouts, chunk, SPIN_LIMIT=config.spin_limit,
+                num_warps=1,
+            )  # fmt: skip
+            a = stacked[chunk * rows : (chunk + 1) * rows]
+        for out, mat2, bias in zip(outs, mat2s, biases):
+            target = schedule.chunk(out, gather_dim, chunk, world_size)
+            if gather_dim == 0:
+                target = target.view(rows, -1)  # contiguous rows: cuBLAS writes in place
+                if bias is None:
+                    torch.mm(a, mat2, out=target)
+                else:
+                    torch.addmm(bias, a, mat2, out=target)
+            else:
+                target.copy_((a @ mat2 if bias is None else torch.addmm(bias, a, mat2)).view(target.shape))
+    gathered = _finish(ws, shard, stacked, flat, gather_dim, gathered_shape, return_gathered)
+    return gathered, outs
+
+
+def nccl_cublas(shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False):
+    group = _resolve_process_group(group_name)
+    shard = shard.contiguous()
+    stacked = shard.new_empty((world_size,) + tuple(shard.shape))
+    dist.all_gather_into_tensor(stacked, shard, group=group)
+    if gather_dim == 0:
+        gathered = stacked.view((-1,) + tuple(shard.shape[1:]))
+    else:
+        gathered = torch.cat(stacked.unbind(0), dim=gather_dim)
+    flat = gathered.view(-1, shard.shape[-1])
+    outs = []
+    for mat2, bias in zip(mat2s, biases):
+        out = torch.mm(flat, mat2) if bias is None else torch.addmm(bias, flat, mat2)
+        outs.append(out.view(list(gathered.shape[:-1]) + [mat2.shape[1]]))
+    return (gathered if return_gathered else None), outs
+
+
+def variants() -> dict:
+    """Name -> implementation, every variant choose.py may pick."""
+    table = {
+        f"fused:{cfg.block_m}x{cfg.block_n}x{cfg.block_k}w{cfg.num_warps}s{cfg.num_stages}": (
+            functools.partial(fused, gemm_config=cfg)
+        )
+        for cfg in consumer.CONFIGS
+    }
+    table["copy_engine_cublas"] = copy_engine_cublas
+    table["nccl_cublas"] = nccl_cublas
+    return table

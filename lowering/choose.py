@@ -1,0 +1,165 @@
+"""Which variant an op runs for a shape: measured at its first call, identical on every rank,
+cached in memory and on disk.
+
+At the first call of a shape every rank runs every variant on the call's own inputs, interleaved
+(rounds of one call each, so drift hits all variants alike). A variant whose outputs differ from
+NCCL + cuBLAS's beyond rounding, or that raises, is out. Times are reduced to the slowest rank's,
+rank 0 picks the fastest and broadcasts its name, so every rank runs the same variant: the
+baseline is always a candidate, so the pick is never slower than it, as measured.
+The choice is written to ``config.choice_cache`` (rank 0), read back by later runs (rank 0 reads
+and broadcasts), and shown in decisions.json by the pass when the cache already knows the shape.
+"""
+
+import json
+import logging
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from overlap_pass import config
+
+log = logging.getLogger("overlap_pass")
+
+BASELINE = "nccl_cublas"
+ROUNDS = 15
+WARMUP = 2
+
+# (key string) -> {"choice": name, "times_us": {...}}: the choices of this process
+CHOICES: dict[str, dict] = {}
+
+
+def shape_key(kind: str, world_size: int, shapes: dict, dtype: torch.dtype) -> str:
+    """The cache key of a call: the op kind, device, versions, world size, shapes and dtype."""
+    import triton
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    parts = [kind, device, f"torch {torch.__version__}", f"triton {triton.__version__}", f"W{world_size}"]
+    parts += [f"{name}={value}" for name, value in sorted(shapes.items())]
+    parts.append(str(dtype).replace("torch.", ""))
+    return " | ".join(parts)
+
+
+def _cache_path() -> str:
+    return os.path.expanduser(config.choice_cache)
+
+
+def load_cache() -> dict:
+    try:
+        with open(_cache_path()) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def cached_choice(key: str) -> str | None:
+    """The choice for ``key`` made in this process or found in the cache file, if any."""
+    if key in CHOICES:
+        return CHOICES[key]["choice"]
+    entry = load_cache().get(key)
+    return entry["choice"] if entry else None
+
+
+def _store(key: str, entry: dict) -> None:
+    path = _cache_path()
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        table = load_cache()
+        table[key] = entry
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(table, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("overlap: could not write the choice cache %s: %s", path, e)
+
+
+def _broadcast_name(name: str | None, names: list[str], group, device) -> str | None:
+    """Rank 0's pick (a name from ``names``, or None) on every rank."""
+    index = torch.tensor([names.index(name) if name in names else -1], device=device)
+    dist.broadcast(index, group=group, group_src=0)
+    value = int(index.item())
+    return names[value] if value >= 0 else None
+
+
+def _close(out, ref) -> bool:
+    out, ref = out.float(), ref.float()
+    if not torch.isfinite(out).all():
+        return False
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-12)).item() < 2e-2
+
+
+def _measure(variants: dict, args: tuple, group, device) -> dict[str, float]:
+    """Per variant: the slowest rank's median time of one call, in µs (inf when out)."""
+    names = list(variants)
+    reference = variants[BASELINE](*args)[1]
+    usable = {}
+    for name in names:
+        try:
+            outs = variants[name](*args)[1]
+            usable[name] = all(_close(o, r) for o, r in zip(outs, reference))
+        except Exception as e:  # a config that does not compile or fit: not a candidate
+            log.warning("overlap: variant %s failed: %s", name, e)
+            usable[name] = False
+    samples = {name: [] for name in names}
+    for round_ in range(WARMUP + ROUNDS):
+        for name in names:
+            if not usable[name]:
+                continue
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            variants[name](*args)
+            end.record()
+            if round_ >= WARMUP:
+                samples[name].append((start, end))
+    torch.cuda.synchronize(device)
+    local = torch.tensor(
+        [
+            statistics.median(s.elapsed_time(e) * 1e3 for s, e in samples[n]) if usable[n] else float("inf")
+            for n in names
+        ],
+        dtype=torch.float64,
+        device=device,
+    )
+    dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
+    return dict(zip(names, local.tolist()))
+
+
+def choose(key: str, variants: dict, args: tuple, group, device) -> str:
+    """The variant to run for ``key``: forced by config.implementation, known, cached on disk,
+    or measured now. Collective on first use of a key (every rank calls it in the same order,
+    as it does the op)."""
+    forced = config.implementation
+    if forced != "auto":
+        matches = [n for n in variants if n == forced or n.split(":")[0] == forced]
+        if not matches:
+            raise ValueError(f"overlap: implementation {forced!r} is not one of {sorted(variants)}")
+        return matches[0]
+    if key in CHOICES:
+        return CHOICES[key]["choice"]
+    if torch.cuda.is_current_stream_capturing():
+        # nothing can be measured or broadcast inside a capture; the same answer on every rank
+        log.warning("overlap: first call of %s inside a CUDA graph capture: running %s", key, BASELINE)
+        return BASELINE
+    names = list(variants)
+    rank = group.rank()
+    found = load_cache().get(key, {}).get("choice") if rank == 0 else None
+    found = _broadcast_name(found, names, group, device)
+    if found is not None:
+        CHOICES[key] = {"choice": found, "source": "cache"}
+        return found
+    begin = time.perf_counter()
+    times = _measure(variants, args, group, device)
+    best = min(names, key=lambda n: times[n]) if rank == 0 else None
+    best = _broadcast_name(best, names, group, device)
+    entry = {"choice": best, "times_us": {n: round(t, 1) for n, t in times.items()}}
+    CHOICES[key] = {**entry, "source": "measured"}
+    if rank == 0:
+        _store(key, entry)
+    log.info(
+        "overlap: %s -> %s (%s; measured in %.1f s)",
+        key, best, ", ".join(f"{n} {t:.0f} us" for n, t in times.items()), time.perf_counter() - begin,
+    )  # fmt: skip
+    return best

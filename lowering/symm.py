@@ -1,0 +1,205 @@
+"""The symmetric-memory workspace of one op kind on one group and device.
+
+One symmetric allocation per workspace, the same size on every rank:
+
+    [ flags: W int32 | pads: W int32 | ... control, CONTROL_BYTES ][ data ... ]
+
+- data: where peers push their chunks (all-gather) or partials; grown only when a call needs
+  more, rounded up to a power of two, always on every rank in the same call.
+- flags[p]: rank p's progress word for its chunk in this rank's data, written by p.
+- pads[p]: rank p's barrier word, written by p's barrier kernel.
+- epoch: this rank's call counter, a one-word device tensor. The barrier kernel advances it at
+  the start of each call and every flag and pad is written with it, so values only grow: nothing
+  is reset between calls and a CUDA-graph replay advances them exactly as an eager call does.
+
+Protocol of one call, on the caller's stream unless said otherwise:
+1. barrier: epoch += 1; wait until every rank reached the same epoch. Every rank's previous call
+   has then finished, so nobody still reads the data a peer is about to overwrite (entry and
+   exit handshake in one, since each call ends by joining its side stream).
+2. side stream (copy engine, no SMs): chunk copies into peers' data, each followed by a 4-byte
+   copy of the epoch into the peer's flag, in stream order after the data.
+3. the consumer waits per chunk on its flags, with acquire loads; then joins the side stream.
+
+Every wait is bounded. A wait that gives up records which rank or chunk it missed in a device
+``timeouts`` word; ``check_timeouts`` raises on it (at the latest one call later, without a host
+sync on the hot path).
+"""
+
+import dataclasses
+import logging
+
+import torch
+import torch.distributed as dist
+
+from overlap_pass.templates import signals
+
+log = logging.getLogger("overlap_pass")
+
+CONTROL_BYTES = 4096  # flags and pads, padded so that data starts 4 KiB-aligned
+MIN_DATA_BYTES = 1 << 20
+
+
+class ChunkTimeout(RuntimeError):
+    """A bounded wait gave up: names the rank and what it waited for."""
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+@dataclasses.dataclass
+class _Allocation:
+    buffer: torch.Tensor  # uint8, symmetric
+    handle: object  # torch's _SymmetricMemory
+    data_bytes: int
+    pad_ptrs: torch.Tensor  # int64 device addresses of each rank's pads
+
+
+class Workspace:
+    """Buffers, flags, pads and epoch of one (op kind, group, device)."""
+
+    def __init__(self, kind: str, group_name: str, device: torch.device):
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        self.kind, self.group_name, self.device = kind, group_name, device
+        self.group = _resolve_process_group(group_name)
+        self.rank, self.world_size = self.group.rank(), self.group.size()
+        self.side_stream = torch.cuda.Stream(device=device)
+        self.epoch = torch.zeros(1, dtype=torch.int32, device=device)
+        # barrier (one word per rank) and consumer (one per chunk) timeouts; see check_timeouts
+        self.timeouts = torch.zeros(2, self.world_size, dtype=torch.int32, device=device)
+        self._timeouts_host = torch.zeros_like(self.timeouts, device="cpu").pin_memory()
+        self._timeouts_copied: torch.cuda.Event | None = None
+        self._alloc: _Allocation | None = None
+
+    # -- allocation ---------------------------------------------------------------------------
+
+    def reserve(self, data_bytes: int) -> None:
+        """Makes the data region at least ``data_bytes`` long. Collective: every rank must ask
+        for the same size in the same call (shapes are identical across ranks)."""
+        if self._alloc is not None and self._alloc.data_bytes >= data_bytes:
+            return
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"overlap: the {self.kind} workspace of group {self.group_name} needs "
+                f"{data_bytes} bytes while a CUDA graph is being captured; run the model once "
+                "before capturing (torch.compile's reduce-overhead mode does) so it is allocated"
+            )
+        import torch.distributed._symmetric_memory as symm_mem
+
+        size = _next_power_of_two(max(data_bytes, MIN_DATA_BYTES))
+        if self._alloc is not None:
+            torch.cuda.synchronize(self.device)  # no kernel or copy still uses the old one
+        self._alloc = None
+        buffer = symm_mem.empty(CONTROL_BYTES + size, dtype=torch.uint8, device=self.device)
+        handle = symm_mem.rendezvous(buffer, self.group_name)
+        buffer[:CONTROL_BYTES].zero_()
+        self.epoch.zero_()
+        pad_offset = 4 * self.world_size
+        pad_ptrs = torch.tensor(
+            [ptr + pad_offset for ptr in handle.buffer_ptrs], dtype=torch.int64, device=self.device
+        )
+        self._alloc = _Allocation(buffer, handle, size, pad_ptrs)
+        # nobody may signal into a peer's control words before that peer has zeroed them
+        torch.cuda.synchronize(self.device)
+        dist.barrier(group=self.group, device_ids=[self.device.index])
+        log.info(
+            "%s workspace of group %s: %d MiB on rank %d",
+            self.kind, self.group_name, size >> 20, self.rank,
+        )  # fmt: skip
+
+    # -- views ----------------------------------------------------------------------------------
+
+    @property
+    def flags(self) -> torch.Tensor:
+        """This rank's flags: flags[p] is rank p's progress word."""
+        return self._alloc.buffer[: 4 * self.world_size].view(torch.int32)
+
+    def data(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's data region, viewed as a contiguous ``shape`` tensor of ``dtype``."""
+        return self.peer_data(self.rank, shape, dtype)
+
+    def peer_data(self, peer: int, shape, dtype: torch.dtype) -> torch.Tensor:
+        """Rank ``peer``'s data region as a tensor this rank can copy into (a peer mapping)."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return self._alloc.handle.get_buffer(
+            peer, tuple(shape), dtype, storage_offset=CONTROL_BYTES // itemsize
+        )
+
+    def peer_flag(self, peer: int, slot: int) -> torch.Tensor:
+        """Word ``slot`` of rank ``peer``'s flags, as a one-element int32 tensor."""
+        return self._alloc.handle.get_buffer(peer, (1,), torch.int32, storage_offset=slot)
+
+    # -- protocol steps ---------------------------------------------------------------------------
+
+    def barrier(self, spin_limit: int) -> None:
+        """Step 1: advance the epoch and wait until every rank has reached it."""
+        self._raise_on_earlier_timeouts()
+        block = max(_next_power_of_two(self.world_size), 2)
+        signals.barrier_kernel[(1,)](
+            self._alloc.pad_ptrs, self.epoch, self.timeouts[0], self.rank, self.world_size,
+            SPIN_LIMIT=spin_limit, BLOCK_W=block, num_warps=1,
+        )  # fmt: skip
+
+    def signal_peer(self, peer: int) -> None:
+        """On the side stream, after a chunk's data copy: flags[rank] of ``peer`` = epoch.
+        A copy-engine write queued after the data, so the peer sees the data once it sees
+        the flag."""
+        self.peer_flag(peer, self.rank).copy_(self.epoch)
+
+    @property
+    def chunk_timeouts(self) -> torch.Tensor:
+        return self.timeouts[1]
+
+    def finish(self) -> None:
+        """After the consumer: queue a copy of the timeout words to the host (no sync), so the
+        next call can raise on a wait that gave up in this one."""
+        if torch.cuda.is_current_stream_capturing():
+            return
+        self._timeouts_host.copy_(self.timeouts, non_blocking=True)
+        self._timeouts_copied = torch.cuda.Event()
+        self._timeouts_copied.record()
+
+    def _raise_on_earlier_timeouts(self) -> None:
+        event = self._timeouts_copied
+        if event is None or torch.cuda.is_current_stream_capturing() or not event.query():
+            return
+        self._timeouts_copied = None
+        describe_timeouts(self._timeouts_host, self.rank, self.kind)
+
+    def check_timeouts(self) -> None:
+        """Synchronizes, then raises ChunkTimeout if any wait of any call gave up so far."""
+        torch.cuda.synchronize(self.device)
+        describe_timeouts(self.timeouts.cpu(), self.rank, self.kind)
+
+
+def describe_timeouts(timeouts: torch.Tensor, rank: int, kind: str) -> None:
+    """Raises ChunkTimeout naming the ranks (barrier) and chunks (consumer) given up on."""
+    late_ranks = timeouts[0].nonzero().flatten().tolist()
+    late_chunks = timeouts[1].nonzero().flatten().tolist()
+    if late_ranks or late_chunks:
+        raise ChunkTimeout(
+            f"{kind}: rank {rank} gave up waiting"
+            + (f" at the barrier for ranks {late_ranks}" if late_ranks else "")
+            + (" and" if late_ranks and late_chunks else "")
+            + (f" for the flags of chunks {late_chunks}" if late_chunks else "")
+            + "; results of that call are wrong. A peer is late or gone (or spin_limit is too low)."
+        )
+
+
+_WORKSPACES: dict[tuple[str, str, int], Workspace] = {}
+
+
+def workspace(kind: str, group_name: str, device: torch.device) -> Workspace:
+    """The workspace of ``kind`` ops on a group and device. Different kinds never share one,
+    so an all-gather and a reduce-scatter in flight on one group do not alias."""
+    key = (kind, group_name, device.index)
+    if key not in _WORKSPACES:
+        _WORKSPACES[key] = Workspace(kind, group_name, device)
+    return _WORKSPACES[key]
+
+
+def check_all_timeouts() -> None:
+    """Raises ChunkTimeout if any wait of any workspace gave up so far (synchronizes)."""
+    for ws in _WORKSPACES.values():
+        ws.check_timeouts()

@@ -1,0 +1,185 @@
+"""Per-rank bodies of the GPU tests of the CUDA all_gather_matmul variants (lowering/): each
+runs on every rank of an NCCL RankPool. Every output is checked against an fp32 reference built
+from NCCL's all-gather, on fresh random inputs, with the workspace poisoned with NaN before."""
+
+import torch
+import torch.distributed as dist
+
+from overlap_pass import config
+from overlap_pass.lowering import all_gather_matmul as agm
+from overlap_pass.lowering import symm
+
+REL_TOL = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+# (shard shape, gather_dim, Ns, bias per N): odd rows, K and N, QKV-like lists, 3-D shards
+SHAPES = [
+    ((333, 520), 0, (1000,), (True,)),
+    ((256, 256), 0, (384, 128, 130), (True, False, True)),
+    ((2, 77, 192), 1, (200,), (False,)),
+    ((3, 50, 64), 0, (96, 33), (False, True)),
+    ((1024, 1024), 0, (1536,), (False,)),
+    ((17, 40), 0, (24,), (True,)),
+]
+
+
+def _group_name() -> str:
+    return dist.group.WORLD.group_name
+
+
+def _problem(shape, gather_dim, ns, bias, dtype, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed * 1000 + dist.get_rank())
+    shard = torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
+    shared = torch.Generator(device="cuda").manual_seed(seed)  # weights equal on every rank
+    k = shape[-1]
+    mat2s = [torch.randn(n, k, device="cuda", dtype=dtype, generator=shared).t() / k**0.5 for n in ns]
+    biases = [torch.randn(n, device="cuda", dtype=dtype, generator=shared) if b else None for n, b in zip(ns, bias)]
+    return shard, mat2s, biases
+
+
+def _reference(shard, mat2s, biases, gather_dim):
+    world = dist.get_world_size()
+    parts = [torch.empty_like(shard) for _ in range(world)]
+    dist.all_gather(parts, shard)
+    gathered = torch.cat(parts, dim=gather_dim)
+    flat = gathered.reshape(-1, shard.shape[-1]).float()
+    outs = [flat @ m.float() + (b.float() if b is not None else 0) for m, b in zip(mat2s, biases)]
+    return gathered, [o.view(list(gathered.shape[:-1]) + [o.shape[-1]]) for o in outs]
+
+
+def _poison_workspace():
+    for ws in symm._WORKSPACES.values():
+        if ws._alloc is not None:
+            ws._alloc.buffer[symm.CONTROL_BYTES :].view(torch.uint8).fill_(0xFF)  # NaN in bf16/fp16/fp32
+    torch.cuda.synchronize()
+    dist.barrier()
+
+
+def _error(out, ref) -> torch.Tensor:
+    """Relative error (device scalar); inf where the output holds a NaN or inf."""
+    out = out.float()
+    err = (out - ref).norm() / ref.norm().clamp_min(1e-12)
+    return torch.where(torch.isfinite(out).all(), err, torch.full_like(err, float("inf")))
+
+
+def _check(name, result, expected, dtype):
+    (gathered, outs), (ref_gathered, refs) = result, expected
+    for i, (out, ref) in enumerate(zip(outs, refs)):
+        assert out.shape == ref.shape, f"{name}: output {i} shape {out.shape} != {ref.shape}"
+        err = _error(out, ref).item()
+        assert err <= REL_TOL[dtype], f"{name}: output {i} relative error {err:.2e} on rank {dist.get_rank()}"
+    if gathered is not None:
+        assert torch.equal(gathered, ref_gathered), f"{name}: gathered tensor differs"
+
+
+def every_variant_matches(dtype, seed=0) -> int:
+    """Each variant, each shape, with and without the gathered tensor returned."""
+    checked = 0
+    world = dist.get_world_size()
+    for index, (shape, gather_dim, ns, bias) in enumerate(SHAPES):
+        shard, mat2s, biases = _problem(shape, gather_dim, ns, bias, dtype, seed + index)
+        expected = _reference(shard, mat2s, biases, gather_dim)
+        for name, variant in agm.variants().items():
+            _poison_workspace()
+            result = variant(shard, mat2s, biases, gather_dim, world, _group_name(), index % 2 == 0)
+            _check(name, result, expected, dtype)
+            checked += 1
+    symm.check_all_timeouts()
+    return checked
+
+
+def back_to_back(calls: int, seed=0) -> int:
+    """``calls`` calls in a row through the op (the per-shape choice included), shapes and
+    variants changing from call to call, no sync in between; errors checked at the end."""
+    world = dist.get_world_size()
+    names = list(agm.variants())
+    errors, labels = [], []
+    for call in range(calls):
+        shape, gather_dim, ns, bias = SHAPES[call % len(SHAPES)]
+        shard, mat2s, biases = _problem(shape, gather_dim, ns, bias, torch.bfloat16, seed + call)
+        _, refs = _reference(shard, mat2s, biases, gather_dim)
+        name = names[(call // len(SHAPES)) % len(names)]
+        _, outs = agm.variants()[name](shard, mat2s, biases, gather_dim, world, _group_name())
+        errors += [_error(o, r) for o, r in zip(outs, refs)]
+        labels += [(call, name)] * len(outs)
+    errors = torch.stack(errors).cpu()
+    symm.check_all_timeouts()
+    bad = [(labels[i], float(errors[i])) for i in range(len(labels)) if not errors[i] <= REL_TOL[torch.bfloat16]]
+    assert not bad, f"rank {dist.get_rank()}: {len(bad)} bad calls, first {bad[:3]}"
+    return calls
+
+
+def through_the_op(seed=0) -> list[str]:
+    """torch.ops.overlap.all_gather_matmul on CUDA: auto picks a variant per shape, the same on
+    every rank; forcing each implementation works too."""
+    world = dist.get_world_size()
+    picked = []
+    for index, (shape, gather_dim, ns, bias) in enumerate(SHAPES[:3]):
+        shard, mat2s, biases = _problem(shape, gather_dim, ns, bias, torch.bfloat16, seed + index)
+        expected = _reference(shard, mat2s, biases, gather_dim)
+        for implementation in ("auto", "fused", "copy_engine_cublas", "nccl_cublas", "reference"):
+            with config.patch(implementation=implementation):
+                result = torch.ops.overlap.all_gather_matmul(
+                    shard, mat2s, biases, gather_dim, world, _group_name(), True
+                )
+            _check(implementation, result, expected, torch.bfloat16)
+        from overlap_pass.lowering import choose
+
+        picked.append(sorted(c["choice"] for c in choose.CHOICES.values()))
+    return picked[-1]
+
+
+def cuda_graph_replay(replays: int, seed=0) -> int:
+    """Capture the fused variant once, replay it on new inputs: flags and barrier still advance
+    (the epoch is on the device), outputs match every time."""
+    world = dist.get_world_size()
+    shape, gather_dim, ns, bias = SHAPES[1]
+    shard, mat2s, biases = _problem(shape, gather_dim, ns, bias, torch.bfloat16, seed)
+    fused = agm.variants()[next(n for n in agm.variants() if n.startswith("fused"))]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fused(shard, mat2s, biases, gather_dim, world, _group_name())  # warm up: workspace, compile
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, outs = fused(shard, mat2s, biases, gather_dim, world, _group_name())
+    ws = symm.workspace(agm.KIND, _group_name(), shard.device)
+    start_epoch = int(ws.epoch.item())
+    for replay in range(replays):
+        fresh, _, _ = _problem(shape, gather_dim, ns, bias, torch.bfloat16, seed + 1 + replay)
+        shard.copy_(fresh)
+        for out in outs:
+            out.fill_(float("nan"))
+        graph.replay()
+        _, refs = _reference(shard, mat2s, biases, gather_dim)
+        for out, ref in zip(outs, refs):
+            err = _error(out, ref).item()
+            assert err <= REL_TOL[torch.bfloat16], f"replay {replay}: relative error {err:.2e}"
+    torch.cuda.synchronize()
+    assert int(ws.epoch.item()) == start_epoch + replays, "the epoch did not advance on replay"
+    symm.check_all_timeouts()
+    return replays
+
+
+def late_peer_is_named(seed=0) -> str:
+    """Rank 1 calls alone with a short spin limit: its waits give up, and the error names the
+    rank it waited for at the barrier and the chunk whose flag never came."""
+    world = dist.get_world_size()
+    shard, mat2s, biases = _problem((64, 64), 0, (64,), (False,), torch.bfloat16, seed)
+    message = ""
+    group = dist.new_group(list(range(world)))  # its own workspace, thrown away after
+    ws = symm.workspace(agm.KIND, group.group_name, shard.device)
+    ws.reserve(world * shard.numel() * shard.element_size())  # collective: every rank
+    if dist.get_rank() == 1:
+        fused = next(v for n, v in agm.variants().items() if n.startswith("fused"))
+        with config.patch(spin_limit=20_000):
+            fused(shard, mat2s, biases, 0, world, group.group_name)
+        try:
+            ws.check_timeouts()
+        except symm.ChunkTimeout as e:
+            message = str(e)
+    torch.cuda.synchronize()
+    dist.barrier()
+    del symm._WORKSPACES[(agm.KIND, group.group_name, shard.device.index)]
+    return message

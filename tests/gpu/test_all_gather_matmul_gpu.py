@@ -1,0 +1,48 @@
+"""The CUDA all_gather_matmul variants on NCCL ranks (world 2, and 4 where there are 4 GPUs):
+every variant against an fp32 reference on odd shapes, back-to-back calls, the op's per-shape
+choice, CUDA-graph replay, and a late peer that is named instead of hanging the GPU.
+
+Run on a GPU machine: python3 -m pytest tests/gpu -q
+"""
+
+import pytest
+import torch
+
+from tests import fused_ag_cases as cases
+from tests.rank_pool import RankPool
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+pytestmark = pytest.mark.skipif(GPUS < 2, reason="needs at least two GPUs")
+
+
+@pytest.fixture(scope="module", params=sorted({2, min(GPUS, 4)}) if GPUS >= 2 else [2], ids=lambda w: f"W{w}")
+def pool(request):
+    pool = RankPool(request.param, "nccl")
+    yield pool
+    pool.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_every_variant_matches_the_reference(pool, dtype):
+    checked = pool.run(cases.every_variant_matches, dtype)
+    assert checked[0] == len(cases.SHAPES) * len(cases.agm.variants())
+
+
+def test_back_to_back_calls(pool):
+    assert pool.run(cases.back_to_back, 1000) == [1000] * pool.world_size
+
+
+def test_op_choice_is_the_same_on_every_rank(pool):
+    picked = pool.run(cases.through_the_op)
+    assert all(p == picked[0] for p in picked), picked
+
+
+def test_cuda_graph_replay(pool):
+    assert pool.run(cases.cuda_graph_replay, 20) == [20] * pool.world_size
+
+
+def test_a_late_peer_is_named(pool):
+    messages = pool.run(cases.late_peer_is_named)
+    others = [r for r in range(pool.world_size) if r != 1]
+    assert f"rank 1 gave up waiting at the barrier for ranks {others}" in messages[1], messages[1]
+    assert f"for the flags of chunks {others}" in messages[1], messages[1]

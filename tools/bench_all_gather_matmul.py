@@ -1,0 +1,222 @@
+"""Benchmark of all-gather + matmul: overlap against NCCL + cuBLAS and PyTorch's async TP.
+
+    torchrun --nproc-per-node 4 -m tools.bench_all_gather_matmul --out bench.json [--png bench.png]
+
+Per shape (A: M x K sharded along M; B: a linear weight N x K used transposed; bf16), all in one
+process, interleaved round by round so drift hits every variant alike:
+mm alone, NCCL all-gather alone, NCCL + cuBLAS, torch async TP
+(torch.ops.symm_mem.fused_all_gather_matmul), overlap as the op runs it (its per-shape choice),
+and each overlap variant. A time is the median over rounds of the mean per call of a round, on
+the slowest rank. ideal = max(mm, all-gather); hidden = (NCCL+cuBLAS - overlap) /
+(NCCL+cuBLAS - ideal). Outputs of torch async TP and overlap are checked against NCCL + cuBLAS.
+"""
+
+import argparse
+import json
+import os
+import statistics
+
+for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ.setdefault(_var, _value)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+# (name, M, K, N) per world size: PERF_REFERENCE.md's AG+MM rows
+SHAPES = {
+    4: [("llama3-8b qkv", 8192, 4096, 1536), ("llama3-8b up+gate", 8192, 4096, 7168),
+        ("llama3-70b qkv", 8192, 8192, 2560), ("llama3-70b up+gate", 8192, 8192, 14336),
+        ("wide", 4096, 16384, 6656)],
+    2: [("llama3-8b qkv", 8192, 4096, 3072), ("llama3-8b up+gate", 8192, 4096, 14336),
+        ("llama3-70b qkv", 8192, 8192, 5120), ("llama3-70b up+gate", 8192, 8192, 28672),
+        ("wide", 4096, 16384, 6656)],
+}  # fmt: skip
+EXTRA_MS = (2048, 16384)
+
+
+def shapes_for(world: int, extra_ms: bool) -> list[tuple]:
+    base = SHAPES.get(world, SHAPES[4])
+    rows = list(base)
+    if extra_ms:
+        rows += [(f"{name} M={m}", m, k, n) for name, _, k, n in base for m in EXTRA_MS]
+    return rows
+
+
+def _slowest(value: float, device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _rel(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def bench_shape(name, m, k, n, args, device, group_name) -> dict:
+    from overlap_pass.lowering import all_gather_matmul as agm
+
+    world = dist.get_world_size()
+    gen = torch.Generator(device=device).manual_seed(dist.get_rank())
+    shard = torch.randn(m // world, k, device=device, dtype=torch.bfloat16, generator=gen)
+    weight = torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=torch.Generator(device=device).manual_seed(7))
+    weight /= k**0.5
+    b = weight.t()
+    full = torch.empty(m, k, device=device, dtype=torch.bfloat16)
+    dist.all_gather_into_tensor(full, shard)
+
+    def ag_alone():
+        dist.all_gather_into_tensor(full, shard)
+
+    def torch_async_tp():
+        return torch.ops.symm_mem.fused_all_gather_matmul(shard, [b], 0, group_name)
+
+    def op():
+        return torch.ops.overlap.all_gather_matmul(shard, [b], [None], 0, world, group_name)
+
+    variants = {
+        "mm": lambda: torch.mm(full, b),
+        "all_gather": ag_alone,
+        "nccl_cublas": lambda: agm.nccl_cublas(shard, [b], [None], 0, world, group_name),
+        "torch_async_tp": torch_async_tp,
+        "overlap": op,
+    }
+    for vname, fn in agm.variants().items():
+        if vname != "nccl_cublas":
+            variants[f"overlap[{vname}]"] = lambda fn=fn: fn(shard, [b], [None], 0, world, group_name)
+
+    reference = variants["nccl_cublas"]()[1][0]
+    errors = {
+        "torch_async_tp": _rel(torch_async_tp()[1][0], reference),
+        "overlap": _rel(op()[1][0], reference),  # first call: the per-shape choice happens here
+    }
+    samples = {v: [] for v in variants}
+    for round_ in range(args.warmup + args.rounds):
+        for vname, fn in variants.items():
+            torch.cuda.synchronize(device)
+            dist.barrier()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(args.calls):
+                fn()
+            end.record()
+            if round_ >= args.warmup:
+                samples[vname].append((start, end))
+    torch.cuda.synchronize(device)
+    us = {
+        v: _slowest(statistics.median(s.elapsed_time(e) * 1e3 / args.calls for s, e in pairs), device)
+        for v, pairs in samples.items()
+    }
+    from overlap_pass.lowering import choose, dispatch
+
+    key = choose.shape_key(
+        agm.KIND, world, dispatch.all_gather_matmul_shapes(shard.shape, [b], [None], 0), shard.dtype
+    )
+    chosen = choose.CHOICES.get(key, {}).get("choice")
+    ideal = max(us["mm"], us["all_gather"])
+    saveable = us["nccl_cublas"] - ideal
+
+    def hidden(t):
+        return (us["nccl_cublas"] - t) / saveable if saveable > 0 else float("nan")
+
+    return {
+        "shape": name, "M": m, "K": k, "N": n, "world": world, "us": us, "ideal": ideal,
+        "chosen": chosen,
+        "hidden_overlap": hidden(us["overlap"]), "hidden_torch_async_tp": hidden(us["torch_async_tp"]),
+        "speedup_overlap": us["nccl_cublas"] / us["overlap"],
+        "speedup_torch_async_tp": us["nccl_cublas"] / us["torch_async_tp"],
+        "rel_error": errors,
+    }  # fmt: skip
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        "| shape | M | K | N | mm | all-gather | NCCL+cuBLAS | torch async TP | overlap | ideal "
+        "| overlap vs NCCL+cuBLAS | vs async TP | hidden (overlap / async TP) | chosen | variants |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        us = r["us"]
+        others = ", ".join(f"{v[8:-1]} {t:.0f}" for v, t in us.items() if v.startswith("overlap["))
+        lines.append(
+            f"| {r['shape']} | {r['M']} | {r['K']} | {r['N']} | {us['mm']:.0f} | {us['all_gather']:.0f} "
+            f"| {us['nccl_cublas']:.0f} | {us['torch_async_tp']:.0f} | {us['overlap']:.0f} | {r['ideal']:.0f} "
+            f"| {r['speedup_overlap']:.2f}x | {us['torch_async_tp'] / us['overlap']:.2f}x "
+            f"| {r['hidden_overlap']:.0%} / {r['hidden_torch_async_tp']:.0%} | {r['chosen']} | {others} |"
+        )
+    return "\n".join(lines)
+
+
+def chart(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r["shape"] for r in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.9), 4))
+    width = 0.4
+    ax.bar([i - width / 2 for i in x], [r["speedup_torch_async_tp"] for r in rows], width, label="torch async TP")
+    ax.bar([i + width / 2 for i in x], [r["speedup_overlap"] for r in rows], width, label="overlap")
+    ax.bar(list(x), [r["us"]["nccl_cublas"] / r["ideal"] for r in rows], 0.9, fill=False, edgecolor="gray", label="ideal")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("speedup over NCCL + cuBLAS")
+    ax.set_title(f"all-gather + matmul, W={rows[0]['world']}, bf16")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="bench_all_gather_matmul.json")
+    parser.add_argument("--png", default=None)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--extra-ms", action="store_true", help="also M=2048 and M=16384 per shape")
+    parser.add_argument("--only", default=None, help="shapes whose name contains this")
+    args = parser.parse_args()
+
+    import overlap_pass  # noqa: F401  (registers the ops)
+
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    dist.init_process_group("nccl", device_id=device)
+    group_name = dist.group.WORLD.group_name
+    import torch.distributed._symmetric_memory as symm_mem
+
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):
+        symm_mem.enable_symm_mem_for_group(group_name)  # torch's async TP needs it on 2.11
+    rows = []
+    for name, m, k, n in shapes_for(dist.get_world_size(), args.extra_ms):
+        if args.only and args.only not in name:
+            continue
+        rows.append(bench_shape(name, m, k, n, args, device, group_name))
+        if dist.get_rank() == 0:
+            r = rows[-1]
+            print(f"{name}: overlap {r['us']['overlap']:.0f} us ({r['chosen']}), NCCL+cuBLAS "
+                  f"{r['us']['nccl_cublas']:.0f}, async TP {r['us']['torch_async_tp']:.0f}, "
+                  f"errors {r['rel_error']}", flush=True)  # fmt: skip
+    if dist.get_rank() == 0:
+        meta = {
+            "device": torch.cuda.get_device_name(), "world": dist.get_world_size(),
+            "torch": torch.__version__, "triton": __import__("triton").__version__,
+            "rounds": args.rounds, "calls": args.calls,
+        }  # fmt: skip
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        if args.png:
+            try:
+                chart(rows, args.png)
+            except ImportError:
+                print("matplotlib is not installed: no chart")
+        print(json.dumps(meta))
+        print(table(rows))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
