@@ -49,7 +49,7 @@ def _next_power_of_two(n: int) -> int:
 
 @dataclasses.dataclass
 class _Allocation:
-    buffer: torch.Tensor  # uint8, symmetric
+    buffer: torch.Tensor  # uint8, symmetric; kept alive here, addressed through handle
     handle: object  # torch's _SymmetricMemory
     data_bytes: int
     pad_ptrs: torch.Tensor  # int64 device addresses of each rank's pads
@@ -93,11 +93,15 @@ class Workspace:
         self._alloc = None
         buffer = symm_mem.empty(CONTROL_BYTES + size, dtype=torch.uint8, device=self.device)
         handle = symm_mem.rendezvous(buffer, self.group_name)
-        buffer[:CONTROL_BYTES].zero_()
+        # every address, this rank's own included, comes from get_buffer, so that all ranks
+        # agree on where each word is whatever offset the allocation has inside its pool
+        handle.get_buffer(self.rank, (CONTROL_BYTES,), torch.uint8).zero_()
         self.epoch.zero_()
-        pad_offset = 4 * self.world_size
+        world = self.world_size
         pad_ptrs = torch.tensor(
-            [ptr + pad_offset for ptr in handle.buffer_ptrs], dtype=torch.int64, device=self.device
+            [handle.get_buffer(p, (world,), torch.int32, storage_offset=world).data_ptr() for p in range(world)],
+            dtype=torch.int64,
+            device=self.device,
         )
         self._alloc = _Allocation(buffer, handle, size, pad_ptrs)
         # nobody may signal into a peer's control words before that peer has zeroed them
@@ -113,7 +117,7 @@ class Workspace:
     @property
     def flags(self) -> torch.Tensor:
         """This rank's flags: flags[p] is rank p's progress word."""
-        return self._alloc.buffer[: 4 * self.world_size].view(torch.int32)
+        return self.peer_flag(self.rank, 0, self.world_size)
 
     def data(self, shape, dtype: torch.dtype) -> torch.Tensor:
         """This rank's data region, viewed as a contiguous ``shape`` tensor of ``dtype``."""
@@ -126,9 +130,9 @@ class Workspace:
             peer, tuple(shape), dtype, storage_offset=CONTROL_BYTES // itemsize
         )
 
-    def peer_flag(self, peer: int, slot: int) -> torch.Tensor:
-        """Word ``slot`` of rank ``peer``'s flags, as a one-element int32 tensor."""
-        return self._alloc.handle.get_buffer(peer, (1,), torch.int32, storage_offset=slot)
+    def peer_flag(self, peer: int, slot: int, count: int = 1) -> torch.Tensor:
+        """Words ``slot`` to ``slot + count`` of rank ``peer``'s flags (int32)."""
+        return self._alloc.handle.get_buffer(peer, (count,), torch.int32, storage_offset=slot)
 
     # -- protocol steps ---------------------------------------------------------------------------
 

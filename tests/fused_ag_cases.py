@@ -49,7 +49,7 @@ def _reference(shard, mat2s, biases, gather_dim):
 def _poison_workspace():
     for ws in symm._WORKSPACES.values():
         if ws._alloc is not None:
-            ws._alloc.buffer[symm.CONTROL_BYTES :].view(torch.uint8).fill_(0xFF)  # NaN in bf16/fp16/fp32
+            ws.data((ws._alloc.data_bytes,), torch.uint8).fill_(0xFF)  # NaN in bf16, fp16 and fp32
     torch.cuda.synchronize()
     dist.barrier()
 
