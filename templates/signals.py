@@ -15,8 +15,9 @@ def wait_flag(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT: tl.constexpr):
     """wait(flags[chunk] >= epoch, scope=sys, sem=acquire), at most SPIN_LIMIT polls.
 
     An acquire read (atomic add of 0), so that every load after it sees the chunk's
-    data; on giving up, timeouts[chunk] = 1 (relaxed) and the caller goes on."""
-    polls = 0
+    data; on giving up, timeouts[chunk] = 1 (relaxed) and the caller goes on. A chunk already
+    given up on is not waited for again, so a lost peer costs one spin, not one per tile."""
+    polls = tl.load(timeouts_ptr + chunk, volatile=True) * SPIN_LIMIT
     value = tl.atomic_add(flags_ptr + chunk, 0, sem="acquire", scope="sys")
     while (value.to(tl.int64) < epoch) & (polls < SPIN_LIMIT):
         value = tl.atomic_add(flags_ptr + chunk, 0, sem="acquire", scope="sys")
