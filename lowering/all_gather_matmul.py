@@ -145,10 +145,7 @@ def nccl_cublas(shard, mat2s, biases, gather_dim, world_size, group_name, return
 def variants() -> dict:
     """Name -> implementation, every variant choose.py may pick."""
     table = {
-        f"fused:{cfg.block_m}x{cfg.block_n}x{cfg.block_k}w{cfg.num_warps}s{cfg.num_stages}": (
-            functools.partial(fused, gemm_config=cfg)
-        )
-        for cfg in consumer.CONFIGS
+        f"fused:{cfg}": functools.partial(fused, gemm_config=cfg) for cfg in consumer.CONFIGS
     }
     table["copy_engine_cublas"] = copy_engine_cublas
     table["nccl_cublas"] = nccl_cublas

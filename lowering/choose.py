@@ -10,6 +10,7 @@ The choice is written to ``config.choice_cache`` (rank 0), read back by later ru
 and broadcasts), and shown in decisions.json by the pass when the cache already knows the shape.
 """
 
+import functools
 import json
 import logging
 import os
@@ -31,12 +32,17 @@ WARMUP = 2
 CHOICES: dict[str, dict] = {}
 
 
-def shape_key(kind: str, world_size: int, shapes: dict, dtype: torch.dtype) -> str:
-    """The cache key of a call: the op kind, device, versions, world size, shapes and dtype."""
+@functools.cache
+def _platform() -> list[str]:
     import triton
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    parts = [kind, device, f"torch {torch.__version__}", f"triton {triton.__version__}", f"W{world_size}"]
+    return [device, f"torch {torch.__version__}", f"triton {triton.__version__}"]
+
+
+def shape_key(kind: str, world_size: int, shapes: dict, dtype: torch.dtype) -> str:
+    """The cache key of a call: the op kind, device, versions, world size, shapes and dtype."""
+    parts = [kind, *_platform(), f"W{world_size}"]
     parts += [f"{name}={value}" for name, value in sorted(shapes.items())]
     parts.append(str(dtype).replace("torch.", ""))
     return " | ".join(parts)

@@ -2,6 +2,7 @@
 
 import functools
 
+import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
@@ -31,7 +32,20 @@ def _symmetric_memory_usable(group) -> bool:
     return group.size() > 1 and str(dist.get_backend(group)) == "nccl"
 
 
+# (shapes, strides, dtype, dims, group, implementation) of a call -> the variant it runs, so
+# that later calls skip validation and key building (host time is on the critical path)
+_RESOLVED: dict[tuple, str] = {}
+
+
 def all_gather_matmul(shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False):
+    fast_key = (
+        shard.shape, shard.stride(), shard.dtype, shard.device, gather_dim, world_size, group_name,
+        tuple((m.shape, m.stride()) for m in mat2s), tuple(b is None for b in biases),
+        config.implementation,
+    )  # fmt: skip
+    name = _RESOLVED.get(fast_key)
+    if name is not None:
+        return _ag_variants()[name](shard, mat2s, biases, gather_dim % shard.dim(), world_size, group_name, return_gathered)
     dim = ops._check_all_gather_matmul(shard, mat2s, biases, gather_dim, world_size)
     args = (shard, mat2s, biases, dim, world_size, group_name, return_gathered)
     group = _resolve_process_group(group_name)
@@ -41,4 +55,6 @@ def all_gather_matmul(shard, mat2s, biases, gather_dim, world_size, group_name, 
         agm.KIND, world_size, all_gather_matmul_shapes(shard.shape, mat2s, biases, dim), shard.dtype
     )
     name = choose.choose(key, _ag_variants(), args, group, shard.device)
+    if not torch.cuda.is_current_stream_capturing():  # a capture's fallback is not a choice
+        _RESOLVED[fast_key] = name
     return _ag_variants()[name](*args)

@@ -37,6 +37,7 @@ log = logging.getLogger("overlap_pass")
 
 CONTROL_BYTES = 4096  # flags and pads, padded so that data starts 4 KiB-aligned
 MIN_DATA_BYTES = 1 << 20
+CHECK_EVERY = 16  # calls between two host reads of the timeout words
 
 
 class ChunkTimeout(RuntimeError):
@@ -71,6 +72,8 @@ class Workspace:
         self._timeouts_host = torch.zeros_like(self.timeouts, device="cpu").pin_memory()
         self._timeouts_copied: torch.cuda.Event | None = None
         self._alloc: _Allocation | None = None
+        self._views: dict[tuple, torch.Tensor] = {}  # get_buffer views, made once (host time)
+        self._calls = 0
 
     # -- allocation ---------------------------------------------------------------------------
 
@@ -91,6 +94,7 @@ class Workspace:
         if self._alloc is not None:
             torch.cuda.synchronize(self.device)  # no kernel or copy still uses the old one
         self._alloc = None
+        self._views.clear()
         buffer = symm_mem.empty(CONTROL_BYTES + size, dtype=torch.uint8, device=self.device)
         handle = symm_mem.rendezvous(buffer, self.group_name)
         # every address, this rank's own included, comes from get_buffer, so that all ranks
@@ -125,14 +129,18 @@ class Workspace:
 
     def peer_data(self, peer: int, shape, dtype: torch.dtype) -> torch.Tensor:
         """Rank ``peer``'s data region as a tensor this rank can copy into (a peer mapping)."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return self._alloc.handle.get_buffer(
-            peer, tuple(shape), dtype, storage_offset=CONTROL_BYTES // itemsize
-        )
+        return self._view(peer, tuple(shape), dtype, CONTROL_BYTES // dtype.itemsize)
 
     def peer_flag(self, peer: int, slot: int, count: int = 1) -> torch.Tensor:
         """Words ``slot`` to ``slot + count`` of rank ``peer``'s flags (int32)."""
-        return self._alloc.handle.get_buffer(peer, (count,), torch.int32, storage_offset=slot)
+        return self._view(peer, (count,), torch.int32, slot)
+
+    def _view(self, peer: int, shape: tuple, dtype: torch.dtype, offset: int) -> torch.Tensor:
+        key = (peer, shape, dtype, offset)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = self._alloc.handle.get_buffer(peer, shape, dtype, storage_offset=offset)
+        return view
 
     # -- protocol steps ---------------------------------------------------------------------------
 
@@ -156,8 +164,11 @@ class Workspace:
         return self.timeouts[1]
 
     def finish(self) -> None:
-        """After the consumer: queue a copy of the timeout words to the host (no sync), so the
-        next call can raise on a wait that gave up in this one."""
+        """After the consumer, every CHECK_EVERY calls: queue a copy of the timeout words to the
+        host (no sync), so that a later call raises on a wait that gave up."""
+        self._calls += 1
+        if self._calls % CHECK_EVERY and self._calls > 1:
+            return
         if torch.cuda.is_current_stream_capturing():
             return
         self._timeouts_host.copy_(self.timeouts, non_blocking=True)
@@ -172,7 +183,7 @@ class Workspace:
         describe_timeouts(self._timeouts_host, self.rank, self.kind)
 
     def check_timeouts(self) -> None:
-        """Synchronizes, then raises ChunkTimeout if any wait of any call gave up so far."""
+        """Synchronizes, then raises ChunkTimeout if any wait of any call so far gave up."""
         torch.cuda.synchronize(self.device)
         describe_timeouts(self.timeouts.cpu(), self.rank, self.kind)
 

@@ -19,6 +19,7 @@ Phases per tile: wait (peer chunk only) -> load -> dot -> (bias) -> store.
 """
 
 import dataclasses
+import functools
 
 import torch
 import triton
@@ -35,13 +36,22 @@ class GemmConfig:
     group_m: int
     num_warps: int
     num_stages: int
+    tma: bool = False  # TMA loads (bf16/fp16 with aligned strides), else pointer loads
+
+    def __str__(self) -> str:
+        return (
+            f"{'tma' if self.tma else 'ptr'}{self.block_m}x{self.block_n}x{self.block_k}"
+            f"w{self.num_warps}s{self.num_stages}"
+        )
 
 
 # 128x256x64, 3 stages, 8 warps: the persistent TMA GEMM that reached 0.92-1.02x cuBLAS in
-# PERF_REFERENCE.md; the others are the smaller neighbours to sweep. Tiny blocks serve tests.
+# PERF_REFERENCE.md, and a smaller neighbour; pointer loads for what TMA cannot take. Tiny blocks
+# serve tests.
 CONFIGS = [
+    GemmConfig(128, 256, 64, 8, 8, 3, tma=True),
+    GemmConfig(128, 128, 64, 8, 4, 4, tma=True),
     GemmConfig(128, 256, 64, 8, 8, 3),
-    GemmConfig(128, 128, 64, 8, 4, 4),
     GemmConfig(64, 128, 64, 8, 4, 4),
 ]
 TEST_CONFIG = GemmConfig(16, 16, 16, 2, 4, 1)
@@ -125,6 +135,131 @@ def all_gather_matmul_consumer_kernel(
         )
 
 
+@triton.jit
+def _proxy_fence(token):
+    """fence.proxy.async.global: TMA (the async proxy) then sees what the acquire made visible.
+    (``token``: any int32 scalar; inline asm wants an operand.)"""
+    tl.inline_asm_elementwise(
+        "fence.proxy.async.global; mov.b32 $0, $1;", "=r,r", [token], dtype=tl.int32,
+        is_pure=False, pack=1,
+    )
+
+
+@triton.jit
+def _tma_mainloop(a_desc, row0, b_desc, col0, K, acc, B_NK: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += A[row0:row0+BM, :] @ B[:, col0:col0+BN] through TMA; B stored [N, K] if B_NK."""
+    for k0 in range(0, K, BLOCK_K):
+        a = a_desc.load([row0, k0])
+        if B_NK:
+            b = b_desc.load([col0, k0]).T
+        else:
+            b = b_desc.load([k0, col0])
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def all_gather_matmul_tma_kernel(
+    a_desc, a_local_desc, b_desc, bias_ptr, c_ptr, flags_ptr, epoch_ptr, timeouts_ptr,
+    rows_per_chunk, N, K, inner, stride_cm, stride_cn,
+    rank, world_size, num_programs,
+    HAS_BIAS: tl.constexpr,
+    B_NK: tl.constexpr,
+    PROXY_FENCE: tl.constexpr,
+    SPIN_LIMIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):  # fmt: skip
+    """The consumer with TMA loads (host-side descriptors): same tile order, waits and output
+    remap as all_gather_matmul_consumer_kernel. Rows past a chunk's end that a tile loads are
+    the next chunk's (or TMA's zeros): they only feed rows that the masked store drops."""
+    pid = tl.program_id(0)
+    epoch = tl.load(epoch_ptr)
+    tiles_m = tl.cdiv(rows_per_chunk, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles_per_chunk = tiles_m * tiles_n
+    for tile in range(pid, tiles_per_chunk * world_size, num_programs):
+        step = tile // tiles_per_chunk
+        chunk = (rank + step) % world_size
+        local = tile % tiles_per_chunk
+        group_size = GROUP_M * tiles_n
+        first_m = (local // group_size) * GROUP_M
+        rows_in_group = tl.minimum(tiles_m - first_m, GROUP_M)
+        tile_m = first_m + (local % group_size) % rows_in_group
+        tile_n = (local % group_size) // rows_in_group
+
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if chunk == rank:
+            acc = _tma_mainloop(a_local_desc, tile_m * BLOCK_M, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K)
+        else:
+            wait_flag(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT)
+            if PROXY_FENCE:
+                _proxy_fence(epoch)
+            acc = _tma_mainloop(
+                a_desc, chunk * rows_per_chunk + tile_m * BLOCK_M, b_desc, tile_n * BLOCK_N, K, acc,
+                B_NK, BLOCK_K,
+            )  # fmt: skip
+
+        offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_mask = offs_m < rows_per_chunk
+        n_mask = offs_n < N
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        out_rows = (offs_m // inner) * (world_size * inner) + chunk * inner + offs_m % inner
+        tl.store(
+            c_ptr + out_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+            acc.to(c_ptr.dtype.element_ty),
+            mask=m_mask[:, None] & n_mask[None, :],
+        )
+
+
+def tma_fits(a: torch.Tensor, mat2: torch.Tensor) -> bool:
+    """TMA needs a unit last stride and 16-byte aligned bases and row strides."""
+    def ok(t):
+        return (
+            t.stride(-1) == 1
+            and (t.stride(0) * t.element_size()) % 16 == 0
+            and t.data_ptr() % 16 == 0
+        )
+    b = mat2.t() if mat2.stride(0) == 1 else mat2
+    return ok(a) and ok(b) and a.dtype in (torch.float16, torch.bfloat16)
+
+
+def launch_tma(a_stacked, a_local, mat2, bias, out, flags, epoch, timeouts, *, rank, world_size, inner, config, num_programs, spin_limit):
+    """One TMA consumer launch (one mat2); the caller checked tma_fits."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    rows, k = a_stacked.shape
+    rows_per_chunk = rows // world_size
+    n = mat2.shape[1]
+    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    b_nk = mat2.stride(0) == 1
+    b_desc = (
+        TensorDescriptor.from_tensor(mat2.t(), [bn, bk]) if b_nk else TensorDescriptor.from_tensor(mat2, [bk, bn])
+    )
+    all_gather_matmul_tma_kernel[(num_programs,)](
+        TensorDescriptor.from_tensor(a_stacked, [bm, bk]), TensorDescriptor.from_tensor(a_local, [bm, bk]),
+        b_desc, bias if bias is not None else out, out, flags, epoch, timeouts,
+        rows_per_chunk, n, k, inner, out.stride(0), out.stride(1),
+        rank, world_size, num_programs,
+        HAS_BIAS=bias is not None, B_NK=b_nk, PROXY_FENCE=a_stacked.is_cuda, SPIN_LIMIT=spin_limit,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+
+
+@functools.cache
+def _sm_count_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    return _sm_count_of(device.index) if device.type == "cuda" else 4
+
+
 class ChunkTimeout(RuntimeError):
     """A consumer gave up waiting for a chunk: names the rank and the chunks."""
 
@@ -188,10 +323,14 @@ def all_gather_matmul_consumer(
     for mat2, bias, out in zip(mat2s, biases, outs):
         n = mat2.shape[1]
         tiles = world_size * triton.cdiv(rows_per_chunk, config.block_m) * triton.cdiv(n, config.block_n)
-        programs = num_programs
-        if programs is None:
-            sms = torch.cuda.get_device_properties(out.device).multi_processor_count if out.is_cuda else 4
-            programs = min(sms, tiles)
+        programs = min(num_programs or _sm_count(out.device), tiles)
+        if config.tma and tile_log is None and tma_fits(a_stacked, mat2) and tma_fits(a_local, mat2):
+            launch_tma(
+                a_stacked, a_local, mat2, bias, out, flags, epoch, timeouts, rank=rank,
+                world_size=world_size, inner=inner, config=config, num_programs=programs,
+                spin_limit=spin_limit,
+            )  # fmt: skip
+            continue
         all_gather_matmul_consumer_kernel[(programs,)](
             a_stacked, a_local, mat2, bias if bias is not None else out, out, flags, epoch,
             timeouts, tile_log if tile_log is not None else timeouts,

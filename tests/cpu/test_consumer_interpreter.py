@@ -2,6 +2,8 @@
 in place, flags preset (or held back). Tile order, flag waits, masking, bias, several mat2s,
 gather dims."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -101,3 +103,17 @@ def test_own_chunk_is_read_in_place_from_a_local():
     outs, timeouts = run_consumer(stacked, mat2s, biases, world, rank, inner, flags, a_local=own)
     assert not timeouts.any()
     _assert_all_close(outs, refs, 1e-5)
+
+
+@pytest.mark.parametrize(
+    "world, shard_shape, gather_dim, ns", [(2, (13, 24), 0, 19), (3, (2, 5, 24), 1, (16, 8)), (4, (9, 40), 0, 24)]
+)
+def test_tma_loads_match_torch(world, shard_shape, gather_dim, ns):
+    """TMA descriptors: rows past a chunk's end and N past the block are dropped by the store."""
+    stacked, mat2s, biases, refs, inner = problem(world, shard_shape, ns, torch.float16, True, gather_dim)
+    assert all(agm.tma_fits(stacked, m) for m in mat2s)
+    flags = torch.full((world,), EPOCH, dtype=torch.int32)
+    config = dataclasses.replace(agm.TEST_CONFIG, tma=True)
+    outs, timeouts = run_consumer(stacked, mat2s, biases, world, 1, inner, flags, config=config, num_programs=3)
+    assert not timeouts.any()
+    _assert_all_close(outs, refs, 1e-2)
