@@ -46,12 +46,13 @@ class GemmConfig:
 
 
 # 128x256x64, 3 stages, 8 warps: the persistent TMA GEMM that reached 0.92-1.02x cuBLAS in
-# PERF_REFERENCE.md, and a smaller neighbour; pointer loads for what TMA cannot take. Tiny blocks
-# serve tests.
+# PERF_REFERENCE.md; 4 stages (196 KiB of shared memory, fits with one main loop); a smaller
+# tile; pointer loads for small problems. Inputs TMA cannot take (fp32, unaligned strides) run a
+# TMA config's blocks with pointer loads. Tiny blocks serve tests.
 CONFIGS = [
     GemmConfig(128, 256, 64, 8, 8, 3, tma=True),
+    GemmConfig(128, 256, 64, 8, 8, 4, tma=True),
     GemmConfig(128, 128, 64, 8, 4, 4, tma=True),
-    GemmConfig(128, 256, 64, 8, 8, 3),
     GemmConfig(64, 128, 64, 8, 4, 4),
 ]
 TEST_CONFIG = GemmConfig(16, 16, 16, 2, 4, 1)
@@ -190,17 +191,18 @@ def all_gather_matmul_tma_kernel(
         tile_m = first_m + (local % group_size) % rows_in_group
         tile_n = (local % group_size) // rows_in_group
 
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        # one main loop for both sources (two would each get their own pipeline buffers)
         if chunk == rank:
-            acc = _tma_mainloop(a_local_desc, tile_m * BLOCK_M, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K)
+            a_source = a_local_desc
+            row0 = tile_m * BLOCK_M
         else:
             wait_flag(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT)
             if PROXY_FENCE:
                 _proxy_fence(epoch)
-            acc = _tma_mainloop(
-                a_desc, chunk * rows_per_chunk + tile_m * BLOCK_M, b_desc, tile_n * BLOCK_N, K, acc,
-                B_NK, BLOCK_K,
-            )  # fmt: skip
+            a_source = a_desc
+            row0 = chunk * rows_per_chunk + tile_m * BLOCK_M
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = _tma_mainloop(a_source, row0, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K)
 
         offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -331,6 +333,7 @@ def all_gather_matmul_consumer(
                 spin_limit=spin_limit,
             )  # fmt: skip
             continue
+        pointer_config = dataclasses.replace(config, tma=False, num_stages=min(config.num_stages, 3))
         all_gather_matmul_consumer_kernel[(programs,)](
             a_stacked, a_local, mat2, bias if bias is not None else out, out, flags, epoch,
             timeouts, tile_log if tile_log is not None else timeouts,
@@ -342,12 +345,12 @@ def all_gather_matmul_consumer(
             LOG_TILES=tile_log is not None,
             FP32_IEEE=a_stacked.dtype == torch.float32,
             SPIN_LIMIT=spin_limit,
-            BLOCK_M=config.block_m,
-            BLOCK_N=config.block_n,
-            BLOCK_K=config.block_k,
-            GROUP_M=config.group_m,
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
+            BLOCK_M=pointer_config.block_m,
+            BLOCK_N=pointer_config.block_n,
+            BLOCK_K=pointer_config.block_k,
+            GROUP_M=pointer_config.group_m,
+            num_warps=pointer_config.num_warps,
+            num_stages=pointer_config.num_stages,
         )  # fmt: skip
     return outs
 
