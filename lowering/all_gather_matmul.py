@@ -48,8 +48,7 @@ def _push_chunks(ws: symm.Workspace, flat: torch.Tensor, stacked_shape) -> None:
     rows = flat.shape[0]
     for step in range(1, ws.world_size):
         peer, _ = schedule.all_gather_peers(ws.rank, ws.world_size, step)
-        peer_stacked = ws.peer_data(peer, stacked_shape, flat.dtype)
-        peer_stacked[ws.rank * rows : (ws.rank + 1) * rows].copy_(flat)
+        ws.peer_rows(peer, stacked_shape, flat.dtype, ws.rank * rows, (ws.rank + 1) * rows).copy_(flat)
         ws.signal_peer(peer)
 
 

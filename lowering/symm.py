@@ -131,6 +131,14 @@ class Workspace:
         """Rank ``peer``'s data region as a tensor this rank can copy into (a peer mapping)."""
         return self._view(peer, tuple(shape), dtype, CONTROL_BYTES // dtype.itemsize)
 
+    def peer_rows(self, peer: int, shape, dtype: torch.dtype, start: int, stop: int) -> torch.Tensor:
+        """Rows start:stop of ``peer_data(peer, shape, dtype)`` (cached: built once per shape)."""
+        key = ("rows", peer, tuple(shape), dtype, start, stop)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = self.peer_data(peer, shape, dtype)[start:stop]
+        return view
+
     def peer_flag(self, peer: int, slot: int, count: int = 1) -> torch.Tensor:
         """Words ``slot`` to ``slot + count`` of rank ``peer``'s flags (int32)."""
         return self._view(peer, (count,), torch.int32, slot)

@@ -52,6 +52,49 @@ def _rel(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+def _time(runners: dict, args, device, per_round=None) -> dict:
+    """Per runner: the slowest rank's median over rounds of the mean time of one call (µs).
+    Rounds interleave the runners; each round starts from an idle GPU on every rank."""
+    per_round = per_round or args.calls
+    samples = {v: [] for v in runners}
+    for round_ in range(args.warmup + args.rounds):
+        for vname, fn in runners.items():
+            torch.cuda.synchronize(device)
+            dist.barrier()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(per_round):
+                fn()
+            end.record()
+            if round_ >= args.warmup:
+                samples[vname].append((start, end))
+    torch.cuda.synchronize(device)
+    return {
+        v: _slowest(statistics.median(s.elapsed_time(e) * 1e3 / args.calls for s, e in pairs), device)
+        for v, pairs in samples.items()
+    }
+
+
+def _captured(variants: dict, calls: int) -> dict:
+    """Each variant's ``calls`` calls captured in one CUDA graph (host time out of the
+    picture); a variant that cannot be captured is left out on every rank."""
+    graphs = {}
+    for vname, fn in variants.items():
+        graph = torch.cuda.CUDAGraph()
+        ok = torch.ones(1, device="cuda")
+        try:
+            with torch.cuda.graph(graph):
+                for _ in range(calls):
+                    fn()
+        except Exception as e:
+            print(f"rank {dist.get_rank()}: {vname} cannot be captured: {str(e)[:200]}", flush=True)
+            ok.zero_()
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        if ok.item():
+            graphs[vname] = graph.replay
+    return graphs
+
+
 def bench_shape(name, m, k, n, args, device, group_name) -> dict:
     from overlap_pass.lowering import all_gather_matmul as agm
 
@@ -89,23 +132,8 @@ def bench_shape(name, m, k, n, args, device, group_name) -> dict:
         "torch_async_tp": _rel(torch_async_tp()[1][0], reference),
         "overlap": _rel(op()[1][0], reference),  # first call: the per-shape choice happens here
     }
-    samples = {v: [] for v in variants}
-    for round_ in range(args.warmup + args.rounds):
-        for vname, fn in variants.items():
-            torch.cuda.synchronize(device)
-            dist.barrier()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(args.calls):
-                fn()
-            end.record()
-            if round_ >= args.warmup:
-                samples[vname].append((start, end))
-    torch.cuda.synchronize(device)
-    us = {
-        v: _slowest(statistics.median(s.elapsed_time(e) * 1e3 / args.calls for s, e in pairs), device)
-        for v, pairs in samples.items()
-    }
+    us = _time(variants, args, device)
+    us_graph = _time(_captured(variants, args.calls), args, device, per_round=1) if args.graph else None
     from overlap_pass.lowering import choose, dispatch
 
     key = choose.shape_key(
@@ -119,7 +147,7 @@ def bench_shape(name, m, k, n, args, device, group_name) -> dict:
         return (us["nccl_cublas"] - t) / saveable if saveable > 0 else float("nan")
 
     return {
-        "shape": name, "M": m, "K": k, "N": n, "world": world, "us": us, "ideal": ideal,
+        "shape": name, "M": m, "K": k, "N": n, "world": world, "us": us, "us_graph": us_graph, "ideal": ideal,
         "chosen": chosen,
         "hidden_overlap": hidden(us["overlap"]), "hidden_torch_async_tp": hidden(us["torch_async_tp"]),
         "speedup_overlap": us["nccl_cublas"] / us["overlap"],
@@ -143,6 +171,17 @@ def table(rows: list[dict]) -> str:
             f"| {r['speedup_overlap']:.2f}x | {us['torch_async_tp'] / us['overlap']:.2f}x "
             f"| {r['hidden_overlap']:.0%} / {r['hidden_torch_async_tp']:.0%} | {r['chosen']} | {others} |"
         )
+    return "\n".join(lines)
+
+
+def graph_table(rows: list[dict]) -> str:
+    """The CUDA-graph replay times: what the GPU does, without the host's launch time."""
+    names = [v for v in rows[0]["us_graph"]]
+    head = "| shape | " + " | ".join(names) + " |"
+    lines = [head, "|" + "---|" * (len(names) + 1)]
+    for r in rows:
+        g = r["us_graph"]
+        lines.append(f"| {r['shape']} | " + " | ".join(f"{g[n]:.0f}" if n in g else "-" for n in names) + " |")
     return "\n".join(lines)
 
 
@@ -177,6 +216,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--extra-ms", action="store_true", help="also M=2048 and M=16384 per shape")
     parser.add_argument("--only", default=None, help="shapes whose name contains this")
+    parser.add_argument("--graph", action="store_true", help="also time each variant replayed from a CUDA graph")
     args = parser.parse_args()
 
     import overlap_pass  # noqa: F401  (registers the ops)
@@ -215,6 +255,9 @@ def main() -> None:
                 print("matplotlib is not installed: no chart")
         print(json.dumps(meta))
         print(table(rows))
+        if args.graph:
+            print("\nCUDA graph replay, us per call:")
+            print(graph_table(rows))
     dist.destroy_process_group()
 
 

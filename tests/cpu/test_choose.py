@@ -1,0 +1,41 @@
+"""lowering/choose.py without GPUs: forced implementations, the cache file, the key."""
+
+import json
+
+import pytest
+import torch
+
+from overlap_pass import config
+from overlap_pass.lowering import choose
+
+VARIANTS = {"fused:tma128x256x64w8s3": None, "fused:ptr64x128x64w4s4": None, "copy_engine_cublas": None, "nccl_cublas": None}
+
+
+def test_a_forced_implementation_needs_no_measurement():
+    with config.patch(implementation="fused"):
+        assert choose.choose("k", VARIANTS, (), group=None, device=None) == "fused:tma128x256x64w8s3"
+    with config.patch(implementation="copy_engine_cublas"):
+        assert choose.choose("k", VARIANTS, (), group=None, device=None) == "copy_engine_cublas"
+    with config.patch(implementation="nccl"), pytest.raises(ValueError, match="is not one of"):
+        choose.choose("k", VARIANTS, (), group=None, device=None)
+
+
+def test_choices_are_cached_on_disk(tmp_path):
+    path = tmp_path / "sub" / "choices.json"
+    with config.patch(choice_cache=str(path)):
+        assert choose.cached_choice("shape A") is None
+        choose._store("shape A", {"choice": "copy_engine_cublas", "times_us": {"nccl_cublas": 10.0}})
+        choose._store("shape B", {"choice": "nccl_cublas", "times_us": {}})
+        assert choose.cached_choice("shape A") == "copy_engine_cublas"
+        assert set(json.loads(path.read_text())) == {"shape A", "shape B"}
+    path.write_text("not json")
+    with config.patch(choice_cache=str(path)):
+        assert choose.load_cache() == {}  # a broken cache is ignored, not fatal
+
+
+def test_the_key_names_everything_the_choice_depends_on():
+    shapes = {"shard": [2048, 4096], "gather_dim": 0, "mat2s": [[4096, 1536, "t"]], "bias": [False]}
+    key = choose.shape_key("all_gather_matmul", 4, shapes, torch.bfloat16)
+    for part in ("all_gather_matmul", "W4", "shard=[2048, 4096]", "mat2s=[[4096, 1536, 't']]", "bfloat16", "torch "):
+        assert part in key
+    assert key != choose.shape_key("all_gather_matmul", 2, shapes, torch.bfloat16)
