@@ -230,6 +230,11 @@ def main() -> None:
 
     if hasattr(symm_mem, "enable_symm_mem_for_group"):
         symm_mem.enable_symm_mem_for_group(group_name)  # torch's async TP needs it on 2.11
+    meta = {
+        "device": torch.cuda.get_device_name(), "world": dist.get_world_size(),
+        "torch": torch.__version__, "triton": __import__("triton").__version__,
+        "rounds": args.rounds, "calls": args.calls,
+    }  # fmt: skip
     rows = []
     for name, m, k, n in shapes_for(dist.get_world_size(), args.extra_ms):
         if args.only and args.only not in name:
@@ -240,14 +245,9 @@ def main() -> None:
             print(f"{name}: overlap {r['us']['overlap']:.0f} us ({r['chosen']}), NCCL+cuBLAS "
                   f"{r['us']['nccl_cublas']:.0f}, async TP {r['us']['torch_async_tp']:.0f}, "
                   f"errors {r['rel_error']}", flush=True)  # fmt: skip
+            with open(args.out, "w") as f:  # after every shape: a cut-off run keeps its rows
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
     if dist.get_rank() == 0:
-        meta = {
-            "device": torch.cuda.get_device_name(), "world": dist.get_world_size(),
-            "torch": torch.__version__, "triton": __import__("triton").__version__,
-            "rounds": args.rounds, "calls": args.calls,
-        }  # fmt: skip
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
         if args.png:
             try:
                 chart(rows, args.png)
