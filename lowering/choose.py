@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import os
+import random
 import statistics
 import time
 
@@ -110,8 +111,11 @@ def _measure(variants: dict, args: tuple, group, device) -> dict[str, float]:
             log.warning("overlap: variant %s failed: %s", name, e)
             usable[name] = False
     samples = {name: [] for name in names}
+    order = list(names)
+    shuffle = random.Random(0)  # the same order on every rank
     for round_ in range(WARMUP + ROUNDS):
-        for name in names:
+        shuffle.shuffle(order)  # no variant always runs right after the same one
+        for name in order:
             if not usable[name]:
                 continue
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -14,6 +14,7 @@ the slowest rank. ideal = max(mm, all-gather); hidden = (NCCL+cuBLAS - overlap) 
 import argparse
 import json
 import os
+import random
 import statistics
 
 for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
@@ -54,11 +55,16 @@ def _rel(a, b) -> float:
 
 def _time(runners: dict, args, device, per_round=None) -> dict:
     """Per runner: the slowest rank's median over rounds of the mean time of one call (µs).
-    Rounds interleave the runners; each round starts from an idle GPU on every rank."""
+    Rounds interleave the runners in a shuffled order; each runner starts from an idle GPU on
+    every rank."""
     per_round = per_round or args.calls
     samples = {v: [] for v in runners}
+    order = list(runners)
+    shuffle = random.Random(0)  # the same order on every rank
     for round_ in range(args.warmup + args.rounds):
-        for vname, fn in runners.items():
+        shuffle.shuffle(order)  # no variant always follows the same one
+        for vname in order:
+            fn = runners[vname]
             torch.cuda.synchronize(device)
             dist.barrier()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -215,7 +221,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--extra-ms", action="store_true", help="also M=2048 and M=16384 per shape")
-    parser.add_argument("--only", default=None, help="shapes whose name contains this")
+    parser.add_argument("--only", default=None, help="shapes whose name contains one of these (comma-separated)")
     parser.add_argument("--graph", action="store_true", help="also time each variant replayed from a CUDA graph")
     args = parser.parse_args()
 
@@ -237,7 +243,7 @@ def main() -> None:
     }  # fmt: skip
     rows = []
     for name, m, k, n in shapes_for(dist.get_world_size(), args.extra_ms):
-        if args.only and args.only not in name:
+        if args.only and not any(part in name for part in args.only.split(",")):
             continue
         rows.append(bench_shape(name, m, k, n, args, device, group_name))
         if dist.get_rank() == 0:
