@@ -2,7 +2,7 @@
 cached in memory and on disk.
 
 At the first call of a shape every rank runs every variant on the call's own inputs, interleaved
-(rounds of one call each, so drift hits all variants alike). A variant whose outputs differ from
+(rounds of SAMPLE_CALLS calls each, in a shuffled order, so drift hits all variants alike). A variant whose outputs differ from
 NCCL + cuBLAS's beyond rounding, or that raises, is out. Times are reduced to the slowest rank's,
 rank 0 picks the fastest and broadcasts its name, so every rank runs the same variant: the
 baseline is always a candidate, so the pick is never slower than it, as measured.
@@ -28,6 +28,7 @@ log = logging.getLogger("overlap_pass")
 BASELINE = "nccl_cublas"
 ROUNDS = 15
 WARMUP = 2
+SAMPLE_CALLS = 3  # back-to-back calls per sample: closer to a model's steady state than one
 
 # (key string) -> {"choice": name, "times_us": {...}}: the choices of this process
 CHOICES: dict[str, dict] = {}
@@ -120,14 +121,15 @@ def _measure(variants: dict, args: tuple, group, device) -> dict[str, float]:
                 continue
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            variants[name](*args)
+            for _ in range(SAMPLE_CALLS):
+                variants[name](*args)
             end.record()
             if round_ >= WARMUP:
                 samples[name].append((start, end))
     torch.cuda.synchronize(device)
     local = torch.tensor(
         [
-            statistics.median(s.elapsed_time(e) * 1e3 for s, e in samples[n]) if usable[n] else float("inf")
+            statistics.median(s.elapsed_time(e) * 1e3 / SAMPLE_CALLS for s, e in samples[n]) if usable[n] else float("inf")
             for n in names
         ],
         dtype=torch.float64,
