@@ -102,3 +102,11 @@ def test_reference_against_torch_distributed(gloo_world, world_size):
 
 def test_reference_reduce_scatter_is_deterministic(gloo_world):
     assert all(gloo_world(3).run(op_cases.deterministic_reduce_scatter))
+
+
+def test_cuda_tensors_dispatch_to_the_lowering():
+    """all_gather_matmul has a CUDA kernel of its own (lowering/dispatch.py); the reduce-scatter
+    runs its reference decomposition everywhere until its GPU kernel lands."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    assert has("overlap::all_gather_matmul", "CUDA")
+    assert not has("overlap::matmul_reduce_scatter", "CUDA")
