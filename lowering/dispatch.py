@@ -29,7 +29,8 @@ def all_gather_matmul_shapes(shard_shape, mat2s, biases, gather_dim) -> dict:
 
 
 def _symmetric_memory_usable(group) -> bool:
-    return group.size() > 1 and str(dist.get_backend(group)) == "nccl"
+    # "nccl", or "cpu:gloo,cuda:nccl" for a group made without naming a backend
+    return group.size() > 1 and "nccl" in str(dist.get_backend(group))
 
 
 # (shapes, strides, dtype, dims, group, implementation) of a call -> the variant it runs, so
