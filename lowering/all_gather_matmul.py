@@ -86,13 +86,16 @@ def fused(shard, mat2s, biases, gather_dim, world_size, group_name, return_gathe
     ws, stacked, shard, flat, inner, gathered_shape, outs = _start(
         shard, mat2s, gather_dim, world_size, group_name
     )
-    consumer.all_gather_matmul_consumer(
-        stacked, list(mat2s), list(biases), [o.view(-1, o.shape[-1]) for o in outs],
-        ws.flags, ws.epoch, rank=ws.rank, world_size=world_size, inner=inner, a_local=flat,
-        config=gemm_config or consumer.CONFIGS[0], num_programs=None,
-        spin_limit=config.spin_limit, timeouts=ws.chunk_timeouts,
-    )  # fmt: skip
-    gathered = _finish(ws, shard, stacked, flat, gather_dim, gathered_shape, return_gathered)
+    try:
+        consumer.all_gather_matmul_consumer(
+            stacked, list(mat2s), [None if b is None else b.contiguous() for b in biases],
+            [o.view(-1, o.shape[-1]) for o in outs], ws.flags, ws.epoch, rank=ws.rank,
+            world_size=world_size, inner=inner, a_local=flat,
+            config=gemm_config or consumer.CONFIGS[0], num_programs=None,
+            spin_limit=config.spin_limit, timeouts=ws.chunk_timeouts,
+        )  # fmt: skip
+    finally:  # joined even when the launch fails: the next call must not overtake the pushes
+        gathered = _finish(ws, shard, stacked, flat, gather_dim, gathered_shape, return_gathered)
     return gathered, outs
 
 
@@ -100,8 +103,18 @@ def copy_engine_cublas(shard, mat2s, biases, gather_dim, world_size, group_name,
     ws, stacked, shard, flat, inner, gathered_shape, outs = _start(
         shard, mat2s, gather_dim, world_size, group_name
     )
-    rows = flat.shape[0]
-    for chunk in schedule.all_gather_order(ws.rank, world_size):
+    try:
+        _per_chunk_cublas(ws, stacked, flat, mat2s, biases, outs, gather_dim)
+    finally:  # joined even when a matmul fails: the next call must not overtake the pushes
+        gathered = _finish(ws, shard, stacked, flat, gather_dim, gathered_shape, return_gathered)
+    return gathered, outs
+
+
+def _per_chunk_cublas(ws, stacked, flat, mat2s, biases, outs, gather_dim):
+    """Main stream: per chunk in arrival order, wait for its flag (one-program kernel), then
+    its cuBLAS matmuls into the chunk's rows of each output."""
+    rows, world = flat.shape[0], ws.world_size
+    for chunk in schedule.all_gather_order(ws.rank, world):
         if chunk == ws.rank:
             a = flat
         else:
@@ -111,7 +124,7 @@ def copy_engine_cublas(shard, mat2s, biases, gather_dim, world_size, group_name,
             )  # fmt: skip
             a = stacked[chunk * rows : (chunk + 1) * rows]
         for out, mat2, bias in zip(outs, mat2s, biases):
-            target = schedule.chunk(out, gather_dim, chunk, world_size)
+            target = schedule.chunk(out, gather_dim, chunk, world)
             if gather_dim == 0:
                 target = target.view(rows, -1)  # contiguous rows: cuBLAS writes in place
                 if bias is None:
@@ -120,8 +133,6 @@ def copy_engine_cublas(shard, mat2s, biases, gather_dim, world_size, group_name,
                     torch.addmm(bias, a, mat2, out=target)
             else:
                 target.copy_((a @ mat2 if bias is None else torch.addmm(bias, a, mat2)).view(target.shape))
-    gathered = _finish(ws, shard, stacked, flat, gather_dim, gathered_shape, return_gathered)
-    return gathered, outs
 
 
 def nccl_cublas(shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False):

@@ -32,6 +32,9 @@ SAMPLE_CALLS = 3  # back-to-back calls per sample: closer to a model's steady st
 
 # (key string) -> {"choice": name, "times_us": {...}}: the choices of this process
 CHOICES: dict[str, dict] = {}
+# (group name, key) -> name: what each group decided, collectively (a rank in two groups with the
+# same shapes must not skip a measurement its peers in the other group run)
+_DECIDED: dict[tuple[str, str], str] = {}
 
 
 @functools.cache
@@ -57,9 +60,12 @@ def _cache_path() -> str:
 def load_cache() -> dict:
     try:
         with open(_cache_path()) as f:
-            return json.load(f)
+            table = json.load(f)
     except (OSError, ValueError):
         return {}
+    if not isinstance(table, dict):
+        return {}
+    return {k: v for k, v in table.items() if isinstance(v, dict) and isinstance(v.get("choice"), str)}
 
 
 def cached_choice(key: str) -> str | None:
@@ -111,6 +117,10 @@ def _measure(variants: dict, args: tuple, group, device) -> dict[str, float]:
         except Exception as e:  # a config that does not compile or fit: not a candidate
             log.warning("overlap: variant %s failed: %s", name, e)
             usable[name] = False
+    # a variant is out for every rank if it is out for one, so that all time the same ones
+    agreed = torch.tensor([float(usable[n]) for n in names], device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=group)
+    usable = {n: bool(v) for n, v in zip(names, agreed.tolist())}
     samples = {name: [] for name in names}
     order = list(names)
     shuffle = random.Random(0)  # the same order on every rank
@@ -149,8 +159,9 @@ def choose(key: str, variants: dict, args: tuple, group, device) -> str:
         if not matches:
             raise ValueError(f"overlap: implementation {forced!r} is not one of {sorted(variants)}")
         return matches[0]
-    if key in CHOICES:
-        return CHOICES[key]["choice"]
+    decided = _DECIDED.get((group.group_name, key))
+    if decided is not None:
+        return decided
     if torch.cuda.is_current_stream_capturing():
         # nothing can be measured or broadcast inside a capture; the same answer on every rank
         log.warning("overlap: first call of %s inside a CUDA graph capture: running %s", key, BASELINE)
@@ -161,6 +172,7 @@ def choose(key: str, variants: dict, args: tuple, group, device) -> str:
     found = _broadcast_name(found, names, group, device)
     if found is not None:
         CHOICES[key] = {"choice": found, "source": "cache"}
+        _DECIDED[(group.group_name, key)] = found
         return found
     begin = time.perf_counter()
     times = _measure(variants, args, group, device)
@@ -168,6 +180,7 @@ def choose(key: str, variants: dict, args: tuple, group, device) -> str:
     best = _broadcast_name(best, names, group, device)
     entry = {"choice": best, "times_us": {n: round(t, 1) for n, t in times.items()}}
     CHOICES[key] = {**entry, "source": "measured"}
+    _DECIDED[(group.group_name, key)] = best
     if rank == 0:
         _store(key, entry)
     log.info(

@@ -41,7 +41,8 @@ _RESOLVED: dict[tuple, str] = {}
 def all_gather_matmul(shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False):
     fast_key = (
         shard.shape, shard.stride(), shard.dtype, shard.device, gather_dim, world_size, group_name,
-        tuple((m.shape, m.stride()) for m in mat2s), tuple(b is None for b in biases),
+        tuple((m.shape, m.stride(), m.dtype) for m in mat2s),
+        tuple(None if b is None else (b.shape, b.stride(), b.dtype) for b in biases),
         config.implementation,
     )  # fmt: skip
     name = _RESOLVED.get(fast_key)
@@ -50,6 +51,10 @@ def all_gather_matmul(shard, mat2s, biases, gather_dim, world_size, group_name, 
     dim = ops._check_all_gather_matmul(shard, mat2s, biases, gather_dim, world_size)
     args = (shard, mat2s, biases, dim, world_size, group_name, return_gathered)
     group = _resolve_process_group(group_name)
+    torch._check(
+        group.size() == world_size,
+        lambda: f"group {group_name} has {group.size()} ranks, the op was given {world_size}",
+    )
     if config.implementation == "reference" or not _symmetric_memory_usable(group):
         return ops.all_gather_matmul_reference(*args)
     key = choose.shape_key(

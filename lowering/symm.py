@@ -72,6 +72,8 @@ class Workspace:
         self._timeouts_host = torch.zeros_like(self.timeouts, device="cpu").pin_memory()
         self._timeouts_copied: torch.cuda.Event | None = None
         self._alloc: _Allocation | None = None
+        # allocations outgrown, kept: a captured CUDA graph may still hold their addresses
+        self._retired: list[_Allocation] = []
         self._views: dict[tuple, torch.Tensor] = {}  # get_buffer views, made once (host time)
         self._calls = 0
 
@@ -92,16 +94,19 @@ class Workspace:
 
         size = _next_power_of_two(max(data_bytes, MIN_DATA_BYTES))
         if self._alloc is not None:
-            torch.cuda.synchronize(self.device)  # no kernel or copy still uses the old one
+            self._retired.append(self._alloc)
         self._alloc = None
         self._views.clear()
         buffer = symm_mem.empty(CONTROL_BYTES + size, dtype=torch.uint8, device=self.device)
         handle = symm_mem.rendezvous(buffer, self.group_name)
         # every address, this rank's own included, comes from get_buffer, so that all ranks
         # agree on where each word is whatever offset the allocation has inside its pool
-        handle.get_buffer(self.rank, (CONTROL_BYTES,), torch.uint8).zero_()
-        self.epoch.zero_()
         world = self.world_size
+        # flags and pads start at the current epoch, not 0: the epoch is never reset (a graph
+        # captured before this growth keeps counting from it) and comparisons are wrap-safe
+        # only between values less than 2**31 apart
+        handle.get_buffer(self.rank, (CONTROL_BYTES,), torch.uint8).zero_()
+        handle.get_buffer(self.rank, (2 * world,), torch.int32).copy_(self.epoch.expand(2 * world))
         pad_ptrs = torch.tensor(
             [handle.get_buffer(p, (world,), torch.int32, storage_offset=world).data_ptr() for p in range(world)],
             dtype=torch.int64,

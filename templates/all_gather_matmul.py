@@ -103,9 +103,9 @@ def all_gather_matmul_consumer_kernel(
         m_mask = offs_m < rows_per_chunk
         n_mask = offs_n < N
         if chunk == rank:
-            a_base = a_local_ptr + offs_m[:, None] * stride_am
+            a_base = a_local_ptr + offs_m.to(tl.int64)[:, None] * stride_am
         else:
-            a_base = a_ptr + (chunk * rows_per_chunk + offs_m)[:, None] * stride_am
+            a_base = a_ptr + (chunk * rows_per_chunk + offs_m).to(tl.int64)[:, None] * stride_am
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -128,7 +128,8 @@ def all_gather_matmul_consumer_kernel(
             acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
 
         # store, at the rows the gather along gather_dim gives them
-        out_rows = (offs_m // inner) * (world_size * inner) + chunk * inner + offs_m % inner
+        # int64: a gathered output can pass 2**31 elements
+        out_rows = ((offs_m // inner) * (world_size * inner) + chunk * inner + offs_m % inner).to(tl.int64)
         tl.store(
             c_ptr + out_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn,
             acc.to(c_ptr.dtype.element_ty),
@@ -210,7 +211,8 @@ def all_gather_matmul_tma_kernel(
         n_mask = offs_n < N
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        out_rows = (offs_m // inner) * (world_size * inner) + chunk * inner + offs_m % inner
+        # int64: a gathered output can pass 2**31 elements
+        out_rows = ((offs_m // inner) * (world_size * inner) + chunk * inner + offs_m % inner).to(tl.int64)
         tl.store(
             c_ptr + out_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn,
             acc.to(c_ptr.dtype.element_ty),

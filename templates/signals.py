@@ -1,9 +1,11 @@
 """Device-side protocol helpers: wait for a chunk's progress flag.
 
-Flags are uint32 words that a producer (the copy engine's stream write, or a kernel) sets to the
-call's epoch once a chunk has landed; epochs only grow, so flags are never reset. Every wait is
-bounded: after ``spin_limit`` polls it records the chunk it gave up on, so the host can name the
-rank and chunk instead of hanging the GPU.
+Flags are int32 words that a producer (a copy of the epoch after the chunk's data, or a kernel)
+sets to the call's epoch once a chunk has landed; epochs only grow, so flags are never reset.
+Comparisons are wrap-safe ((value - epoch) < 0 in int32), so a counter that passes 2**31 calls
+keeps working. Every wait is bounded: after ``spin_limit`` polls it writes the call's epoch into
+the timeout word of the chunk (or rank) it gave up on, so the host can name them instead of
+hanging the GPU.
 """
 
 import triton
@@ -11,19 +13,27 @@ import triton.language as tl
 
 
 @triton.jit
+def _behind(value, epoch):
+    """value < epoch for epochs that wrap around int32 (as long as they are < 2**31 apart)."""
+    return (value - epoch) < 0
+
+
+@triton.jit
 def wait_flag(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT: tl.constexpr):
     """wait(flags[chunk] >= epoch, scope=sys, sem=acquire), at most SPIN_LIMIT polls.
 
     An acquire read (atomic add of 0), so that every load after it sees the chunk's
-    data; on giving up, timeouts[chunk] = 1 (relaxed) and the caller goes on. A chunk already
-    given up on is not waited for again, so a lost peer costs one spin, not one per tile."""
-    polls = tl.load(timeouts_ptr + chunk, volatile=True) * SPIN_LIMIT
+    data; on giving up, timeouts[chunk] = epoch (relaxed) and the caller goes on. A chunk given
+    up on in this call is not waited for again by later tiles, so a lost peer costs one spin per
+    call, not one per tile; the next call waits afresh."""
+    given_up = tl.load(timeouts_ptr + chunk, volatile=True) == epoch
+    polls = given_up.to(tl.int32) * SPIN_LIMIT
     value = tl.atomic_add(flags_ptr + chunk, 0, sem="acquire", scope="sys")
-    while (value.to(tl.int64) < epoch) & (polls < SPIN_LIMIT):
+    while _behind(value, epoch) & (polls < SPIN_LIMIT):
         value = tl.atomic_add(flags_ptr + chunk, 0, sem="acquire", scope="sys")
         polls += 1
-    if value.to(tl.int64) < epoch:
-        tl.atomic_xchg(timeouts_ptr + chunk, 1, sem="relaxed", scope="gpu")
+    if _behind(value, epoch):
+        tl.atomic_xchg(timeouts_ptr + chunk, epoch, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -37,23 +47,23 @@ def barrier_kernel(
     ``pad_ptrs_ptr``: int64 addresses of each rank's pad, W int32 words in symmetric memory;
     rank p writes slot ``rank`` of every pad. Values are epochs, which only grow, so pads are
     never reset and a CUDA-graph replay advances them too. On giving up after SPIN_LIMIT polls,
-    timeouts[p] = 1 for each rank p that never arrived."""
+    timeouts[p] = epoch for each rank p that never arrived."""
     epoch = tl.load(epoch_ptr) + 1
     tl.store(epoch_ptr, epoch)
     ranks = tl.arange(0, BLOCK_W)
     live = ranks < world_size
     pads = tl.load(pad_ptrs_ptr + ranks, mask=live, other=0).to(tl.pointer_type(tl.int32))
     # release: every write this rank made before the barrier is visible to a peer that sees it
-    tl.atomic_max(pads + rank, epoch, mask=live, sem="release", scope="sys")
+    tl.atomic_xchg(pads + rank, epoch, mask=live, sem="release", scope="sys")
     own = tl.load(pad_ptrs_ptr + rank).to(tl.pointer_type(tl.int32))
     seen = tl.atomic_add(own + ranks, 0, mask=live, sem="acquire", scope="sys")
-    missing = tl.sum(((seen < epoch) & live).to(tl.int32), axis=0)
+    missing = tl.sum((_behind(seen, epoch) & live).to(tl.int32), axis=0)
     polls = 0
     while (missing > 0) & (polls < SPIN_LIMIT):
         seen = tl.atomic_add(own + ranks, 0, mask=live, sem="acquire", scope="sys")
-        missing = tl.sum(((seen < epoch) & live).to(tl.int32), axis=0)
+        missing = tl.sum((_behind(seen, epoch) & live).to(tl.int32), axis=0)
         polls += 1
-    tl.store(timeouts_ptr + ranks, 1, mask=live & (seen < epoch))
+    tl.store(timeouts_ptr + ranks, epoch, mask=live & _behind(seen, epoch))
 
 
 @triton.jit

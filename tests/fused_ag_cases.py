@@ -26,9 +26,13 @@ def _group_name() -> str:
     return dist.group.WORLD.group_name
 
 
+def _shard_of(rank, shape, dtype, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed * 1000 + rank)
+    return torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
+
+
 def _problem(shape, gather_dim, ns, bias, dtype, seed):
-    gen = torch.Generator(device="cuda").manual_seed(seed * 1000 + dist.get_rank())
-    shard = torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
+    shard = _shard_of(dist.get_rank(), shape, dtype, seed)
     shared = torch.Generator(device="cuda").manual_seed(seed)  # weights equal on every rank
     k = shape[-1]
     mat2s = [torch.randn(n, k, device="cuda", dtype=dtype, generator=shared).t() / k**0.5 for n in ns]
@@ -44,6 +48,17 @@ def _reference(shard, mat2s, biases, gather_dim):
     flat = gathered.reshape(-1, shard.shape[-1]).float()
     outs = [flat @ m.float() + (b.float() if b is not None else 0) for m, b in zip(mat2s, biases)]
     return gathered, [o.view(list(gathered.shape[:-1]) + [o.shape[-1]]) for o in outs]
+
+
+def _local_reference(shape, gather_dim, ns, bias, dtype, seed):
+    """The reference outputs without a collective: every rank's shard regenerated from its seed,
+    so that calls under test are not re-synchronized by a reference all-gather in between."""
+    shards = [_shard_of(r, shape, dtype, seed) for r in range(dist.get_world_size())]
+    _, mat2s, biases = _problem(shape, gather_dim, ns, bias, dtype, seed)
+    gathered = torch.cat(shards, dim=gather_dim)
+    flat = gathered.reshape(-1, shape[-1]).float()
+    outs = [flat @ m.float() + (b.float() if b is not None else 0) for m, b in zip(mat2s, biases)]
+    return [o.view(list(gathered.shape[:-1]) + [o.shape[-1]]) for o in outs]
 
 
 def _poison_workspace():
@@ -88,15 +103,15 @@ def every_variant_matches(dtype, seed=0) -> int:
 
 
 def back_to_back(calls: int, seed=0) -> int:
-    """``calls`` calls in a row through the op (the per-shape choice included), shapes and
-    variants changing from call to call, no sync in between; errors checked at the end."""
+    """``calls`` calls in a row, shapes and variants changing from call to call, with no sync
+    and no collective in between (references are computed locally); errors checked at the end."""
     world = dist.get_world_size()
     names = list(agm.variants())
     errors, labels = [], []
     for call in range(calls):
         shape, gather_dim, ns, bias = SHAPES[call % len(SHAPES)]
         shard, mat2s, biases = _problem(shape, gather_dim, ns, bias, torch.bfloat16, seed + call)
-        _, refs = _reference(shard, mat2s, biases, gather_dim)
+        refs = _local_reference(shape, gather_dim, ns, bias, torch.bfloat16, seed + call)
         name = names[(call // len(SHAPES)) % len(names)]
         _, outs = agm.variants()[name](shard, mat2s, biases, gather_dim, world, _group_name())
         errors += [_error(o, r) for o, r in zip(outs, refs)]
@@ -183,3 +198,17 @@ def late_peer_is_named(seed=0) -> str:
     dist.barrier()
     del symm._WORKSPACES[(agm.KIND, group.group_name, shard.device.index)]
     return message
+
+
+def row_major_weights(seed=0) -> int:
+    """mat2 stored [K, N] (a plain matrix, not a transposed linear weight): the TMA kernel's
+    other B layout, and the cuBLAS variants."""
+    world = dist.get_world_size()
+    shard, mat2s, biases = _problem((200, 128), 0, (136, 64), (True, False), torch.bfloat16, seed)
+    mat2s = [m.contiguous() for m in mat2s]  # [K, N], unit stride along N
+    expected = _reference(shard, mat2s, biases, 0)
+    for name, variant in agm.variants().items():
+        _poison_workspace()
+        _check(name, variant(shard, mat2s, biases, 0, world, _group_name()), expected, torch.bfloat16)
+    symm.check_all_timeouts()
+    return len(agm.variants())

@@ -67,7 +67,7 @@ def test_a_late_chunk_is_reported_not_waited_for_forever():
     flags = torch.full((world,), EPOCH, dtype=torch.int32)
     flags[late] = EPOCH - 1  # the previous call's value: not arrived yet
     (out,), timeouts = run_consumer(stacked, mat2s, biases, world, rank, inner, flags, spin_limit=3)
-    assert timeouts.tolist() == [0, 0, 0, 1]
+    assert timeouts.tolist() == [0, 0, 0, EPOCH]  # the call's epoch: given up in this call
     with pytest.raises(agm.ChunkTimeout, match="rank 1 gave up waiting for the flags of chunks \\[3\\]"):
         agm.raise_on_timeouts(timeouts, rank)
     rows = stacked.shape[0] // world
@@ -117,3 +117,44 @@ def test_tma_loads_match_torch(world, shard_shape, gather_dim, ns):
     outs, timeouts = run_consumer(stacked, mat2s, biases, world, 1, inner, flags, config=config, num_programs=3)
     assert not timeouts.any()
     _assert_all_close(outs, refs, 1e-2)
+
+
+def test_barrier_names_the_ranks_that_never_came():
+    """The barrier kernel on simulated pads: ranks 0 and 1 arrive first and give up on the ranks
+    not there yet; rank 2 arrives last and finds everyone. Pads hold each rank's epoch."""
+    from overlap_pass.templates.signals import barrier_kernel
+
+    world = 3
+    pads = [torch.full((world,), 41, dtype=torch.int32) for _ in range(world)]  # last call: 41
+    pad_ptrs = torch.tensor([p.data_ptr() for p in pads], dtype=torch.int64)
+    epochs = [torch.tensor([41], dtype=torch.int32) for _ in range(world)]
+    timeouts = []
+    for rank in range(world):
+        timeouts.append(torch.zeros(world, dtype=torch.int32))
+        barrier_kernel[(1,)](pad_ptrs, epochs[rank], timeouts[rank], rank, world, SPIN_LIMIT=3, BLOCK_W=4)
+    assert [e.item() for e in epochs] == [42, 42, 42]
+    assert all(p.tolist() == [42, 42, 42] for p in pads)
+    assert [t.tolist() for t in timeouts] == [[0, 42, 42], [0, 0, 42], [0, 0, 0]]
+
+
+def test_waits_are_wrap_safe():
+    """An epoch that passed 2**31 is negative in int32; a flag one call behind still waits and
+    a flag at the epoch passes."""
+    world, rank = 2, 0
+    stacked, mat2s, biases, refs, inner = problem(world, (8, 16), 16, torch.float32, False, 0)
+    outs = [torch.full_like(refs[0], float("nan"))]
+    epoch = torch.tensor([-(2**31) + 1], dtype=torch.int32)  # 2**31 + 1 calls in
+    behind = torch.tensor([0, 2**31 - 1], dtype=torch.int32)  # the previous call's value
+    timeouts = torch.zeros(world, dtype=torch.int32)
+    agm.all_gather_matmul_consumer(
+        stacked, mat2s, biases, outs, behind, epoch, rank=rank, world_size=world, inner=inner,
+        config=agm.TEST_CONFIG, timeouts=timeouts, spin_limit=2,
+    )
+    assert timeouts.tolist() == [0, epoch.item()]
+    timeouts.zero_()
+    agm.all_gather_matmul_consumer(
+        stacked, mat2s, biases, outs, torch.tensor([0, epoch.item()], dtype=torch.int32), epoch,
+        rank=rank, world_size=world, inner=inner, config=agm.TEST_CONFIG, timeouts=timeouts, spin_limit=2,
+    )
+    assert not timeouts.any()
+    _assert_all_close(outs, refs, 1e-5)

@@ -46,3 +46,7 @@ def test_a_late_peer_is_named(pool):
     others = [r for r in range(pool.world_size) if r != 1]
     assert f"rank 1 gave up waiting at the barrier for ranks {others}" in messages[1], messages[1]
     assert f"for the flags of chunks {others}" in messages[1], messages[1]
+
+
+def test_row_major_weights(pool):
+    assert pool.run(cases.row_major_weights)[0] == len(cases.agm.variants())
