@@ -29,10 +29,12 @@ matmul_reduce_scatter: bool = Config(
 implementation: str = Config(default="auto", env_name_default="OVERLAP_PASS_IMPLEMENTATION")
 
 # Polls before a wait on a peer gives up (barrier, chunk flags). It then records which rank or
-# chunk it missed and the op raises ChunkTimeout (at the latest one call later). Each poll is a
-# system-scope atomic read, about a microsecond: the default gives up after tens of seconds.
+# chunk it missed and the op raises ChunkTimeout (at the latest 16 calls later). Each poll is a
+# system-scope atomic read, about a microsecond: the default gives up after some ten minutes,
+# like NCCL's own timeout, since ranks legitimately drift apart by more than seconds (one rank
+# compiling while another hits its cache). Tests and tools set it far lower.
 # (Config's env vars take only booleans and strings, hence the plain read.)
-spin_limit: int = int(os.environ.get("OVERLAP_PASS_SPIN_LIMIT", 1 << 25))
+spin_limit: int = int(os.environ.get("OVERLAP_PASS_SPIN_LIMIT", 1 << 30))
 
 # JSON file of the per-shape choices (rank 0 writes it, later runs read it).
 choice_cache: str = Config(

@@ -17,7 +17,11 @@ import os
 import random
 import statistics
 
-for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+# NVLink multicast off in every process; waits bounded to seconds, not the default ten minutes
+for _var, _value in (
+    ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"),
+    ("OVERLAP_PASS_SPIN_LIMIT", "20000000"),
+):  # fmt: skip
     os.environ.setdefault(_var, _value)
 
 import torch  # noqa: E402

@@ -19,6 +19,8 @@ import time
 # NVLink multicast stays off in every process (it can take shared GPUs down).
 for _var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
     os.environ.setdefault(_var, "0" if _var == "NCCL_NVLS_ENABLE" else "1")
+# A lost peer fails the demo within seconds rather than the default ten minutes.
+os.environ.setdefault("OVERLAP_PASS_SPIN_LIMIT", "20000000")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

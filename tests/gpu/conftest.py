@@ -12,3 +12,7 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "tests/gpu" in str(item.fspath):
                 item.add_marker(skip)
+
+# Bounded waits in tests: a lost peer fails a test in seconds instead of holding the GPU for the
+# default ten minutes (set before the rank processes start; they read it at import).
+os.environ.setdefault("OVERLAP_PASS_SPIN_LIMIT", "2000000")
