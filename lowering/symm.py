@@ -20,9 +20,9 @@ Protocol of one call, on the caller's stream unless said otherwise:
    copy of the epoch into the peer's flag, in stream order after the data.
 3. the consumer waits per chunk on its flags, with acquire loads; then joins the side stream.
 
-Every wait is bounded. A wait that gives up records which rank or chunk it missed in a device
-``timeouts`` word; ``check_timeouts`` raises on it (at the latest one call later, without a host
-sync on the hot path).
+Every wait is bounded. A wait that gives up writes the call's epoch into a device ``timeouts``
+word of the rank or chunk it missed; the host reads those words every CHECK_EVERY calls without
+a sync and raises ChunkTimeout at a later call, or at once through ``check_timeouts``.
 """
 
 import dataclasses
@@ -32,16 +32,13 @@ import torch
 import torch.distributed as dist
 
 from overlap_pass.templates import signals
+from overlap_pass.templates.all_gather_matmul import ChunkTimeout
 
 log = logging.getLogger("overlap_pass")
 
 CONTROL_BYTES = 4096  # flags and pads, padded so that data starts 4 KiB-aligned
 MIN_DATA_BYTES = 1 << 20
 CHECK_EVERY = 16  # calls between two host reads of the timeout words
-
-
-class ChunkTimeout(RuntimeError):
-    """A bounded wait gave up: names the rank and what it waited for."""
 
 
 def _next_power_of_two(n: int) -> int:
