@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from .signals import wait_flag
+from .tiles import chunk_tile, pointer_mainloop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,16 +81,8 @@ def all_gather_matmul_consumer_kernel(
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles_per_chunk = tiles_m * tiles_n
     for tile in range(pid, tiles_per_chunk * world_size, num_programs):
-        # chunk order: own chunk first, then rank + 1, rank + 2, ... (schedule.all_gather_order)
-        step = tile // tiles_per_chunk
-        chunk = (rank + step) % world_size
-        local = tile % tiles_per_chunk
-        # GROUP_M swizzle inside the chunk, so neighbouring programs share B tiles
-        group_size = GROUP_M * tiles_n
-        first_m = (local // group_size) * GROUP_M
-        rows_in_group = tl.minimum(tiles_m - first_m, GROUP_M)
-        tile_m = first_m + (local % group_size) % rows_in_group
-        tile_n = (local % group_size) // rows_in_group
+        # own chunk first, then rank + 1, ... (schedule.all_gather_order)
+        chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank, world_size, GROUP_M)
 
         # wait: a peer's chunk must have landed before any load from it
         if chunk != rank:
@@ -107,23 +100,10 @@ def all_gather_matmul_consumer_kernel(
         else:
             a_base = a_ptr + (chunk * rows_per_chunk + offs_m).to(tl.int64)[:, None] * stride_am
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < K
-            a = tl.load(
-                a_base + offs_k[None, :] * stride_ak,
-                mask=m_mask[:, None] & k_mask[None, :],
-                other=0.0,
-            )
-            b = tl.load(
-                b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
-                mask=k_mask[:, None] & n_mask[None, :],
-                other=0.0,
-            )
-            if FP32_IEEE:
-                acc = tl.dot(a, b, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
+        acc = pointer_mainloop(
+            a_base, stride_ak, b_ptr, stride_bk, stride_bn, offs_n, m_mask, n_mask, K, acc,
+            FP32_IEEE, BLOCK_K,
+        )  # fmt: skip
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
 
@@ -183,14 +163,8 @@ def all_gather_matmul_tma_kernel(
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles_per_chunk = tiles_m * tiles_n
     for tile in range(pid, tiles_per_chunk * world_size, num_programs):
-        step = tile // tiles_per_chunk
-        chunk = (rank + step) % world_size
-        local = tile % tiles_per_chunk
-        group_size = GROUP_M * tiles_n
-        first_m = (local // group_size) * GROUP_M
-        rows_in_group = tl.minimum(tiles_m - first_m, GROUP_M)
-        tile_m = first_m + (local % group_size) % rows_in_group
-        tile_n = (local % group_size) // rows_in_group
+        # own chunk first, then rank + 1, ... (schedule.all_gather_order)
+        chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank, world_size, GROUP_M)
 
         # one main loop for both sources (two would each get their own pipeline buffers)
         if chunk == rank:
