@@ -2,8 +2,9 @@
 cached in memory and on disk.
 
 At the first call of a shape every rank runs every variant on the call's own inputs, interleaved
-(rounds of SAMPLE_CALLS calls each, in a shuffled order, so drift hits all variants alike). A variant whose outputs differ from
-NCCL + cuBLAS's beyond rounding, or that raises, is out. Times are reduced to the slowest rank's,
+(rounds of SAMPLE_CALLS calls each, in a shuffled order, so drift hits all variants alike). A
+variant whose outputs differ from NCCL + cuBLAS's beyond rounding, or that raises, on any rank,
+is out on every rank. Times are reduced to the slowest rank's,
 rank 0 picks the fastest and broadcasts its name, so every rank runs the same variant: the
 baseline is always a candidate, so the pick is never slower than it, as measured.
 The choice is written to ``config.choice_cache`` (rank 0), read back by later runs (rank 0 reads
