@@ -60,6 +60,23 @@ TEST_CONFIG = GemmConfig(16, 16, 16, 2, 4, 1)
 
 
 @triton.jit
+def _store_tile(
+    c_ptr, acc, bias_ptr, offs_m, offs_n, m_mask, n_mask, chunk, inner, world_size,
+    stride_cm, stride_cn, HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    """Epilogue of both consumers: (+ bias) -> store at the rows the gather along gather_dim
+    gives the tile's rows (module docstring), in int64 (an output can pass 2**31 elements)."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    out_rows = ((offs_m // inner) * (world_size * inner) + chunk * inner + offs_m % inner).to(tl.int64)
+    tl.store(
+        c_ptr + out_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+        acc.to(c_ptr.dtype.element_ty),
+        mask=m_mask[:, None] & n_mask[None, :],
+    )
+
+
+@triton.jit
 def all_gather_matmul_consumer_kernel(
     a_ptr, a_local_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, epoch_ptr, timeouts_ptr, tile_log_ptr,
     rows_per_chunk, N, K, inner,
@@ -104,17 +121,10 @@ def all_gather_matmul_consumer_kernel(
             a_base, stride_ak, b_ptr, stride_bk, stride_bn, offs_n, m_mask, n_mask, K, acc,
             FP32_IEEE, BLOCK_K,
         )  # fmt: skip
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-
-        # store, at the rows the gather along gather_dim gives them
-        # int64: a gathered output can pass 2**31 elements
-        out_rows = ((offs_m // inner) * (world_size * inner) + chunk * inner + offs_m % inner).to(tl.int64)
-        tl.store(
-            c_ptr + out_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn,
-            acc.to(c_ptr.dtype.element_ty),
-            mask=m_mask[:, None] & n_mask[None, :],
-        )
+        _store_tile(
+            c_ptr, acc, bias_ptr, offs_m, offs_n, m_mask, n_mask, chunk, inner, world_size,
+            stride_cm, stride_cn, HAS_BIAS,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -181,17 +191,10 @@ def all_gather_matmul_tma_kernel(
 
         offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_mask = offs_m < rows_per_chunk
-        n_mask = offs_n < N
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        # int64: a gathered output can pass 2**31 elements
-        out_rows = ((offs_m // inner) * (world_size * inner) + chunk * inner + offs_m % inner).to(tl.int64)
-        tl.store(
-            c_ptr + out_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn,
-            acc.to(c_ptr.dtype.element_ty),
-            mask=m_mask[:, None] & n_mask[None, :],
-        )
+        _store_tile(
+            c_ptr, acc, bias_ptr, offs_m, offs_n, offs_m < rows_per_chunk, offs_n < N, chunk, inner,
+            world_size, stride_cm, stride_cn, HAS_BIAS,
+        )  # fmt: skip
 
 
 def tma_fits(a: torch.Tensor, mat2: torch.Tensor) -> bool:

@@ -27,6 +27,8 @@ for _var, _value in (
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from tools.measure import relative_error, slowest  # noqa: E402
+
 # (name, M, K, N) per world size: PERF_REFERENCE.md's AG+MM rows
 SHAPES = {
     4: [("llama3-8b qkv", 8192, 4096, 1536), ("llama3-8b up+gate", 8192, 4096, 7168),
@@ -45,16 +47,6 @@ def shapes_for(world: int, extra_ms: bool) -> list[tuple]:
     if extra_ms:
         rows += [(f"{name} M={m}", m, k, n) for name, _, k, n in base for m in EXTRA_MS]
     return rows
-
-
-def _slowest(value: float, device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
-
-
-def _rel(a, b) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def _time(runners: dict, args, device, per_round=None) -> dict:
@@ -80,7 +72,7 @@ def _time(runners: dict, args, device, per_round=None) -> dict:
                 samples[vname].append((start, end))
     torch.cuda.synchronize(device)
     return {
-        v: _slowest(statistics.median(s.elapsed_time(e) * 1e3 / args.calls for s, e in pairs), device)
+        v: slowest(statistics.median(s.elapsed_time(e) * 1e3 / args.calls for s, e in pairs), device)
         for v, pairs in samples.items()
     }
 
@@ -139,8 +131,8 @@ def bench_shape(name, m, k, n, args, device, group_name) -> dict:
 
     reference = variants["nccl_cublas"]()[1][0]
     errors = {
-        "torch_async_tp": _rel(torch_async_tp()[1][0], reference),
-        "overlap": _rel(op()[1][0], reference),  # first call: the per-shape choice happens here
+        "torch_async_tp": relative_error(torch_async_tp()[1][0], reference),
+        "overlap": relative_error(op()[1][0], reference),  # first call: the per-shape choice happens here
     }
     us = _time(variants, args, device)
     us_graph = _time(_captured(variants, args.calls), args, device, per_round=1) if args.graph else None

@@ -26,6 +26,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from tools.measure import relative_error, slowest  # noqa: E402
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -43,25 +45,15 @@ def _timed(fn, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def _slowest(seconds: float, device: torch.device) -> float:
-    t = torch.tensor([seconds], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
-
-
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
-
-
-def _relative_error(model, out, dx, eager, out_e, dx_e) -> tuple[float, float, float]:
+def _errors_against_eager(model, out, dx, eager, out_e, dx_e) -> tuple[float, float, float]:
     """||x - eager|| / ||eager|| of the output, the input grad and (worst) weight grad."""
     params = getattr(model, "_orig_mod", model).parameters()
-    weights = max(_rel(_local(p.grad), _local(q.grad)) for p, q in zip(params, eager.parameters()))
-    return _rel(out, out_e), _rel(dx, dx_e), weights
+    weights = max(relative_error(_local(p.grad), _local(q.grad)) for p, q in zip(params, eager.parameters()))
+    return relative_error(out, out_e), relative_error(dx, dx_e), weights
 
 
 def _rank_main(rank: int, args, port: int, dump_dir: str) -> None:
@@ -112,8 +104,8 @@ def _rank_main(rank: int, args, port: int, dump_dir: str) -> None:
     out_i, dx_i = step(inductor, x)
     errors = {
         name: {
-            "overlap": _relative_error(overlapped_model, out_o, dx_o, eager, out_e, dx_e)[i],
-            "inductor": _relative_error(inductor, out_i, dx_i, eager, out_e, dx_e)[i],
+            "overlap": _errors_against_eager(overlapped_model, out_o, dx_o, eager, out_e, dx_e)[i],
+            "inductor": _errors_against_eager(inductor, out_i, dx_i, eager, out_e, dx_e)[i],
         }
         for i, name in enumerate(("output", "input grad", "weight grads"))
     }
@@ -122,8 +114,8 @@ def _rank_main(rank: int, args, port: int, dump_dir: str) -> None:
     for _ in range(args.warmup):
         step(inductor, x), step(overlapped, x)
     for _ in range(args.iters):  # interleaved, so drift hits both alike
-        times["inductor"].append(_slowest(_timed(lambda: step(inductor, x), device), device))
-        times["overlap"].append(_slowest(_timed(lambda: step(overlapped, x), device), device))
+        times["inductor"].append(slowest(_timed(lambda: step(inductor, x), device), device))
+        times["overlap"].append(slowest(_timed(lambda: step(overlapped, x), device), device))
     dist.barrier()
 
     if rank == 0:
