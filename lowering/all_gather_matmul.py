@@ -58,10 +58,8 @@ def _start(shard, mat2s, gather_dim, world_size, group_name):
     shard, flat, inner, gathered_shape, outs = _prepare(shard, mat2s, gather_dim, world_size)
     ws = symm.workspace(KIND, group_name, shard.device)
     stacked_shape = (world_size * flat.shape[0], flat.shape[1])
-    ws.reserve(stacked_shape[0] * stacked_shape[1] * flat.element_size())
-    main = torch.cuda.current_stream(shard.device)
-    ws.barrier(config.spin_limit)
-    ws.side_stream.wait_stream(main)
+    ws.enter(stacked_shape[0] * stacked_shape[1] * flat.element_size(), config.spin_limit)
+    ws.side_stream.wait_stream(torch.cuda.current_stream(shard.device))
     with torch.cuda.stream(ws.side_stream):
         _push_chunks(ws, flat, stacked_shape)
     return ws, ws.data(stacked_shape, flat.dtype), shard, flat, inner, gathered_shape, outs
@@ -70,8 +68,7 @@ def _start(shard, mat2s, gather_dim, world_size, group_name):
 def _finish(ws, shard, stacked, flat, gather_dim, gathered_shape, return_gathered):
     """Step 3's end: join the side stream; the gathered tensor, if asked for, is copied out of
     the workspace (the next call overwrites it)."""
-    torch.cuda.current_stream(shard.device).wait_stream(ws.side_stream)
-    ws.finish()
+    ws.leave()
     if not return_gathered:
         return None
     world, rows = ws.world_size, flat.shape[0]

@@ -10,11 +10,22 @@ from overlap_pass import config, ops
 
 from . import all_gather_matmul as agm
 from . import choose
+from . import matmul_reduce_scatter as mrs
 
 
 @functools.cache
 def _ag_variants() -> dict:
     return agm.variants()
+
+
+@functools.cache
+def _rs_variants(num_inputs: int) -> dict:
+    return mrs.variants(num_inputs)
+
+
+def _layouts(mat2s) -> list:
+    # "t": a transposed [N, K] weight (a linear's), "n": row-major [K, N]
+    return [[*m.shape, "t" if m.stride(0) == 1 and m.dim() == 2 else "n"] for m in mat2s]
 
 
 def all_gather_matmul_shapes(shard_shape, mat2s, biases, gather_dim) -> dict:
@@ -23,8 +34,19 @@ def all_gather_matmul_shapes(shard_shape, mat2s, biases, gather_dim) -> dict:
     return {
         "shard": list(shard_shape),
         "gather_dim": gather_dim,
-        "mat2s": [[*m.shape, "t" if m.stride(0) == 1 and m.dim() == 2 else "n"] for m in mat2s],
+        "mat2s": _layouts(mat2s),
         "bias": [b is not None for b in biases],
+    }
+
+
+def matmul_reduce_scatter_shapes(input_shapes, mat2s, has_bias, reduce_op, scatter_dim) -> dict:
+    """What the matmul_reduce_scatter choice depends on (decide.py builds the same)."""
+    return {
+        "inputs": [list(s) for s in input_shapes],
+        "mat2s": _layouts(mat2s),
+        "bias": has_bias,
+        "reduce_op": reduce_op,
+        "scatter_dim": scatter_dim,
     }
 
 
@@ -33,34 +55,58 @@ def _symmetric_memory_usable(group) -> bool:
     return group.size() > 1 and "nccl" in str(dist.get_backend(group))
 
 
-# (shapes, strides, dtype, dims, group, implementation) of a call -> the variant it runs, so
-# that later calls skip validation and key building (host time is on the critical path)
-_RESOLVED: dict[tuple, str] = {}
+def _signature(t: torch.Tensor | None):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
-def all_gather_matmul(shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False):
-    fast_key = (
-        shard.shape, shard.stride(), shard.dtype, shard.device, gather_dim, world_size, group_name,
-        tuple((m.shape, m.stride(), m.dtype) for m in mat2s),
-        tuple(None if b is None else (b.shape, b.stride(), b.dtype) for b in biases),
-        config.implementation,
-    )  # fmt: skip
-    name = _RESOLVED.get(fast_key)
-    if name is not None:
-        return _ag_variants()[name](shard, mat2s, biases, gather_dim % shard.dim(), world_size, group_name, return_gathered)
-    dim = ops._check_all_gather_matmul(shard, mat2s, biases, gather_dim, world_size)
-    args = (shard, mat2s, biases, dim, world_size, group_name, return_gathered)
+# (kind, shapes, strides, dtypes, dims, group, implementation) of a call -> the variant it runs,
+# so that later calls skip validation and key building (host time is on the critical path)
+_RESOLVED: dict[tuple, object] = {}
+
+
+def _resolve(kind, fast_key, group_name, world_size, variants, shapes, dtype, device, args):
+    """The variant for a call seen the first time: None for the reference decomposition (forced,
+    or a group without symmetric memory), else choose.py's pick."""
     group = _resolve_process_group(group_name)
     torch._check(
         group.size() == world_size,
         lambda: f"group {group_name} has {group.size()} ranks, the op was given {world_size}",
     )
     if config.implementation == "reference" or not _symmetric_memory_usable(group):
-        return ops.all_gather_matmul_reference(*args)
-    key = choose.shape_key(
-        agm.KIND, world_size, all_gather_matmul_shapes(shard.shape, mat2s, biases, dim), shard.dtype
-    )
-    name = choose.choose(key, _ag_variants(), args, group, shard.device)
+        return None
+    key = choose.shape_key(kind, world_size, shapes, dtype)
+    name = choose.choose(key, variants, args, group, device)
     if not torch.cuda.is_current_stream_capturing():  # a capture's fallback is not a choice
-        _RESOLVED[fast_key] = name
-    return _ag_variants()[name](*args)
+        _RESOLVED[fast_key] = variants[name]
+    return variants[name]
+
+
+def all_gather_matmul(shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False):
+    fast_key = (
+        agm.KIND, _signature(shard), gather_dim, world_size, group_name,
+        tuple(_signature(m) for m in mat2s), tuple(_signature(b) for b in biases), config.implementation,
+    )  # fmt: skip
+    run = _RESOLVED.get(fast_key)
+    if run is not None:
+        return run(shard, mat2s, biases, gather_dim % shard.dim(), world_size, group_name, return_gathered)
+    dim = ops._check_all_gather_matmul(shard, mat2s, biases, gather_dim, world_size)
+    args = (shard, mat2s, biases, dim, world_size, group_name, return_gathered)
+    shapes = all_gather_matmul_shapes(shard.shape, mat2s, biases, dim)
+    run = _resolve(agm.KIND, fast_key, group_name, world_size, _ag_variants(), shapes, shard.dtype, shard.device, args)
+    return ops.all_gather_matmul_reference(*args) if run is None else run(*args)
+
+
+def matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name):
+    fast_key = (
+        mrs.KIND, tuple(_signature(a) for a in inputs), tuple(_signature(m) for m in mat2s),
+        _signature(bias), reduce_op, scatter_dim, world_size, group_name, config.implementation,
+    )  # fmt: skip
+    run = _RESOLVED.get(fast_key)
+    if run is not None:
+        return run(inputs, mat2s, bias, reduce_op, scatter_dim % inputs[0].dim(), world_size, group_name)
+    dim = ops._check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size)
+    args = (inputs, mat2s, bias, reduce_op, dim, world_size, group_name)
+    shapes = matmul_reduce_scatter_shapes([a.shape for a in inputs], mat2s, bias is not None, reduce_op, dim)
+    variants = _rs_variants(len(inputs))
+    run = _resolve(mrs.KIND, fast_key, group_name, world_size, variants, shapes, inputs[0].dtype, inputs[0].device, args)
+    return ops.matmul_reduce_scatter_reference(*args) if run is None else run(*args)

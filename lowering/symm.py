@@ -66,6 +66,8 @@ class Workspace:
         self.epoch = torch.zeros(1, dtype=torch.int32, device=device)
         # barrier (one word per rank) and consumer (one per chunk) timeouts; see check_timeouts
         self.timeouts = torch.zeros(2, self.world_size, dtype=torch.int32, device=device)
+        # per-chunk tile counters of the reduce-scatter producer (it leaves them zero)
+        self.counters = torch.zeros(self.world_size, dtype=torch.int32, device=device)
         self._timeouts_host = torch.zeros_like(self.timeouts, device="cpu").pin_memory()
         self._timeouts_copied: torch.cuda.Event | None = None
         self._alloc: _Allocation | None = None
@@ -145,6 +147,25 @@ class Workspace:
         """Words ``slot`` to ``slot + count`` of rank ``peer``'s flags (int32)."""
         return self._view(peer, (count,), torch.int32, slot)
 
+    def peer_data_addresses(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """int64 device tensor: every rank's data region (viewed as ``shape``) as this rank
+        addresses it, for kernels that store straight into peers."""
+        key = ("data_ptrs", tuple(shape), dtype)
+        table = self._views.get(key)
+        if table is None:
+            ptrs = [self.peer_data(p, shape, dtype).data_ptr() for p in range(self.world_size)]
+            table = self._views[key] = torch.tensor(ptrs, dtype=torch.int64, device=self.device)
+        return table
+
+    def peer_flag_addresses(self) -> torch.Tensor:
+        """int64 device tensor: the address of flags[rank] of every rank, where this rank
+        signals each of them."""
+        table = self._views.get("flag_ptrs")
+        if table is None:
+            ptrs = [self.peer_flag(p, self.rank).data_ptr() for p in range(self.world_size)]
+            table = self._views["flag_ptrs"] = torch.tensor(ptrs, dtype=torch.int64, device=self.device)
+        return table
+
     def _view(self, peer: int, shape: tuple, dtype: torch.dtype, offset: int) -> torch.Tensor:
         key = (peer, shape, dtype, offset)
         view = self._views.get(key)
@@ -153,6 +174,17 @@ class Workspace:
         return view
 
     # -- protocol steps ---------------------------------------------------------------------------
+
+    def enter(self, data_bytes: int, spin_limit: int) -> None:
+        """A call's start: reserve ``data_bytes`` (collective), then step 1, the barrier."""
+        self.reserve(data_bytes)
+        self.barrier(spin_limit)
+
+    def leave(self) -> None:
+        """A call's end, also on error paths: the caller's stream joins the side stream, so the
+        next call's barrier comes after every copy of this one; then the timeout check."""
+        torch.cuda.current_stream(self.device).wait_stream(self.side_stream)
+        self.finish()
 
     def barrier(self, spin_limit: int) -> None:
         """Step 1: advance the epoch and wait until every rank has reached it."""
@@ -198,8 +230,12 @@ class Workspace:
         describe_timeouts(self.timeouts.cpu(), self.rank, self.kind)
 
 
+# what a rank waits for per peer, in each kind's words
+_WAITED_FOR = {"all_gather_matmul": "the flags of chunks", "matmul_reduce_scatter": "the partials of ranks"}
+
+
 def describe_timeouts(timeouts: torch.Tensor, rank: int, kind: str) -> None:
-    """Raises ChunkTimeout naming the ranks (barrier) and chunks (consumer) given up on."""
+    """Raises ChunkTimeout naming the ranks (barrier) and chunks or partials given up on."""
     late_ranks = timeouts[0].nonzero().flatten().tolist()
     late_chunks = timeouts[1].nonzero().flatten().tolist()
     if late_ranks or late_chunks:
@@ -207,7 +243,7 @@ def describe_timeouts(timeouts: torch.Tensor, rank: int, kind: str) -> None:
             f"{kind}: rank {rank} gave up waiting"
             + (f" at the barrier for ranks {late_ranks}" if late_ranks else "")
             + (" and" if late_ranks and late_chunks else "")
-            + (f" for the flags of chunks {late_chunks}" if late_chunks else "")
+            + (f" for {_WAITED_FOR.get(kind, 'chunks')} {late_chunks}" if late_chunks else "")
             + "; results of that call are wrong. A peer is late or gone (or spin_limit is too low)."
         )
 

@@ -25,7 +25,8 @@ matmul_reduce_scatter: bool = Config(
 # Which implementation the rewritten ops run. "auto": on CUDA with an NCCL group, the fastest of
 # the variants measured at a shape's first call (lowering/choose.py); elsewhere the reference
 # decomposition. "reference" forces the torch.distributed decomposition; "fused",
-# "copy_engine_cublas" and "nccl_cublas" force one CUDA variant (all_gather_matmul).
+# "copy_engine_cublas", "cublas_push" (matmul_reduce_scatter only) and "nccl_cublas" force one
+# CUDA variant where the op has it (else the op measures as with "auto").
 implementation: str = Config(default="auto", env_name_default="OVERLAP_PASS_IMPLEMENTATION")
 
 # Polls before a wait on a peer gives up (barrier, chunk flags). It then records which rank or
@@ -46,6 +47,6 @@ choice_cache: str = Config(
 # writes its dump. TORCH_COMPILE_DEBUG=1 also dumps, into Inductor's debug folder.
 debug_dir: str | None = Config(default=None, env_name_default="OVERLAP_PASS_DEBUG_DIR")
 
-IMPLEMENTATIONS = ("auto", "reference", "fused", "copy_engine_cublas", "nccl_cublas")
+IMPLEMENTATIONS = ("auto", "reference", "fused", "copy_engine_cublas", "cublas_push", "nccl_cublas")
 
 install_config_module(sys.modules[__name__])

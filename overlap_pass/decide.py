@@ -43,26 +43,42 @@ def _spans_hosts(ranks: list[int]) -> bool:
     return per_host > 0 and len({r // per_host for r in ranks}) > 1
 
 
+def _choice_key(match: Match) -> str:
+    """The key lowering/choose.py files the match's per-shape choice under."""
+    from overlap_pass.lowering import choose, dispatch
+
+    if isinstance(match, AllGatherMatmulMatch):
+        shard = meta_val(match.shard)
+        shapes = dispatch.all_gather_matmul_shapes(
+            shard.shape,
+            [meta_val(use.mat2) for use in match.matmuls],
+            [use.bias for use in match.matmuls],
+            match.gather_dim % shard.dim(),
+        )
+        return choose.shape_key("all_gather_matmul", match.world_size, shapes, shard.dtype)
+    # the rewrite reshapes the mm's input to the scattered layout (rewrite.py)
+    scattered = meta_val(match.scattered)
+    input_shape = [*scattered.shape[:-1], meta_val(match.input).shape[-1]]
+    shapes = dispatch.matmul_reduce_scatter_shapes(
+        [input_shape], [meta_val(match.mat2)], match.bias is not None, match.reduce_op,
+        match.scatter_dim % scattered.dim(),
+    )  # fmt: skip
+    return choose.shape_key("matmul_reduce_scatter", match.world_size, shapes, scattered.dtype)
+
+
 def choose_implementation(match: Match) -> str:
-    """Which implementation the rewritten op runs, as decisions.json shows it. CUDA tensors on
-    an all-gather: a forced variant, the cached per-shape choice, or "auto" until the first call
-    measures (lowering/choose.py). Everything else runs the reference decomposition."""
+    """Which implementation the rewritten op runs, as decisions.json shows it. CUDA tensors: a
+    forced variant, the cached per-shape choice, or "auto" until the first call measures
+    (lowering/choose.py). Everything else runs the reference decomposition."""
     device = meta_val(match.shard if isinstance(match, AllGatherMatmulMatch) else match.mm).device
-    if device.type != "cuda" or not isinstance(match, AllGatherMatmulMatch):
+    if device.type != "cuda":
         return "reference"
     if config.implementation != "auto":
         return config.implementation
     try:
-        from overlap_pass.lowering import choose, dispatch
+        from overlap_pass.lowering import choose
 
-        shapes = dispatch.all_gather_matmul_shapes(
-            meta_val(match.shard).shape,
-            [meta_val(use.mat2) for use in match.matmuls],
-            [use.bias for use in match.matmuls],
-            match.gather_dim % meta_val(match.shard).dim(),
-        )
-        key = choose.shape_key("all_gather_matmul", match.world_size, shapes, meta_val(match.shard).dtype)
-        cached = choose.cached_choice(key)
+        cached = choose.cached_choice(_choice_key(match))
     except Exception as e:  # the choice is only shown here; never fail compilation over it
         return f"auto (no cached choice: {e})"
     return f"auto: {cached} (cached)" if cached else "auto: measured at the first call"

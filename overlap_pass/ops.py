@@ -9,9 +9,12 @@ scattered dim is any other dim. All outputs are contiguous, as eager's would be.
 
 The reference implementation is the decomposed algorithm itself, on torch.distributed point-to-
 point ops, so it runs on gloo and NCCL alike: per-rank chunks in the order of schedule.py, the
-local chunk first, each chunk's matmul as soon as its data is there. Later GPU implementations plug
-in behind the same ops.
+local chunk first, each chunk's matmul as soon as its data is there. CUDA tensors run the
+variants of lowering/dispatch.py instead (symmetric memory, fused kernels), which falls back to
+this decomposition for groups without NCCL.
 """
+
+import functools
 
 import torch
 import torch.distributed as dist
@@ -246,15 +249,14 @@ def _register_ops() -> None:
         torch.library.define(f"overlap::{name}", _SCHEMAS[name])
         torch.library.register_fake(f"overlap::{name}", fake)
         torch.library.impl(f"overlap::{name}", "CompositeExplicitAutograd", reference)
-        if name == "all_gather_matmul":
-            torch.library.impl(f"overlap::{name}", "CUDA", _all_gather_matmul_cuda)
+        torch.library.impl(f"overlap::{name}", "CUDA", functools.partial(_cuda_kernel, name))
 
 
-def _all_gather_matmul_cuda(*args, **kwargs):
+def _cuda_kernel(name: str, *args, **kwargs):
     """CUDA tensors: the variant lowering/choose.py picks (the lowering loads on first use)."""
     from overlap_pass.lowering import dispatch
 
-    return dispatch.all_gather_matmul(*args, **kwargs)
+    return getattr(dispatch, name)(*args, **kwargs)
 
 
 _register_ops()

@@ -1,7 +1,9 @@
-"""Producer GEMM of the fused matmul + reduce-scatter: a persistent Triton kernel that computes
-the partial P_j = A_j @ B of every chunk j (A_j: the rows of chunk j) and writes it where chunk j's
-owner will reduce it, chunk by chunk in the order of schedule.reduce_scatter_order (the chunk of
-rank + 1 first, the own chunk last), publishing each chunk as soon as all its tiles are written.
+"""Fused matmul + reduce-scatter kernels: the producer GEMM and the owner's reduction.
+
+Producer: a persistent Triton kernel that computes the partial P_j = A_j @ B (+ bias) of every
+chunk j (A_j: the rows of chunk j) and writes it where chunk j's owner will reduce it, chunk by
+chunk in the order of schedule.reduce_scatter_order (the chunk of rank + 1 first, the own chunk
+last), publishing each chunk as soon as all its tiles are written.
 
     dest[j]: the address of a [world * rows_per_chunk, N] buffer of rank j (its partials
              buffer, a peer mapping); this rank writes rows [rank * rows_per_chunk, ...) of it
@@ -10,18 +12,46 @@ rank + 1 first, the own chunk last), publishing each chunk as soon as all its ti
 
 A chunk is published by its last tile: every tile adds one to the chunk's counter after its
 stores (release); the tile that brings it to tiles_per_chunk (acquire) resets the counter for
-the next call and writes the flag. The bias goes into the own chunk's partial only, so the
-owner's sum holds it exactly once.
+the next call and writes the flag. Every partial holds the bias, as every rank's matmul + bias
+does before a reduce-scatter (the op's semantics: the sum holds it once per rank).
 
-Phases per tile: load -> dot -> (bias, own chunk) -> store -> count [-> publish].
+Phases per tile: load -> dot -> (bias) -> store -> count [-> publish].
+
+Reduction: the owner waits for every peer's flag, then sums the W partials of its chunk in
+fp32, in rank order (the same order on every call, so results repeat bit for bit), scales (1 or
+1/W for avg) and casts once.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from .all_gather_matmul import GemmConfig, _sm_count
+from .all_gather_matmul import GemmConfig, _sm_count, _tma_mainloop, tma_fits
+from .signals import wait_flag
 from .tiles import chunk_tile, pointer_mainloop
+
+
+@triton.jit
+def _store_and_publish(
+    acc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch, chunk, offs_m, offs_n,
+    rows_per_chunk, N, rank, tiles_per_chunk, dtype: tl.constexpr, HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    """Epilogue of both producers: (+ bias) -> store into the owner's partials buffer, in this
+    rank's slot -> count the tile; the chunk's last tile resets the counter and publishes."""
+    m_mask = offs_m < rows_per_chunk
+    n_mask = offs_n < N
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    dest = tl.load(dest_ptrs_ptr + chunk).to(tl.pointer_type(dtype))
+    out_rows = (rank * rows_per_chunk + offs_m).to(tl.int64)
+    tl.store(dest + out_rows[:, None] * N + offs_n[None, :], acc.to(dtype), mask=m_mask[:, None] & n_mask[None, :])
+    # the CTA barrier first: the counting thread's release then covers every thread's stores
+    tl.debug_barrier()
+    done = tl.atomic_add(counters_ptr + chunk, 1, sem="acq_rel", scope="sys") + 1
+    if done == tiles_per_chunk:
+        tl.atomic_xchg(counters_ptr + chunk, 0, sem="relaxed", scope="gpu")
+        flag = tl.load(flag_ptrs_ptr + chunk).to(tl.pointer_type(tl.int32))
+        tl.atomic_xchg(flag, epoch, sem="release", scope="sys")
 
 
 @triton.jit
@@ -51,34 +81,50 @@ def matmul_reduce_scatter_producer_kernel(
 
         offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)  # row within the chunk
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_mask = offs_m < rows_per_chunk
-        n_mask = offs_n < N
         a_rows = (chunk * rows_per_chunk + offs_m).to(tl.int64)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc = pointer_mainloop(
             a_ptr + a_rows[:, None] * stride_am, stride_ak, b_ptr, stride_bk, stride_bn, offs_n,
-            m_mask, n_mask, K, acc, FP32_IEEE, BLOCK_K,
+            offs_m < rows_per_chunk, offs_n < N, K, acc, FP32_IEEE, BLOCK_K,
         )  # fmt: skip
-        if HAS_BIAS:
-            own = (chunk == rank).to(tl.float32)  # the bias once: in the own chunk's partial
-            acc += own * tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        _store_and_publish(
+            acc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch, chunk, offs_m, offs_n,
+            rows_per_chunk, N, rank, tiles_per_chunk, a_ptr.dtype.element_ty, HAS_BIAS,
+        )  # fmt: skip
 
-        # store into the owner's partials buffer, in this rank's slot
-        dest = tl.load(dest_ptrs_ptr + chunk).to(tl.pointer_type(a_ptr.dtype.element_ty))
-        out_rows = (rank * rows_per_chunk + offs_m).to(tl.int64)
-        tl.store(
-            dest + out_rows[:, None] * N + offs_n[None, :],
-            acc.to(a_ptr.dtype.element_ty),
-            mask=m_mask[:, None] & n_mask[None, :],
-        )
-        # count the tile; the chunk's last tile publishes it and resets the counter. The CTA
-        # barrier first: the counting thread's release then covers every thread's stores
-        tl.debug_barrier()
-        done = tl.atomic_add(counters_ptr + chunk, 1, sem="acq_rel", scope="sys") + 1
-        if done == tiles_per_chunk:
-            tl.atomic_xchg(counters_ptr + chunk, 0, sem="relaxed", scope="gpu")
-            flag = tl.load(flag_ptrs_ptr + chunk).to(tl.pointer_type(tl.int32))
-            tl.atomic_xchg(flag, epoch, sem="release", scope="sys")
+
+@triton.jit
+def matmul_reduce_scatter_tma_kernel(
+    a_desc, b_desc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch_ptr,
+    rows_per_chunk, N, K, rank, world_size, num_programs,
+    HAS_BIAS: tl.constexpr,
+    B_NK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):  # fmt: skip
+    """The producer with TMA loads (host-side descriptors), same order and epilogue. Rows past a
+    chunk's end that a tile loads belong to the next chunk (or are TMA's zeros): they only feed
+    rows that the masked store drops."""
+    pid = tl.program_id(0)
+    epoch = tl.load(epoch_ptr)
+    tiles_m = tl.cdiv(rows_per_chunk, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles_per_chunk = tiles_m * tiles_n
+    for tile in range(pid, tiles_per_chunk * world_size, num_programs):
+        chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = _tma_mainloop(
+            a_desc, chunk * rows_per_chunk + tile_m * BLOCK_M, b_desc, tile_n * BLOCK_N, K, acc,
+            B_NK, BLOCK_K,
+        )  # fmt: skip
+        offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        _store_and_publish(
+            acc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch, chunk, offs_m, offs_n,
+            rows_per_chunk, N, rank, tiles_per_chunk, a_desc.dtype, HAS_BIAS,
+        )  # fmt: skip
 
 
 def matmul_reduce_scatter_producer(
@@ -96,11 +142,11 @@ def matmul_reduce_scatter_producer(
     num_programs: int | None = None,
     tile_log: torch.Tensor | None = None,
 ) -> None:
-    """Launches the producer: for every chunk j, A_j @ mat2 (+ bias if j == rank) into
-    ``dest_ptrs[j]`` (int64 addresses of [world * rows, N] contiguous buffers of a's dtype), rows
-    of slot ``rank``; then flag ``flag_ptrs[j]`` (int64 address of an int32) = ``epoch[0]``.
+    """Launches the producer: for every chunk j, A_j @ mat2 (+ bias) into ``dest_ptrs[j]`` (int64
+    addresses of [world * rows, N] contiguous buffers of a's dtype), rows of slot ``rank``; then
+    flag ``flag_ptrs[j]`` (int64 address of an int32) = ``epoch[0]``.
     ``counters``: int32, one per chunk, zero before the first call (the kernel leaves them zero).
-    ``tile_log`` (int32, tiles + 1): the order tiles started in."""
+    ``tile_log`` (int32, tiles + 1; pointer loads): the order tiles started in."""
     m, k = a.shape
     if m % world_size or mat2.shape[0] != k or mat2.dtype != a.dtype:
         raise ValueError(f"A {list(a.shape)} {a.dtype}, B {list(mat2.shape)} {mat2.dtype}, world {world_size}")
@@ -112,8 +158,24 @@ def matmul_reduce_scatter_producer(
     rows, n = m // world_size, mat2.shape[1]
     tiles = world_size * triton.cdiv(rows, config.block_m) * triton.cdiv(n, config.block_n)
     programs = min(num_programs or _sm_count(a.device), tiles)
+    bias_arg = bias if bias is not None else a
+    if config.tma and tile_log is None and tma_fits(a, mat2):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        bm, bn, bk = config.block_m, config.block_n, config.block_k
+        b_nk = mat2.stride(0) == 1
+        b_desc = (
+            TensorDescriptor.from_tensor(mat2.t(), [bn, bk]) if b_nk else TensorDescriptor.from_tensor(mat2, [bk, bn])
+        )
+        matmul_reduce_scatter_tma_kernel[(programs,)](
+            TensorDescriptor.from_tensor(a, [bm, bk]), b_desc, bias_arg, dest_ptrs, flag_ptrs,
+            counters, epoch, rows, n, k, rank, world_size, programs,
+            HAS_BIAS=bias is not None, B_NK=b_nk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+            GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
+        )  # fmt: skip
+        return
     matmul_reduce_scatter_producer_kernel[(programs,)](
-        a, mat2, bias if bias is not None else a, dest_ptrs, flag_ptrs, counters, epoch,
+        a, mat2, bias_arg, dest_ptrs, flag_ptrs, counters, epoch,
         tile_log if tile_log is not None else counters,
         rows, n, k, a.stride(0), a.stride(1), mat2.stride(0), mat2.stride(1),
         rank, world_size, programs,
@@ -125,5 +187,53 @@ def matmul_reduce_scatter_producer(
         BLOCK_K=config.block_k,
         GROUP_M=config.group_m,
         num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        num_stages=min(config.num_stages, 3),
     )  # fmt: skip
+
+
+@triton.jit
+def reduce_partials_kernel(
+    partials_ptr, out_ptr, flags_ptr, epoch_ptr, timeouts_ptr, chunk_numel, scale, rank, world_size,
+    SPIN_LIMIT: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """out = scale * sum_p partials[p] (p = 0, 1, ..., W - 1, in fp32), after waiting for the
+    flag of every peer's partial. ``partials``: [W, chunk_numel] contiguous; the own slot is
+    written before this kernel on the same stream and needs no flag."""
+    pid = tl.program_id(0)
+    epoch = tl.load(epoch_ptr)
+    for peer in range(0, world_size):
+        if peer != rank:
+            wait_flag(flags_ptr, timeouts_ptr, peer, epoch, SPIN_LIMIT)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < chunk_numel
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for peer in range(0, world_size):
+        acc += tl.load(partials_ptr + peer * chunk_numel + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, (acc * scale).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def reduce_partials(
+    partials: torch.Tensor,
+    out: torch.Tensor,
+    flags: torch.Tensor,
+    epoch: torch.Tensor,
+    timeouts: torch.Tensor,
+    *,
+    rank: int,
+    world_size: int,
+    scale: float = 1.0,
+    spin_limit: int = 1 << 30,
+    block: int = 2048,
+) -> torch.Tensor:
+    """Launches the owner's reduction: ``out`` ([rows, N], contiguous) = scale * the fp32 sum in
+    rank order of the W slots of ``partials`` ([W * rows, N], contiguous), each peer's slot read
+    once its flag (``flags[p]``) holds the call's epoch. A wait that gives up writes the epoch
+    into ``timeouts[p]``."""
+    numel = out.numel()
+    if not (partials.is_contiguous() and out.is_contiguous() and partials.numel() == world_size * numel):
+        raise ValueError(f"partials {list(partials.shape)} do not hold {world_size} of out {list(out.shape)}")
+    reduce_partials_kernel[(triton.cdiv(numel, block),)](
+        partials, out, flags, epoch, timeouts, numel, scale, rank, world_size,
+        SPIN_LIMIT=spin_limit, BLOCK=block, num_warps=8,
+    )  # fmt: skip
+    return out

@@ -8,8 +8,7 @@ import torch.distributed as dist
 from overlap_pass import config
 from overlap_pass.lowering import all_gather_matmul as agm
 from overlap_pass.lowering import symm
-
-REL_TOL = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+from tests.gpu_common import REL_TOL, error, group_name, poison_workspace
 
 # (shard shape, gather_dim, Ns, bias per N): odd rows, K and N, QKV-like lists, 3-D shards
 SHAPES = [
@@ -20,10 +19,6 @@ SHAPES = [
     ((1024, 1024), 0, (1536,), (False,)),
     ((17, 40), 0, (24,), (True,)),
 ]
-
-
-def _group_name() -> str:
-    return dist.group.WORLD.group_name
 
 
 def _shard_of(rank, shape, dtype, seed):
@@ -61,26 +56,11 @@ def _local_reference(shape, gather_dim, ns, bias, dtype, seed):
     return [o.view(list(gathered.shape[:-1]) + [o.shape[-1]]) for o in outs]
 
 
-def _poison_workspace():
-    for ws in symm._WORKSPACES.values():
-        if ws._alloc is not None:
-            ws.data((ws._alloc.data_bytes,), torch.uint8).fill_(0xFF)  # NaN in bf16, fp16 and fp32
-    torch.cuda.synchronize()
-    dist.barrier()
-
-
-def _error(out, ref) -> torch.Tensor:
-    """Relative error (device scalar); inf where the output holds a NaN or inf."""
-    out = out.float()
-    err = (out - ref).norm() / ref.norm().clamp_min(1e-12)
-    return torch.where(torch.isfinite(out).all(), err, torch.full_like(err, float("inf")))
-
-
 def _check(name, result, expected, dtype):
     (gathered, outs), (ref_gathered, refs) = result, expected
     for i, (out, ref) in enumerate(zip(outs, refs)):
         assert out.shape == ref.shape, f"{name}: output {i} shape {out.shape} != {ref.shape}"
-        err = _error(out, ref).item()
+        err = error(out, ref).item()
         assert err <= REL_TOL[dtype], f"{name}: output {i} relative error {err:.2e} on rank {dist.get_rank()}"
     if gathered is not None:
         assert torch.equal(gathered, ref_gathered), f"{name}: gathered tensor differs"
@@ -94,8 +74,8 @@ def every_variant_matches(dtype, seed=0) -> int:
         shard, mat2s, biases = _problem(shape, gather_dim, ns, bias, dtype, seed + index)
         expected = _reference(shard, mat2s, biases, gather_dim)
         for name, variant in agm.variants().items():
-            _poison_workspace()
-            result = variant(shard, mat2s, biases, gather_dim, world, _group_name(), index % 2 == 0)
+            poison_workspace()
+            result = variant(shard, mat2s, biases, gather_dim, world, group_name(), index % 2 == 0)
             _check(name, result, expected, dtype)
             checked += 1
     symm.check_all_timeouts()
@@ -113,8 +93,8 @@ def back_to_back(calls: int, seed=0) -> int:
         shard, mat2s, biases = _problem(shape, gather_dim, ns, bias, torch.bfloat16, seed + call)
         refs = _local_reference(shape, gather_dim, ns, bias, torch.bfloat16, seed + call)
         name = names[(call // len(SHAPES)) % len(names)]
-        _, outs = agm.variants()[name](shard, mat2s, biases, gather_dim, world, _group_name())
-        errors += [_error(o, r) for o, r in zip(outs, refs)]
+        _, outs = agm.variants()[name](shard, mat2s, biases, gather_dim, world, group_name())
+        errors += [error(o, r) for o, r in zip(outs, refs)]
         labels += [(call, name)] * len(outs)
     errors = torch.stack(errors).cpu()
     symm.check_all_timeouts()
@@ -134,7 +114,7 @@ def through_the_op(seed=0) -> list[str]:
         for implementation in ("auto", "fused", "copy_engine_cublas", "nccl_cublas", "reference"):
             with config.patch(implementation=implementation):
                 result = torch.ops.overlap.all_gather_matmul(
-                    shard, mat2s, biases, gather_dim, world, _group_name(), True
+                    shard, mat2s, biases, gather_dim, world, group_name(), True
                 )
             _check(implementation, result, expected, torch.bfloat16)
         from overlap_pass.lowering import choose
@@ -153,13 +133,13 @@ def cuda_graph_replay(replays: int, seed=0) -> int:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        fused(shard, mat2s, biases, gather_dim, world, _group_name())  # warm up: workspace, compile
+        fused(shard, mat2s, biases, gather_dim, world, group_name())  # warm up: workspace, compile
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        _, outs = fused(shard, mat2s, biases, gather_dim, world, _group_name())
-    ws = symm.workspace(agm.KIND, _group_name(), shard.device)
+        _, outs = fused(shard, mat2s, biases, gather_dim, world, group_name())
+    ws = symm.workspace(agm.KIND, group_name(), shard.device)
     start_epoch = int(ws.epoch.item())
     for replay in range(replays):
         fresh, _, _ = _problem(shape, gather_dim, ns, bias, torch.bfloat16, seed + 1 + replay)
@@ -169,7 +149,7 @@ def cuda_graph_replay(replays: int, seed=0) -> int:
         graph.replay()
         _, refs = _reference(shard, mat2s, biases, gather_dim)
         for out, ref in zip(outs, refs):
-            err = _error(out, ref).item()
+            err = error(out, ref).item()
             assert err <= REL_TOL[torch.bfloat16], f"replay {replay}: relative error {err:.2e}"
     torch.cuda.synchronize()
     assert int(ws.epoch.item()) == start_epoch + replays, "the epoch did not advance on replay"
@@ -208,7 +188,7 @@ def row_major_weights(seed=0) -> int:
     mat2s = [m.contiguous() for m in mat2s]  # [K, N], unit stride along N
     expected = _reference(shard, mat2s, biases, 0)
     for name, variant in agm.variants().items():
-        _poison_workspace()
-        _check(name, variant(shard, mat2s, biases, 0, world, _group_name()), expected, torch.bfloat16)
+        poison_workspace()
+        _check(name, variant(shard, mat2s, biases, 0, world, group_name()), expected, torch.bfloat16)
     symm.check_all_timeouts()
     return len(agm.variants())

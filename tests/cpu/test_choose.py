@@ -2,7 +2,6 @@
 
 import json
 
-import pytest
 import torch
 
 from overlap_pass import config
@@ -16,8 +15,19 @@ def test_a_forced_implementation_needs_no_measurement():
         assert choose.choose("k", VARIANTS, (), group=None, device=None) == "fused:tma128x256x64w8s3"
     with config.patch(implementation="copy_engine_cublas"):
         assert choose.choose("k", VARIANTS, (), group=None, device=None) == "copy_engine_cublas"
-    with config.patch(implementation="nccl"), pytest.raises(ValueError, match="is not one of"):
-        choose.choose("k", VARIANTS, (), group=None, device=None)
+
+
+
+def test_a_forced_implementation_the_op_lacks_falls_back_to_the_choice(caplog, monkeypatch):
+    """cublas_push exists for the reduce-scatter only: an all-gather takes its decided choice."""
+
+    class Group:
+        group_name = "g"
+
+    monkeypatch.setitem(choose._DECIDED, ("g", "k"), "copy_engine_cublas")
+    with config.patch(implementation="cublas_push"):
+        assert choose.choose("k", VARIANTS, (), group=Group(), device=None) == "copy_engine_cublas"
+    assert "'cublas_push' is not one of" in caplog.text
 
 
 def test_choices_are_cached_on_disk(tmp_path):

@@ -105,8 +105,7 @@ def test_reference_reduce_scatter_is_deterministic(gloo_world):
 
 
 def test_cuda_tensors_dispatch_to_the_lowering():
-    """all_gather_matmul has a CUDA kernel of its own (lowering/dispatch.py); the reduce-scatter
-    runs its reference decomposition everywhere until its GPU kernel lands."""
+    """Both ops have a CUDA kernel of their own (lowering/dispatch.py)."""
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     assert has("overlap::all_gather_matmul", "CUDA")
-    assert not has("overlap::matmul_reduce_scatter", "CUDA")
+    assert has("overlap::matmul_reduce_scatter", "CUDA")

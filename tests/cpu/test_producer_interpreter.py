@@ -1,6 +1,9 @@
-"""The matmul + reduce-scatter producer GEMM under TRITON_INTERPRET=1 with simulated peers:
-every rank's partials land in the owner's buffer, in its slot; every chunk is published with
-the epoch; tiles go rank + 1 first, own chunk last; the bias is in the sum once."""
+"""The matmul + reduce-scatter kernels under TRITON_INTERPRET=1 with simulated peers: every
+rank's partials land in the owner's buffer, in its slot, with the bias (pointer and TMA loads);
+every chunk is published with the epoch; tiles go rank + 1 first, own chunk last; the owner's
+reduction sums in fp32 in rank order, scales for avg, and names a peer whose partial never came."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -14,7 +17,7 @@ from overlap_pass.templates import matmul_reduce_scatter as mrs  # noqa: E402
 EPOCH = 5
 
 
-def _simulate(world, rows, k, n, dtype, bias, seed=0, num_programs=3):
+def _simulate(world, rows, k, n, dtype, bias, seed=0, num_programs=3, config=agm.TEST_CONFIG):
     """Runs every rank's producer into simulated peer buffers; returns the buffers, flags,
     counters and per-rank inputs."""
     gen = torch.Generator().manual_seed(seed)
@@ -30,9 +33,20 @@ def _simulate(world, rows, k, n, dtype, bias, seed=0, num_programs=3):
         mrs.matmul_reduce_scatter_producer(
             inputs[rank], mat2, b, dest_ptrs, flag_ptrs, counters[rank],
             torch.tensor([EPOCH], dtype=torch.int32), rank=rank, world_size=world,
-            config=agm.TEST_CONFIG, num_programs=num_programs,
+            config=config, num_programs=num_programs,
         )  # fmt: skip
     return inputs, mat2, b, partials, flags, counters
+
+
+def _check_partials(inputs, mat2, b, partials, world, rows, tol):
+    """Slot p of owner j's buffer holds rank p's rows of chunk j times mat2, plus the bias."""
+    for owner in range(world):
+        for producer in range(world):
+            got = partials[owner][producer * rows : (producer + 1) * rows]
+            want = inputs[producer][owner * rows : (owner + 1) * rows].float() @ mat2.float()
+            if b is not None:
+                want += b.float()
+            torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -40,15 +54,10 @@ def _simulate(world, rows, k, n, dtype, bias, seed=0, num_programs=3):
 def test_partials_land_in_the_owners_slots_and_sum_to_the_reduce_scatter(dtype, world, rows, k, n, bias):
     inputs, mat2, b, partials, flags, counters = _simulate(world, rows, k, n, dtype, bias)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
-    for owner in range(world):
-        for producer in range(world):
-            got = partials[owner][producer * rows : (producer + 1) * rows]
-            want = inputs[producer][owner * rows : (owner + 1) * rows].float() @ mat2.float()
-            if bias and producer == owner:
-                want += b.float()
-            torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+    _check_partials(inputs, mat2, b, partials, world, rows, tol)
+    for owner in range(world):  # every rank's matmul + bias, summed: the op's semantics
         total = partials[owner].float().view(world, rows, n).sum(0)
-        full = sum(x.float() @ mat2.float() for x in inputs) + (b.float() if bias else 0)
+        full = sum(x.float() @ mat2.float() + (b.float() if bias else 0) for x in inputs)
         torch.testing.assert_close(total, full[owner * rows : (owner + 1) * rows], atol=10 * tol, rtol=10 * tol)
     assert (flags == EPOCH).all(), flags
     assert all(not c.any() for c in counters), "the last tile of each chunk resets its counter"
@@ -90,3 +99,46 @@ def test_back_to_back_calls_publish_each_epoch():
             config=agm.TEST_CONFIG, num_programs=2,
         )  # fmt: skip
         assert flags.tolist() == [epoch, epoch] and not counters.any()
+
+
+@pytest.mark.parametrize("world, rows, k, n, bias", [(2, 20, 32, 40, True), (4, 9, 16, 24, False)])
+def test_tma_producer_matches_pointer_semantics(world, rows, k, n, bias):
+    """TMA loads: rows of the next chunk and N past the block are dropped by the masked store."""
+    config = dataclasses.replace(agm.TEST_CONFIG, tma=True)
+    inputs, mat2, b, partials, flags, counters = _simulate(world, rows, k, n, torch.float16, bias, config=config)
+    assert agm.tma_fits(inputs[0], mat2)
+    _check_partials(inputs, mat2, b, partials, world, rows, 1e-2)
+    assert (flags == EPOCH).all() and all(not c.any() for c in counters)
+
+
+def _reduce(partials, flags, world, rank, scale, spin_limit=1000):
+    rows_n = partials.shape[0] // world, partials.shape[1]
+    out = torch.full(rows_n, float("nan"), dtype=partials.dtype)
+    timeouts = torch.zeros(world, dtype=torch.int32)
+    mrs.reduce_partials(
+        partials, out, flags, torch.tensor([EPOCH], dtype=torch.int32), timeouts, rank=rank,
+        world_size=world, scale=scale, spin_limit=spin_limit, block=64,
+    )  # fmt: skip
+    return out, timeouts
+
+
+@pytest.mark.parametrize("world, rank, scale", [(2, 0, 1.0), (3, 2, 1.0 / 3), (4, 1, 1.0)])
+def test_reduction_sums_every_slot_in_fp32_and_scales(world, rank, scale):
+    rows, n = 7, 45  # 315 elements: the last block is partial
+    partials = torch.randn(world * rows, n)
+    flags = torch.full((world,), EPOCH, dtype=torch.int32)
+    flags[rank] = 0  # the own slot needs no flag
+    out, timeouts = _reduce(partials, flags, world, rank, scale)
+    want = torch.zeros(rows, n)
+    for slot in partials.view(world, rows, n):  # rank order, fp32: the kernel's exact sum
+        want += slot
+    torch.testing.assert_close(out, want * scale, atol=0, rtol=0)
+    assert not timeouts.any()
+
+
+def test_reduction_names_a_peer_whose_partial_never_came():
+    world, rank = 4, 0
+    partials = torch.randn(world * 4, 8)
+    flags = torch.tensor([0, EPOCH, EPOCH - 1, EPOCH], dtype=torch.int32)  # rank 2 is a call behind
+    _, timeouts = _reduce(partials, flags, world, rank, 1.0, spin_limit=50)
+    assert timeouts.tolist() == [0, 0, EPOCH, 0]

@@ -1,6 +1,11 @@
 import os
 
 import pytest
+import torch
+
+from tests.rank_pool import RankPool
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 # tests/cpu runs Triton in its interpreter (TRITON_INTERPRET=1, read when a kernel is defined),
 # so the GPU tests need a pytest process of their own: python3 -m pytest tests/gpu
@@ -16,3 +21,11 @@ def pytest_collection_modifyitems(config, items):
 # Bounded waits in tests: a lost peer fails a test in seconds instead of holding the GPU for the
 # default ten minutes (set before the rank processes start; they read it at import).
 os.environ.setdefault("OVERLAP_PASS_SPIN_LIMIT", "2000000")
+
+
+@pytest.fixture(scope="module", params=sorted({2, min(GPUS, 4)}) if GPUS >= 2 else [2], ids=lambda w: f"W{w}")
+def pool(request):
+    """NCCL ranks, one per GPU: world 2, and 4 where there are 4 GPUs (per test module)."""
+    pool = RankPool(request.param, "nccl")
+    yield pool
+    pool.close()

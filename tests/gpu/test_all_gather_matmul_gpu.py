@@ -9,17 +9,9 @@ import pytest
 import torch
 
 from tests import fused_ag_cases as cases
-from tests.rank_pool import RankPool
+from tests.gpu.conftest import GPUS
 
-GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = pytest.mark.skipif(GPUS < 2, reason="needs at least two GPUs")
-
-
-@pytest.fixture(scope="module", params=sorted({2, min(GPUS, 4)}) if GPUS >= 2 else [2], ids=lambda w: f"W{w}")
-def pool(request):
-    pool = RankPool(request.param, "nccl")
-    yield pool
-    pool.close()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)

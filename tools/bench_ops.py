@@ -1,14 +1,17 @@
-"""Benchmark of all-gather + matmul: overlap against NCCL + cuBLAS and PyTorch's async TP.
+"""Benchmark of the overlap ops against NCCL + cuBLAS and PyTorch's async TP.
 
-    torchrun --nproc-per-node 4 -m tools.bench_all_gather_matmul --out bench.json [--png bench.png]
+    torchrun --nproc-per-node 4 -m tools.bench_ops --op all_gather_matmul --out ag.json [--png ag.png]
+    torchrun --nproc-per-node 4 -m tools.bench_ops --op matmul_reduce_scatter --out rs.json
 
-Per shape (A: M x K sharded along M; B: a linear weight N x K used transposed; bf16), all in one
-process, interleaved round by round so drift hits every variant alike:
-mm alone, NCCL all-gather alone, NCCL + cuBLAS, torch async TP
-(torch.ops.symm_mem.fused_all_gather_matmul), overlap as the op runs it (its per-shape choice),
-and each overlap variant. A time is the median over rounds of the mean per call of a round, on
-the slowest rank. ideal = max(mm, all-gather); hidden = (NCCL+cuBLAS - overlap) /
-(NCCL+cuBLAS - ideal). Outputs of torch async TP and overlap are checked against NCCL + cuBLAS.
+Per shape (bf16; B a linear weight N x K used transposed), all in one process, interleaved round
+by round in a shuffled order so drift hits every variant alike: mm alone, the NCCL collective
+alone, NCCL + cuBLAS, torch async TP (torch.ops.symm_mem.fused_all_gather_matmul /
+fused_matmul_reduce_scatter), overlap as the op runs it (its per-shape choice), and each overlap
+variant. all_gather_matmul: A is M x K sharded along M; matmul_reduce_scatter: A is M x K (K the
+rank's slice) and the M x N product is reduce-scattered along M. A time is the median over rounds
+of the mean per call of a round, on the slowest rank. ideal = max(mm, collective); hidden =
+(NCCL+cuBLAS - overlap) / (NCCL+cuBLAS - ideal). Outputs of torch async TP and overlap are
+checked against NCCL + cuBLAS.
 """
 
 import argparse
@@ -29,20 +32,29 @@ import torch.distributed as dist  # noqa: E402
 
 from tools.measure import relative_error, slowest  # noqa: E402
 
-# (name, M, K, N) per world size: PERF_REFERENCE.md's AG+MM rows
+# (name, M, K, N) per op and world size: PERF_REFERENCE.md's rows
 SHAPES = {
-    4: [("llama3-8b qkv", 8192, 4096, 1536), ("llama3-8b up+gate", 8192, 4096, 7168),
-        ("llama3-70b qkv", 8192, 8192, 2560), ("llama3-70b up+gate", 8192, 8192, 14336),
-        ("wide", 4096, 16384, 6656)],
-    2: [("llama3-8b qkv", 8192, 4096, 3072), ("llama3-8b up+gate", 8192, 4096, 14336),
-        ("llama3-70b qkv", 8192, 8192, 5120), ("llama3-70b up+gate", 8192, 8192, 28672),
-        ("wide", 4096, 16384, 6656)],
+    "all_gather_matmul": {
+        4: [("llama3-8b qkv", 8192, 4096, 1536), ("llama3-8b up+gate", 8192, 4096, 7168),
+            ("llama3-70b qkv", 8192, 8192, 2560), ("llama3-70b up+gate", 8192, 8192, 14336),
+            ("wide", 4096, 16384, 6656)],
+        2: [("llama3-8b qkv", 8192, 4096, 3072), ("llama3-8b up+gate", 8192, 4096, 14336),
+            ("llama3-70b qkv", 8192, 8192, 5120), ("llama3-70b up+gate", 8192, 8192, 28672),
+            ("wide", 4096, 16384, 6656)],
+    },
+    "matmul_reduce_scatter": {
+        4: [("llama3-8b o", 8192, 1024, 4096), ("llama3-8b down", 8192, 3584, 4096),
+            ("llama3-70b o", 8192, 2048, 8192), ("llama3-70b down", 8192, 7168, 8192)],
+        2: [("llama3-8b o", 8192, 2048, 4096), ("llama3-8b down", 8192, 7168, 4096),
+            ("llama3-70b o", 8192, 4096, 8192), ("llama3-70b down", 8192, 14336, 8192)],
+    },
 }  # fmt: skip
+COLLECTIVE = {"all_gather_matmul": "all-gather", "matmul_reduce_scatter": "reduce-scatter"}
 EXTRA_MS = (2048, 16384)
 
 
-def shapes_for(world: int, extra_ms: bool) -> list[tuple]:
-    base = SHAPES.get(world, SHAPES[4])
+def shapes_for(op: str, world: int, extra_ms: bool) -> list[tuple]:
+    base = SHAPES[op].get(world, SHAPES[op][4])
     rows = list(base)
     if extra_ms:
         rows += [(f"{name} M={m}", m, k, n) for name, _, k, n in base for m in EXTRA_MS]
@@ -97,60 +109,84 @@ def _captured(variants: dict, calls: int) -> dict:
     return graphs
 
 
-def bench_shape(name, m, k, n, args, device, group_name) -> dict:
+def _all_gather_matmul_runners(m, k, n, device, group_name) -> tuple[dict, str]:
+    """The runners of one all-gather + matmul shape, and its choice key."""
     from overlap_pass.lowering import all_gather_matmul as agm
+    from overlap_pass.lowering import choose, dispatch
 
     world = dist.get_world_size()
     gen = torch.Generator(device=device).manual_seed(dist.get_rank())
     shard = torch.randn(m // world, k, device=device, dtype=torch.bfloat16, generator=gen)
-    weight = torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=torch.Generator(device=device).manual_seed(7))
-    weight /= k**0.5
-    b = weight.t()
+    b = _weight(n, k, device).t()
     full = torch.empty(m, k, device=device, dtype=torch.bfloat16)
     dist.all_gather_into_tensor(full, shard)
-
-    def ag_alone():
-        dist.all_gather_into_tensor(full, shard)
-
-    def torch_async_tp():
-        return torch.ops.symm_mem.fused_all_gather_matmul(shard, [b], 0, group_name)
-
-    def op():
-        return torch.ops.overlap.all_gather_matmul(shard, [b], [None], 0, world, group_name)
-
-    variants = {
+    args = (shard, [b], [None], 0, world, group_name)
+    runners = {
         "mm": lambda: torch.mm(full, b),
-        "all_gather": ag_alone,
-        "nccl_cublas": lambda: agm.nccl_cublas(shard, [b], [None], 0, world, group_name),
-        "torch_async_tp": torch_async_tp,
-        "overlap": op,
+        "collective": lambda: dist.all_gather_into_tensor(full, shard),
+        "nccl_cublas": lambda: agm.nccl_cublas(*args)[1][0],
+        "torch_async_tp": lambda: torch.ops.symm_mem.fused_all_gather_matmul(shard, [b], 0, group_name)[1][0],
+        "overlap": lambda: torch.ops.overlap.all_gather_matmul(*args)[1][0],
     }
     for vname, fn in agm.variants().items():
         if vname != "nccl_cublas":
-            variants[f"overlap[{vname}]"] = lambda fn=fn: fn(shard, [b], [None], 0, world, group_name)
+            runners[f"overlap[{vname}]"] = lambda fn=fn: fn(*args)[1][0]
+    shapes = dispatch.all_gather_matmul_shapes(shard.shape, [b], [None], 0)
+    return runners, choose.shape_key(agm.KIND, world, shapes, shard.dtype)
 
-    reference = variants["nccl_cublas"]()[1][0]
-    errors = {
-        "torch_async_tp": relative_error(torch_async_tp()[1][0], reference),
-        "overlap": relative_error(op()[1][0], reference),  # first call: the per-shape choice happens here
-    }
-    us = _time(variants, args, device)
-    us_graph = _time(_captured(variants, args.calls), args, device, per_round=1) if args.graph else None
+
+def _matmul_reduce_scatter_runners(m, k, n, device, group_name) -> tuple[dict, str]:
+    """The runners of one matmul + reduce-scatter shape, and its choice key."""
     from overlap_pass.lowering import choose, dispatch
+    from overlap_pass.lowering import matmul_reduce_scatter as mrs
 
-    key = choose.shape_key(
-        agm.KIND, world, dispatch.all_gather_matmul_shapes(shard.shape, [b], [None], 0), shard.dtype
-    )
-    chosen = choose.CHOICES.get(key, {}).get("choice")
-    ideal = max(us["mm"], us["all_gather"])
+    world = dist.get_world_size()
+    gen = torch.Generator(device=device).manual_seed(dist.get_rank())
+    a = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=gen)
+    b = _weight(n, k, device).t()
+    product = torch.mm(a, b)
+    scattered = product.new_empty(m // world, n)
+    args = ([a], [b], None, "sum", 0, world, group_name)
+    runners = {
+        "mm": lambda: torch.mm(a, b),
+        "collective": lambda: dist.reduce_scatter_tensor(scattered, product),
+        "nccl_cublas": lambda: mrs.nccl_cublas(*args),
+        "torch_async_tp": lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group_name),
+        "overlap": lambda: torch.ops.overlap.matmul_reduce_scatter(*args),
+    }
+    for vname, fn in mrs.variants(1).items():
+        if vname != "nccl_cublas":
+            runners[f"overlap[{vname}]"] = lambda fn=fn: fn(*args)
+    shapes = dispatch.matmul_reduce_scatter_shapes([a.shape], [b], False, "sum", 0)
+    return runners, choose.shape_key(mrs.KIND, world, shapes, a.dtype)
+
+
+def _weight(n, k, device) -> torch.Tensor:
+    """A linear's N x K weight, the same on every rank, scaled to keep outputs O(1)."""
+    gen = torch.Generator(device=device).manual_seed(7)
+    return torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) / k**0.5
+
+
+def bench_shape(op, name, m, k, n, args, device, group_name) -> dict:
+    from overlap_pass.lowering import choose
+
+    setup = _all_gather_matmul_runners if op == "all_gather_matmul" else _matmul_reduce_scatter_runners
+    runners, key = setup(m, k, n, device, group_name)
+    reference = runners["nccl_cublas"]()
+    errors = {  # overlap's first call: the per-shape choice happens here
+        v: relative_error(runners[v](), reference) for v in ("torch_async_tp", "overlap")
+    }
+    us = _time(runners, args, device)
+    us_graph = _time(_captured(runners, args.calls), args, device, per_round=1) if args.graph else None
+    ideal = max(us["mm"], us["collective"])
     saveable = us["nccl_cublas"] - ideal
 
     def hidden(t):
         return (us["nccl_cublas"] - t) / saveable if saveable > 0 else float("nan")
 
     return {
-        "shape": name, "M": m, "K": k, "N": n, "world": world, "us": us, "us_graph": us_graph, "ideal": ideal,
-        "chosen": chosen,
+        "op": op, "shape": name, "M": m, "K": k, "N": n, "world": dist.get_world_size(), "us": us,
+        "us_graph": us_graph, "ideal": ideal, "chosen": choose.CHOICES.get(key, {}).get("choice"),
         "hidden_overlap": hidden(us["overlap"]), "hidden_torch_async_tp": hidden(us["torch_async_tp"]),
         "speedup_overlap": us["nccl_cublas"] / us["overlap"],
         "speedup_torch_async_tp": us["nccl_cublas"] / us["torch_async_tp"],
@@ -163,14 +199,16 @@ def summary_table(rows: list[dict], timings: str = "us") -> str:
     graph replays): baselines, overlap as the op runs it (its chosen variant), its best variant,
     speedups, and hidden = (NCCL+cuBLAS - t) / (NCCL+cuBLAS - ideal) for overlap and async TP."""
     head = (
-        "| shape | M | K | N | mm | all-gather | ideal | NCCL+cuBLAS | torch async TP "
+        f"| shape | M | K | N | mm | {COLLECTIVE[rows[0].get('op', 'all_gather_matmul')] if rows else 'collective'} "
+        "| ideal | NCCL+cuBLAS | torch async TP "
         "| overlap (chosen variant) | best overlap variant | vs NCCL+cuBLAS | vs async TP "
         "| hidden: overlap / async TP |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         t = r[timings]
-        ideal = max(t["mm"], t["all_gather"])
+        collective = t["collective"] if "collective" in t else t["all_gather"]  # older runs' name
+        ideal = max(t["mm"], collective)
         base, tp, ov = t["nccl_cublas"], t["torch_async_tp"], t["overlap"]
         saveable = base - ideal
 
@@ -179,7 +217,7 @@ def summary_table(rows: list[dict], timings: str = "us") -> str:
 
         best_name, best = min(((v[8:-1], x) for v, x in t.items() if v.startswith("overlap[")), key=lambda p: p[1])
         lines.append(
-            f"| {r['shape']} | {r['M']} | {r['K']} | {r['N']} | {t['mm']:.0f} | {t['all_gather']:.0f} "
+            f"| {r['shape']} | {r['M']} | {r['K']} | {r['N']} | {t['mm']:.0f} | {collective:.0f} "
             f"| {ideal:.0f} | {base:.0f} | {tp:.0f} | {ov:.0f} ({r['chosen']}) | {best:.0f} ({best_name}) "
             f"| {base / ov:.2f}x | {tp / ov:.2f}x | {hidden(ov)} / {hidden(tp)} |"
         )
@@ -211,7 +249,7 @@ def chart(rows: list[dict], path: str) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("speedup over NCCL + cuBLAS")
-    ax.set_title(f"all-gather + matmul, W={rows[0]['world']}, bf16")
+    ax.set_title(f"{rows[0].get('op', 'all_gather_matmul')}, W={rows[0]['world']}, bf16")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -219,7 +257,8 @@ def chart(rows: list[dict], path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="bench_all_gather_matmul.json")
+    parser.add_argument("--op", choices=sorted(SHAPES), default="all_gather_matmul")
+    parser.add_argument("--out", default="bench_ops.json")
     parser.add_argument("--png", default=None)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=10)
@@ -252,10 +291,11 @@ def main() -> None:
         "rounds": args.rounds, "calls": args.calls,
     }  # fmt: skip
     rows = []
-    for name, m, k, n in shapes_for(dist.get_world_size(), args.extra_ms):
+    meta["op"] = args.op
+    for name, m, k, n in shapes_for(args.op, dist.get_world_size(), args.extra_ms):
         if args.only and not any(part in name for part in args.only.split(",")):
             continue
-        rows.append(bench_shape(name, m, k, n, args, device, group_name))
+        rows.append(bench_shape(args.op, name, m, k, n, args, device, group_name))
         if dist.get_rank() == 0:
             r = rows[-1]
             print(f"{name}: overlap {r['us']['overlap']:.0f} us ({r['chosen']}), NCCL+cuBLAS "

@@ -1,0 +1,167 @@
+"""overlap::matmul_reduce_scatter on CUDA: the variants that choose.py picks from.
+
+Every rank computes the partial of each chunk (the rows its owner keeps) in the order of
+schedule.reduce_scatter_order, the chunk of rank + 1 first and its own last, and moves each
+partial into its owner's symmetric workspace as soon as it exists, so the transfers hide behind
+the remaining matmuls. The owner then sums the W partials of its chunk in fp32, in rank order,
+on its own stream (templates/matmul_reduce_scatter.reduce_partials): deterministic, and the
+last partial to arrive (rank + 1's) travels while the owner computes its own chunk.
+
+Variants differ in how a partial reaches its owner:
+- fused: the persistent Triton producer GEMM stores each tile straight into the owner's
+  workspace over NVLink and publishes each chunk from its last tile (no copy, no host steps).
+- copy_engine_cublas: a cuBLAS matmul per chunk into a local staging slot, then the copy engine
+  pushes it to the owner on a side stream (no SMs), followed by its flag.
+- cublas_push: a cuBLAS matmul per chunk whose output is the owner's slot itself (a peer
+  mapping); its flag follows on the same stream.
+- nccl_cublas: cuBLAS over all rows, then NCCL's reduce-scatter. The baseline, and the fallback.
+
+Workspace data: [recv: W x rows x N | staging: W x rows x N], recv slot p holding rank p's
+partial of this rank's chunk. All take the op's arguments and return its output.
+"""
+
+import functools
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group
+
+from overlap_pass import config, schedule
+from overlap_pass.templates import all_gather_matmul as gemm_configs
+from overlap_pass.templates import matmul_reduce_scatter as producer
+
+from . import symm
+
+KIND = "matmul_reduce_scatter"
+
+
+def _flatten(inputs, mat2s, scatter_dim, world_size):
+    """Inputs as [M, K_i] with the scattered dim leading (a copy only when scatter_dim > 0 and
+    that is not already the layout), the rows of one chunk, N, and the output's shape with the
+    scattered dim first."""
+    moved = [a.movedim(scatter_dim, 0) for a in inputs]
+    flats = [a.contiguous().view(-1, a.shape[-1]) for a in moved]
+    n = mat2s[0].shape[1]
+    out_shape = [moved[0].shape[0] // world_size, *moved[0].shape[1:-1], n]
+    return flats, flats[0].shape[0] // world_size, n, out_shape
+
+
+def _unflatten(out_flat, out_shape, scatter_dim):
+    return out_flat.view(out_shape).movedim(0, scatter_dim).contiguous()
+
+
+def _chunk_partial(flats, mat2s, bias, chunk, rows, out):
+    """out = sum_i flats[i][rows of chunk] @ mat2s[i] + bias, with cuBLAS, written in place."""
+    for i, (a, mat2) in enumerate(zip(flats, mat2s)):
+        a_chunk = a[chunk * rows : (chunk + 1) * rows]
+        if i > 0:
+            out.addmm_(a_chunk, mat2)
+        elif bias is None:
+            torch.mm(a_chunk, mat2, out=out)
+        else:
+            torch.addmm(bias, a_chunk, mat2, out=out)
+
+
+class _Call:
+    """One call's workspace views: recv (this rank's slots), staging, and each owner's slot for
+    this rank's partial."""
+
+    def __init__(self, flats, rows, n, group_name):
+        self.dtype, self.rows, self.n = flats[0].dtype, rows, n
+        self.ws = ws = symm.workspace(KIND, group_name, flats[0].device)
+        self.world, self.rank = ws.world_size, ws.rank
+        self.slots_shape = (self.world * rows, n)
+        ws.enter(2 * self.world * rows * n * flats[0].element_size(), config.spin_limit)
+        self.recv = ws.data(self.slots_shape, self.dtype)
+
+    def owner_slot(self, owner: int) -> torch.Tensor:
+        """Rows of ``owner``'s recv that hold this rank's partial (a peer mapping)."""
+        start = self.rank * self.rows
+        return self.ws.peer_rows(owner, self.slots_shape, self.dtype, start, start + self.rows)
+
+    def staging(self, chunk: int) -> torch.Tensor:
+        start = (self.world + chunk) * self.rows
+        return self.ws.peer_rows(self.rank, (2 * self.world * self.rows, self.n), self.dtype, start, start + self.rows)
+
+    def reduce(self, reduce_op: str) -> torch.Tensor:
+        out = torch.empty(self.rows, self.n, dtype=self.dtype, device=self.recv.device)
+        return producer.reduce_partials(
+            self.recv, out, self.ws.flags, self.ws.epoch, self.ws.chunk_timeouts, rank=self.rank,
+            world_size=self.world, scale=1.0 / self.world if reduce_op == "avg" else 1.0,
+            spin_limit=config.spin_limit,
+        )  # fmt: skip
+
+
+def fused(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, *, gemm_config=None):
+    if len(inputs) != 1:
+        raise NotImplementedError("the fused producer takes one matmul (use a cuBLAS variant for sums)")
+    flats, rows, n, out_shape = _flatten(inputs, mat2s, scatter_dim, world_size)
+    call = _Call(flats, rows, n, group_name)
+    try:
+        ws = call.ws
+        producer.matmul_reduce_scatter_producer(
+            flats[0], mat2s[0], None if bias is None else bias.contiguous(),
+            ws.peer_data_addresses(call.slots_shape, call.dtype), ws.peer_flag_addresses(),
+            ws.counters, ws.epoch, rank=call.rank, world_size=world_size,
+            config=gemm_config or gemm_configs.CONFIGS[0],
+        )  # fmt: skip
+        out = call.reduce(reduce_op)
+    finally:
+        call.ws.leave()
+    return _unflatten(out, out_shape, scatter_dim)
+
+
+def copy_engine_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name):
+    flats, rows, n, out_shape = _flatten(inputs, mat2s, scatter_dim, world_size)
+    call = _Call(flats, rows, n, group_name)
+    ws, main = call.ws, torch.cuda.current_stream(flats[0].device)
+    try:
+        for chunk in schedule.reduce_scatter_order(call.rank, world_size):
+            if chunk == call.rank:  # last: straight into the own slot, no copy
+                _chunk_partial(flats, mat2s, bias, chunk, rows, call.owner_slot(chunk))
+                continue
+            staged = call.staging(chunk)
+            _chunk_partial(flats, mat2s, bias, chunk, rows, staged)
+            ws.side_stream.wait_stream(main)
+            with torch.cuda.stream(ws.side_stream):
+                call.owner_slot(chunk).copy_(staged)
+                ws.signal_peer(chunk)
+        out = call.reduce(reduce_op)
+    finally:  # joined even when a matmul fails: the next call must not overtake the pushes
+        ws.leave()
+    return _unflatten(out, out_shape, scatter_dim)
+
+
+def cublas_push(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name):
+    flats, rows, n, out_shape = _flatten(inputs, mat2s, scatter_dim, world_size)
+    call = _Call(flats, rows, n, group_name)
+    try:
+        for chunk in schedule.reduce_scatter_order(call.rank, world_size):
+            _chunk_partial(flats, mat2s, bias, chunk, rows, call.owner_slot(chunk))
+            if chunk != call.rank:
+                call.ws.signal_peer(chunk)  # stream order: after the matmul's stores
+        out = call.reduce(reduce_op)
+    finally:
+        call.ws.leave()
+    return _unflatten(out, out_shape, scatter_dim)
+
+
+def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name):
+    flats, rows, n, out_shape = _flatten(inputs, mat2s, scatter_dim, world_size)
+    full = torch.empty(world_size * rows, n, dtype=flats[0].dtype, device=flats[0].device)
+    _chunk_partial(flats, mat2s, bias, 0, world_size * rows, full)  # all rows as one chunk
+    out = full.new_empty(rows, n)
+    op = dist.ReduceOp.AVG if reduce_op == "avg" else dist.ReduceOp.SUM
+    dist.reduce_scatter_tensor(out, full, op=op, group=_resolve_process_group(group_name))
+    return _unflatten(out, out_shape, scatter_dim)
+
+
+def variants(num_inputs: int = 1) -> dict:
+    """Name -> implementation, every variant choose.py may pick for ``num_inputs`` matmuls."""
+    table = {}
+    if num_inputs == 1:
+        table = {f"fused:{c}": functools.partial(fused, gemm_config=c) for c in gemm_configs.CONFIGS}
+    table["copy_engine_cublas"] = copy_engine_cublas
+    table["cublas_push"] = cublas_push
+    table["nccl_cublas"] = nccl_cublas
+    return table

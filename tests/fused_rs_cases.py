@@ -1,0 +1,179 @@
+"""Per-rank bodies of the GPU tests of the CUDA matmul_reduce_scatter variants (lowering/): each
+runs on every rank of an NCCL RankPool. Outputs are checked against an fp32 reference (every
+rank's inputs regenerated from their seeds, summed locally), on fresh random inputs, with the
+workspace poisoned with NaN before."""
+
+import torch
+import torch.distributed as dist
+
+from overlap_pass import config
+from overlap_pass.lowering import matmul_reduce_scatter as mrs
+from overlap_pass.lowering import symm
+from tests.gpu_common import REL_TOL, error, group_name, poison_workspace
+
+# (input shape with "W" for the world size in the scattered dim, scatter_dim, K per input, N,
+# bias, reduce_op): odd rows per chunk, odd K and N, 3-D inputs scattered along dim 0 and 1,
+# a sum of two matmuls (the backward's input gradient)
+SHAPES = [
+    (("W83",), 0, (520,), 1000, True, "sum"),
+    (("W64",), 0, (256,), 130, False, "avg"),
+    ((2, "W39"), 1, (192,), 200, False, "sum"),
+    (("W3", 10), 0, (64,), 96, True, "sum"),
+    (("W50",), 0, (96, 40), 72, True, "sum"),
+    (("W256",), 0, (1024,), 1536, False, "sum"),
+    (("W17",), 0, (40,), 24, True, "avg"),
+]
+
+
+def _dims(lead, world):
+    return [world * int(d[1:]) if isinstance(d, str) else d for d in lead]
+
+
+def _problem(index, dtype, seed, rank=None):
+    """Rank ``rank``'s inputs (default: this rank's) and the shared weights and bias."""
+    lead, scatter_dim, ks, n, bias, reduce_op = SHAPES[index]
+    world = dist.get_world_size()
+    rank = dist.get_rank() if rank is None else rank
+    gen = torch.Generator(device="cuda").manual_seed(seed * 1000 + rank)
+    inputs = [torch.randn(*_dims(lead, world), k, device="cuda", dtype=dtype, generator=gen) for k in ks]
+    shared = torch.Generator(device="cuda").manual_seed(seed)  # weights equal on every rank
+    mat2s = [torch.randn(n, k, device="cuda", dtype=dtype, generator=shared).t() / k**0.5 for k in ks]
+    b = torch.randn(n, device="cuda", dtype=dtype, generator=shared) if bias else None
+    return inputs, mat2s, b, reduce_op, scatter_dim
+
+
+def _reference(index, dtype, seed):
+    """This rank's chunk of reduce(every rank's sum_i inputs[i] @ mat2s[i] + bias), in fp32,
+    without a collective (so calls under test are not re-synchronized in between)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    total = None
+    for r in range(world):
+        inputs, mat2s, b, reduce_op, scatter_dim = _problem(index, dtype, seed, rank=r)
+        full = sum(a.float() @ m.float() for a, m in zip(inputs, mat2s))
+        full = full + (b.float() if b is not None else 0)
+        total = full if total is None else total + full
+    if reduce_op == "avg":
+        total = total / world
+    size = total.shape[scatter_dim] // world
+    return total.narrow(scatter_dim, rank * size, size)
+
+
+def _variants(index):
+    return mrs.variants(len(SHAPES[index][2]))
+
+
+def _call(variant, index, dtype, seed):
+    inputs, mat2s, b, reduce_op, scatter_dim = _problem(index, dtype, seed)
+    return variant(inputs, mat2s, b, reduce_op, scatter_dim, dist.get_world_size(), group_name())
+
+
+def _check(name, out, ref, dtype):
+    assert out.shape == ref.shape, f"{name}: output shape {out.shape} != {ref.shape}"
+    err = error(out, ref).item()
+    assert err <= REL_TOL[dtype], f"{name}: relative error {err:.2e} on rank {dist.get_rank()}"
+
+
+def every_variant_matches(dtype, seed=0) -> int:
+    """Each variant on each shape; each non-NCCL variant run twice gives identical bits."""
+    checked = 0
+    for index in range(len(SHAPES)):
+        ref = _reference(index, dtype, seed + index)
+        for name, variant in _variants(index).items():
+            poison_workspace()
+            out = _call(variant, index, dtype, seed + index)
+            _check(name, out, ref, dtype)
+            if name != "nccl_cublas":  # NCCL's own reduction order is not ours to promise
+                poison_workspace()
+                again = _call(variant, index, dtype, seed + index)
+                assert torch.equal(out, again), f"{name}: two runs on the same inputs differ"
+            checked += 1
+    symm.check_all_timeouts()
+    return checked
+
+
+def back_to_back(calls: int, seed=0) -> int:
+    """``calls`` calls in a row, shapes and variants changing from call to call, with no sync
+    or collective in between; errors checked at the end."""
+    errors, labels = [], []
+    for call in range(calls):
+        index = call % len(SHAPES)
+        names = list(_variants(index))
+        name = names[(call // len(SHAPES)) % len(names)]
+        out = _call(_variants(index)[name], index, torch.bfloat16, seed + call)
+        errors.append(error(out, _reference(index, torch.bfloat16, seed + call)))
+        labels.append((call, name))
+    errors = torch.stack(errors).cpu()
+    symm.check_all_timeouts()
+    bad = [(labels[i], float(errors[i])) for i in range(calls) if not errors[i] <= REL_TOL[torch.bfloat16]]
+    assert not bad, f"rank {dist.get_rank()}: {len(bad)} bad calls, first {bad[:3]}"
+    return calls
+
+
+def through_the_op(seed=0) -> list[str]:
+    """torch.ops.overlap.matmul_reduce_scatter on CUDA: auto picks a variant per shape, the same
+    on every rank; forcing each implementation works too."""
+    for index in (0, 2, 4):
+        ref = _reference(index, torch.bfloat16, seed + index)
+        for implementation in ("auto", "fused", "copy_engine_cublas", "cublas_push", "nccl_cublas", "reference"):
+            with config.patch(implementation=implementation):
+                out = _call(torch.ops.overlap.matmul_reduce_scatter, index, torch.bfloat16, seed + index)
+            _check(implementation, out, ref, torch.bfloat16)
+    from overlap_pass.lowering import choose
+
+    return sorted(c["choice"] for k, c in choose.CHOICES.items() if k.startswith(mrs.KIND))
+
+
+def cuda_graph_replay(replays: int, seed=0) -> int:
+    """Capture each overlapped variant once, replay on new inputs: flags and barrier advance
+    (the epoch is on the device), outputs match every time."""
+    index = 0
+    names = [n for n in _variants(index) if n != "nccl_cublas"]
+    for name in names:
+        variant = _variants(index)[name]
+        inputs, mat2s, b, reduce_op, scatter_dim = _problem(index, torch.bfloat16, seed)
+        args = (inputs, mat2s, b, reduce_op, scatter_dim, dist.get_world_size(), group_name())
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            variant(*args)  # warm up: workspace, compile
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = variant(*args)
+        ws = symm.workspace(mrs.KIND, group_name(), out.device)
+        start_epoch = int(ws.epoch.item())
+        for replay in range(replays):
+            fresh = _problem(index, torch.bfloat16, seed + 1 + replay)[0]
+            for a, f in zip(inputs, fresh):
+                a.copy_(f)
+            out.fill_(float("nan"))
+            graph.replay()
+            _check(f"{name} replay {replay}", out, _reference(index, torch.bfloat16, seed + 1 + replay), torch.bfloat16)
+        torch.cuda.synchronize()
+        assert int(ws.epoch.item()) == start_epoch + replays, f"{name}: the epoch did not advance on replay"
+    symm.check_all_timeouts()
+    return replays * len(names)
+
+
+def late_peer_is_named(seed=0) -> str:
+    """Rank 1 calls alone with a short spin limit: the error names the ranks it waited for at
+    the barrier and whose partials never came."""
+    world = dist.get_world_size()
+    group = dist.new_group(list(range(world)))  # its own workspace, thrown away after
+    inputs, mat2s, b, reduce_op, scatter_dim = _problem(1, torch.bfloat16, seed)
+    ws = symm.workspace(mrs.KIND, group.group_name, inputs[0].device)
+    rows, n = inputs[0].shape[0] // world, mat2s[0].shape[1]
+    ws.reserve(2 * world * rows * n * inputs[0].element_size())  # collective: every rank
+    message = ""
+    if dist.get_rank() == 1:
+        with config.patch(spin_limit=20_000):
+            mrs.copy_engine_cublas(inputs, mat2s, b, reduce_op, scatter_dim, world, group.group_name)
+        try:
+            ws.check_timeouts()
+        except symm.ChunkTimeout as e:
+            message = str(e)
+    torch.cuda.synchronize()
+    dist.barrier()
+    del symm._WORKSPACES[(mrs.KIND, group.group_name, inputs[0].device.index)]
+    return message

@@ -1,0 +1,171 @@
+"""Benchmark of the compiled sequence-parallel MLP: all-gather -> up -> gelu -> down ->
+reduce-scatter (tools/tp_models.MLP with DTensor's ColwiseParallel / RowwiseParallel), forward
+and forward+backward, compiled three ways in one process on the same inputs: plain Inductor,
+Inductor with ``_micro_pipeline_tp`` (PyTorch's async TP pass), and backend="overlap".
+
+    torchrun --nproc-per-node 4 -m tools.bench_mlp --out mlp.json
+
+Times: the slowest rank's median over shuffled, interleaved rounds of the mean of ``--calls``
+steps. Forward runs under no_grad (an inference graph); forward+backward takes the gradient of
+the output with a fixed random gradient. Outputs and gradients are checked against eager.
+"""
+
+import argparse
+import copy
+import json
+import os
+import random
+import statistics
+
+for _var, _value in (
+    ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"),
+    ("OVERLAP_PASS_SPIN_LIMIT", "20000000"),
+):  # fmt: skip
+    os.environ.setdefault(_var, _value)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from tools.measure import relative_error, slowest  # noqa: E402
+
+SIZES = {"llama3-8b": (4096, 14336), "llama3-70b": (8192, 28672)}  # (dim, hidden)
+COMPILERS = ("inductor", "inductor_micro_pipeline_tp", "overlap")
+
+
+def _compile(model, compiler):
+    if compiler == "overlap":
+        return torch.compile(model, backend="overlap")
+    return torch.compile(model)
+
+
+def _config(compiler):
+    """Inductor's config while ``compiler``'s graphs compile (at their first calls)."""
+    return torch._inductor.config.patch(_micro_pipeline_tp=compiler == "inductor_micro_pipeline_tp")
+
+
+def bench_size(name, dim, hidden, args, device, mesh) -> dict:
+    from tools.tp_models import MLP, parallelize_mlp
+
+    world = dist.get_world_size()
+    torch.manual_seed(0)
+    eager = parallelize_mlp(MLP(dim, hidden, bias=False).to(device=device, dtype=torch.bfloat16), mesh)
+    models = {c: _compile(copy.deepcopy(eager), c) for c in COMPILERS}
+    gen = torch.Generator(device=device).manual_seed(1 + dist.get_rank())
+    x = torch.randn(1, args.tokens // world, dim, device=device, dtype=torch.bfloat16, generator=gen)
+    grad = torch.randn(x.shape, device=device, dtype=torch.bfloat16, generator=gen)
+
+    def forward(model):
+        with torch.no_grad():
+            return model(x)
+
+    def step(model):
+        inp = x.detach().requires_grad_()
+        out = model(inp)
+        out.backward(grad)
+        return out, inp.grad
+
+    def weight_grads(model):
+        params = getattr(model, "_orig_mod", model).parameters()
+        return [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params]
+
+    def zero(model):
+        for p in getattr(model, "_orig_mod", model).parameters():
+            p.grad = None
+
+    out_e, dx_e = step(eager)
+    errors = {}
+    for c, model in models.items():
+        with _config(c):  # first calls compile: forward-only and forward+backward graphs
+            fwd = forward(model)
+            out, dx = step(model)
+        errors[c] = {
+            "forward": relative_error(fwd, out_e),
+            "output": relative_error(out, out_e),
+            "input grad": relative_error(dx, dx_e),
+            "weight grads": max(relative_error(g, e) for g, e in zip(weight_grads(model), weight_grads(eager))),
+        }
+        zero(model)
+    runners = {}
+    for c, model in models.items():
+        runners[(c, "forward")] = lambda m=model: forward(m)
+        runners[(c, "forward+backward")] = lambda m=model: (step(m), zero(m))
+    samples = {key: [] for key in runners}
+    order = list(runners)
+    shuffle = random.Random(0)  # the same order on every rank
+    for round_ in range(args.warmup + args.rounds):
+        shuffle.shuffle(order)
+        for key in order:
+            torch.cuda.synchronize(device)
+            dist.barrier()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(args.calls):
+                runners[key]()
+            end.record()
+            if round_ >= args.warmup:
+                samples[key].append((start, end))
+    torch.cuda.synchronize(device)
+    us = {
+        f"{c} {mode}": slowest(statistics.median(s.elapsed_time(e) * 1e3 / args.calls for s, e in pairs), device)
+        for (c, mode), pairs in samples.items()
+    }
+    return {"size": name, "dim": dim, "hidden": hidden, "tokens": args.tokens, "world": world, "us": us, "errors": errors}
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        "| size | pass | plain Inductor | Inductor + micro_pipeline_tp | overlap "
+        "| overlap vs Inductor | overlap vs micro_pipeline_tp |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        for mode in ("forward", "forward+backward"):
+            t = [r["us"][f"{c} {mode}"] for c in COMPILERS]
+            lines.append(
+                f"| {r['size']} | {mode} | {t[0]:.0f} | {t[1]:.0f} | {t[2]:.0f} | {t[0] / t[2]:.2f}x | {t[1] / t[2]:.2f}x |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="bench_mlp.json")
+    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--sizes", default=",".join(SIZES))
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    args = parser.parse_args()
+
+    import overlap_pass  # noqa: F401  (registers the backend)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    dist.init_process_group("nccl", device_id=device)
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    import torch.distributed._symmetric_memory as symm_mem
+
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):
+        symm_mem.enable_symm_mem_for_group(dist.group.WORLD.group_name)  # _micro_pipeline_tp needs it
+    meta = {
+        "device": torch.cuda.get_device_name(), "world": dist.get_world_size(), "torch": torch.__version__,
+        "triton": __import__("triton").__version__, "rounds": args.rounds, "calls": args.calls,
+    }  # fmt: skip
+    rows = []
+    for name in args.sizes.split(","):
+        dim, hidden = SIZES[name]
+        rows.append(bench_size(name, dim, hidden, args, device, mesh))
+        if dist.get_rank() == 0:
+            print(f"{name}: {json.dumps(rows[-1]['us'])}\n  errors {json.dumps(rows[-1]['errors'])}", flush=True)
+            with open(args.out, "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    if dist.get_rank() == 0:
+        print(json.dumps(meta))
+        print(table(rows))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
