@@ -59,7 +59,7 @@ def _start(shard, mat2s, gather_dim, world_size, group_name):
     ws = symm.workspace(KIND, group_name, shard.device)
     stacked_shape = (world_size * flat.shape[0], flat.shape[1])
     ws.enter(stacked_shape[0] * stacked_shape[1] * flat.element_size(), config.spin_limit)
-    ws.side_stream.wait_stream(torch.cuda.current_stream(shard.device))
+    ws.fork()
     with torch.cuda.stream(ws.side_stream):
         _push_chunks(ws, flat, stacked_shape)
     return ws, ws.data(stacked_shape, flat.dtype), shard, flat, inner, gathered_shape, outs

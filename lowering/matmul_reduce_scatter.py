@@ -114,17 +114,20 @@ def fused(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, *
 def copy_engine_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name):
     flats, rows, n, out_shape = _flatten(inputs, mat2s, scatter_dim, world_size)
     call = _Call(flats, rows, n, group_name)
-    ws, main = call.ws, torch.cuda.current_stream(flats[0].device)
+    ws = call.ws
     try:
-        for chunk in schedule.reduce_scatter_order(call.rank, world_size):
-            if chunk == call.rank:  # last: straight into the own slot, no copy
-                _chunk_partial(flats, mat2s, bias, chunk, rows, call.owner_slot(chunk))
-                continue
-            staged = call.staging(chunk)
-            _chunk_partial(flats, mat2s, bias, chunk, rows, staged)
-            ws.side_stream.wait_stream(main)
-            with torch.cuda.stream(ws.side_stream):
-                call.owner_slot(chunk).copy_(staged)
+        # every matmul first, each marking its chunk ready, then every push behind its mark:
+        # the GPU runs the same schedule, and the host switches streams once, not per chunk
+        order = schedule.reduce_scatter_order(call.rank, world_size)
+        ws.fork()  # the pushes come after the barrier; each waits only for its own matmul
+        for chunk in order:
+            own = chunk == call.rank  # last: straight into the own slot, no copy
+            _chunk_partial(flats, mat2s, bias, chunk, rows, call.owner_slot(chunk) if own else call.staging(chunk))
+            ws.chunk_ready[chunk].record()
+        with torch.cuda.stream(ws.side_stream):
+            for chunk in order[:-1]:
+                ws.side_stream.wait_event(ws.chunk_ready[chunk])
+                call.owner_slot(chunk).copy_(call.staging(chunk))
                 ws.signal_peer(chunk)
         out = call.reduce(reduce_op)
     finally:  # joined even when a matmul fails: the next call must not overtake the pushes

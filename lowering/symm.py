@@ -75,6 +75,9 @@ class Workspace:
         self._retired: list[_Allocation] = []
         self._views: dict[tuple, torch.Tensor] = {}  # get_buffer views, made once (host time)
         self._calls = 0
+        self._forked = False  # whether the call in progress queued work on the side stream
+        # one per chunk: "chunk j's partial is computed", recorded on the caller's stream
+        self.chunk_ready = [torch.cuda.Event() for _ in range(self.world_size)]
 
     # -- allocation ---------------------------------------------------------------------------
 
@@ -180,10 +183,19 @@ class Workspace:
         self.reserve(data_bytes)
         self.barrier(spin_limit)
 
+    def fork(self) -> None:
+        """Side-stream work queued from now on comes after everything queued so far on the
+        caller's stream (and a CUDA-graph capture takes the side stream in from here)."""
+        self.side_stream.wait_stream(torch.cuda.current_stream(self.device))
+        self._forked = True
+
     def leave(self) -> None:
-        """A call's end, also on error paths: the caller's stream joins the side stream, so the
-        next call's barrier comes after every copy of this one; then the timeout check."""
-        torch.cuda.current_stream(self.device).wait_stream(self.side_stream)
+        """A call's end, also on error paths: the caller's stream joins the side stream if the
+        call used it (joining a stream a capture never forked would invalidate the capture), so
+        the next call's barrier comes after every copy of this one; then the timeout check."""
+        if self._forked:
+            torch.cuda.current_stream(self.device).wait_stream(self.side_stream)
+            self._forked = False
         self.finish()
 
     def barrier(self, spin_limit: int) -> None:

@@ -232,6 +232,17 @@ def launch_tma(a_stacked, a_local, mat2, bias, out, flags, epoch, timeouts, *, r
     )  # fmt: skip
 
 
+def pointer_fallback(config: GemmConfig, dtype: torch.dtype) -> GemmConfig:
+    """The blocks a config runs with pointer loads (inputs TMA cannot take): at most 3 stages;
+    fp32 (full-precision FMA dots) in 64 x 64 x 32 blocks, which compile in seconds."""
+    if dtype == torch.float32:
+        return dataclasses.replace(
+            config, block_m=min(config.block_m, 64), block_n=min(config.block_n, 64),
+            block_k=min(config.block_k, 32), num_warps=4, num_stages=min(config.num_stages, 2), tma=False,
+        )  # fmt: skip
+    return dataclasses.replace(config, tma=False, num_stages=min(config.num_stages, 3))
+
+
 @functools.cache
 def _sm_count_of(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -312,7 +323,7 @@ def all_gather_matmul_consumer(
                 spin_limit=spin_limit,
             )  # fmt: skip
             continue
-        pointer_config = dataclasses.replace(config, tma=False, num_stages=min(config.num_stages, 3))
+        pointer_config = pointer_fallback(config, a_stacked.dtype)
         all_gather_matmul_consumer_kernel[(programs,)](
             a_stacked, a_local, mat2, bias if bias is not None else out, out, flags, epoch,
             timeouts, tile_log if tile_log is not None else timeouts,

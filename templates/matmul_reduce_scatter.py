@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .all_gather_matmul import GemmConfig, _sm_count, _tma_mainloop, tma_fits
+from .all_gather_matmul import GemmConfig, _sm_count, _tma_mainloop, pointer_fallback, tma_fits
 from .signals import wait_flag
 from .tiles import chunk_tile, pointer_mainloop
 
@@ -156,10 +156,13 @@ def matmul_reduce_scatter_producer(
     if counters.dtype != torch.int32 or counters.numel() != world_size:
         raise ValueError(f"counters must be {world_size} int32 words")
     rows, n = m // world_size, mat2.shape[1]
+    use_tma = config.tma and tile_log is None and tma_fits(a, mat2)
+    if not use_tma:
+        config = pointer_fallback(config, a.dtype)
     tiles = world_size * triton.cdiv(rows, config.block_m) * triton.cdiv(n, config.block_n)
     programs = min(num_programs or _sm_count(a.device), tiles)
     bias_arg = bias if bias is not None else a
-    if config.tma and tile_log is None and tma_fits(a, mat2):
+    if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         bm, bn, bk = config.block_m, config.block_n, config.block_k
@@ -187,7 +190,7 @@ def matmul_reduce_scatter_producer(
         BLOCK_K=config.block_k,
         GROUP_M=config.group_m,
         num_warps=config.num_warps,
-        num_stages=min(config.num_stages, 3),
+        num_stages=config.num_stages,
     )  # fmt: skip
 
 
