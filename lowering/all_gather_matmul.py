@@ -60,7 +60,7 @@ def _start(shard, mat2s, gather_dim, world_size, group_name):
     stacked_shape = (world_size * flat.shape[0], flat.shape[1])
     ws.enter(stacked_shape[0] * stacked_shape[1] * flat.element_size(), config.spin_limit)
     ws.fork()
-    with torch.cuda.stream(ws.side_stream):
+    with ws.on_side_stream():
         _push_chunks(ws, flat, stacked_shape)
     return ws, ws.data(stacked_shape, flat.dtype), shard, flat, inner, gathered_shape, outs
 

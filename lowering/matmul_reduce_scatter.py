@@ -123,8 +123,8 @@ def copy_engine_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, 
         for chunk in order:
             own = chunk == call.rank  # last: straight into the own slot, no copy
             _chunk_partial(flats, mat2s, bias, chunk, rows, call.owner_slot(chunk) if own else call.staging(chunk))
-            ws.chunk_ready[chunk].record()
-        with torch.cuda.stream(ws.side_stream):
+            ws.chunk_ready[chunk].record(ws.main)
+        with ws.on_side_stream():
             for chunk in order[:-1]:
                 ws.side_stream.wait_event(ws.chunk_ready[chunk])
                 call.owner_slot(chunk).copy_(call.staging(chunk))

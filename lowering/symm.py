@@ -25,6 +25,7 @@ word of the rank or chunk it missed; the host reads those words every CHECK_EVER
 a sync and raises ChunkTimeout at a later call, or at once through ``check_timeouts``.
 """
 
+import contextlib
 import dataclasses
 import logging
 
@@ -75,7 +76,10 @@ class Workspace:
         self._retired: list[_Allocation] = []
         self._views: dict[tuple, torch.Tensor] = {}  # get_buffer views, made once (host time)
         self._calls = 0
+        self.main = torch.cuda.current_stream(device)  # the caller's stream, per call (enter)
         self._forked = False  # whether the call in progress queued work on the side stream
+        # reused every call: waiting on an event takes its state when the wait is queued
+        self._fork_event, self._join_event = torch.cuda.Event(), torch.cuda.Event()
         # one per chunk: "chunk j's partial is computed", recorded on the caller's stream
         self.chunk_ready = [torch.cuda.Event() for _ in range(self.world_size)]
 
@@ -179,22 +183,35 @@ class Workspace:
     # -- protocol steps ---------------------------------------------------------------------------
 
     def enter(self, data_bytes: int, spin_limit: int) -> None:
-        """A call's start: reserve ``data_bytes`` (collective), then step 1, the barrier."""
+        """A call's start: reserve ``data_bytes`` (collective), then step 1, the barrier. The
+        caller's stream is looked up once here (each lookup costs host time on the critical path)."""
+        self.main = torch.cuda.current_stream(self.device)
         self.reserve(data_bytes)
         self.barrier(spin_limit)
 
     def fork(self) -> None:
         """Side-stream work queued from now on comes after everything queued so far on the
         caller's stream (and a CUDA-graph capture takes the side stream in from here)."""
-        self.side_stream.wait_stream(torch.cuda.current_stream(self.device))
+        self._fork_event.record(self.main)
+        self.side_stream.wait_event(self._fork_event)
         self._forked = True
+
+    @contextlib.contextmanager
+    def on_side_stream(self):
+        """Work queued inside runs on the side stream (cheaper than torch.cuda.stream)."""
+        torch.cuda.set_stream(self.side_stream)
+        try:
+            yield
+        finally:
+            torch.cuda.set_stream(self.main)
 
     def leave(self) -> None:
         """A call's end, also on error paths: the caller's stream joins the side stream if the
         call used it (joining a stream a capture never forked would invalidate the capture), so
         the next call's barrier comes after every copy of this one; then the timeout check."""
         if self._forked:
-            torch.cuda.current_stream(self.device).wait_stream(self.side_stream)
+            self._join_event.record(self.side_stream)
+            self.main.wait_event(self._join_event)
             self._forked = False
         self.finish()
 

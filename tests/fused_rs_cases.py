@@ -144,9 +144,10 @@ def cuda_graph_replay(replays: int, seed=0) -> int:
         ws = symm.workspace(mrs.KIND, group_name(), out.device)
         start_epoch = int(ws.epoch.item())
         for replay in range(replays):
-            fresh = _problem(index, torch.bfloat16, seed + 1 + replay)[0]
-            for a, f in zip(inputs, fresh):
-                a.copy_(f)
+            fresh = _problem(index, torch.bfloat16, seed + 1 + replay)
+            for old, new in zip([*inputs, *mat2s, b], [*fresh[0], *fresh[1], fresh[2]]):
+                if old is not None:
+                    old.copy_(new)  # in place: the graph reads these addresses
             out.fill_(float("nan"))
             graph.replay()
             _check(f"{name} replay {replay}", out, _reference(index, torch.bfloat16, seed + 1 + replay), torch.bfloat16)

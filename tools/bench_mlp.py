@@ -136,6 +136,10 @@ def main() -> None:
     args = parser.parse_args()
 
     import overlap_pass  # noqa: F401  (registers the backend)
+
+    # three compilers x (no_grad forward, training step) recompile one forward more than the
+    # default limit of 8 allows; past it Dynamo would silently run eager
+    torch._dynamo.config.recompile_limit = 64
     from torch.distributed.device_mesh import init_device_mesh
 
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
