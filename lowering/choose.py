@@ -27,9 +27,12 @@ from overlap_pass import config
 log = logging.getLogger("overlap_pass")
 
 BASELINE = "nccl_cublas"
-ROUNDS = 15
+ROUNDS = 10
 WARMUP = 2
-SAMPLE_CALLS = 3  # back-to-back calls per sample: closer to a model's steady state than one
+# back-to-back calls per sample: enough for the host's time per call to show where it exceeds
+# the GPU's (with 3, a variant with 300 us of host time looked faster than NCCL on shapes where
+# it ran slower in a loop of 10)
+SAMPLE_CALLS = 8
 
 # (key string) -> {"choice": name, "times_us": {...}}: the choices of this process
 CHOICES: dict[str, dict] = {}

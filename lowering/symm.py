@@ -4,7 +4,8 @@ One symmetric allocation per workspace, the same size on every rank:
 
     [ flags: W int32 | pads: W int32 | ... control, CONTROL_BYTES ][ data ... ]
 
-- data: where peers push their chunks (all-gather) or partials; grown only when a call needs
+- data: where peers push their chunks (all-gather) or their partials of this rank's chunk
+  (reduce-scatter, which also stages its outgoing partials there); grown only when a call needs
   more, rounded up to a power of two, always on every rank in the same call.
 - flags[p]: rank p's progress word for its chunk in this rank's data, written by p.
 - pads[p]: rank p's barrier word, written by p's barrier kernel.
@@ -17,8 +18,10 @@ Protocol of one call, on the caller's stream unless said otherwise:
    has then finished, so nobody still reads the data a peer is about to overwrite (entry and
    exit handshake in one, since each call ends by joining its side stream).
 2. side stream (copy engine, no SMs): chunk copies into peers' data, each followed by a 4-byte
-   copy of the epoch into the peer's flag, in stream order after the data.
-3. the consumer waits per chunk on its flags, with acquire loads; then joins the side stream.
+   copy of the epoch into the peer's flag, in stream order after the data (or a kernel stores
+   into peers' data and release-writes their flags itself).
+3. the consumer (a GEMM, or the owner's reduction) waits per chunk on its flags, with acquire
+   loads; then the caller's stream joins the side stream.
 
 Every wait is bounded. A wait that gives up writes the call's epoch into a device ``timeouts``
 word of the rank or chunk it missed; the host reads those words every CHECK_EVERY calls without
