@@ -92,61 +92,69 @@ class _Call:
         )  # fmt: skip
 
 
-def fused(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, *, gemm_config=None):
-    if len(inputs) != 1:
-        raise NotImplementedError("the fused producer takes one matmul (use a cuBLAS variant for sums)")
+def _overlapped(produce, inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name):
+    """What every symmetric-memory variant does around its own step, ``produce(call, flats,
+    mat2s, bias)``, which gets every partial into its owner's slot and flags it: enter (barrier),
+    produce, the owner's reduction, leave."""
     flats, rows, n, out_shape = _flatten(inputs, mat2s, scatter_dim, world_size)
     call = _Call(flats, rows, n, group_name)
     try:
-        ws = call.ws
-        producer.matmul_reduce_scatter_producer(
-            flats[0], mat2s[0], None if bias is None else bias.contiguous(),
-            ws.peer_data_addresses(call.slots_shape, call.dtype), ws.peer_flag_addresses(),
-            ws.counters, ws.epoch, rank=call.rank, world_size=world_size,
-            config=gemm_config or gemm_configs.CONFIGS[0],
-        )  # fmt: skip
+        produce(call, flats, mat2s, bias)
         out = call.reduce(reduce_op)
-    finally:
+    finally:  # joined even when a launch fails: the next call must not overtake the pushes
         call.ws.leave()
     return _unflatten(out, out_shape, scatter_dim)
 
 
-def copy_engine_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name):
-    flats, rows, n, out_shape = _flatten(inputs, mat2s, scatter_dim, world_size)
-    call = _Call(flats, rows, n, group_name)
+def _produce_fused(call, flats, mat2s, bias, *, gemm_config):
+    """The Triton producer stores every tile into its owner's slot and flags each chunk."""
     ws = call.ws
-    try:
-        # every matmul first, each marking its chunk ready, then every push behind its mark:
-        # the GPU runs the same schedule, and the host switches streams once, not per chunk
-        order = schedule.reduce_scatter_order(call.rank, world_size)
-        ws.fork()  # the pushes come after the barrier; each waits only for its own matmul
-        for chunk in order:
-            own = chunk == call.rank  # last: straight into the own slot, no copy
-            _chunk_partial(flats, mat2s, bias, chunk, rows, call.owner_slot(chunk) if own else call.staging(chunk))
-            ws.chunk_ready[chunk].record(ws.main)
-        with ws.on_side_stream():
-            for chunk in order[:-1]:
-                ws.side_stream.wait_event(ws.chunk_ready[chunk])
-                call.owner_slot(chunk).copy_(call.staging(chunk))
-                ws.signal_peer(chunk)
-        out = call.reduce(reduce_op)
-    finally:  # joined even when a matmul fails: the next call must not overtake the pushes
-        ws.leave()
-    return _unflatten(out, out_shape, scatter_dim)
+    producer.matmul_reduce_scatter_producer(
+        flats[0], mat2s[0], None if bias is None else bias.contiguous(),
+        ws.peer_data_addresses(call.slots_shape, call.dtype), ws.peer_flag_addresses(),
+        ws.counters, ws.epoch, rank=call.rank, world_size=call.world, config=gemm_config,
+    )  # fmt: skip
 
 
-def cublas_push(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name):
-    flats, rows, n, out_shape = _flatten(inputs, mat2s, scatter_dim, world_size)
-    call = _Call(flats, rows, n, group_name)
-    try:
-        for chunk in schedule.reduce_scatter_order(call.rank, world_size):
-            _chunk_partial(flats, mat2s, bias, chunk, rows, call.owner_slot(chunk))
-            if chunk != call.rank:
-                call.ws.signal_peer(chunk)  # stream order: after the matmul's stores
-        out = call.reduce(reduce_op)
-    finally:
-        call.ws.leave()
-    return _unflatten(out, out_shape, scatter_dim)
+def _produce_copy_engine(call, flats, mat2s, bias):
+    """cuBLAS per chunk into staging; the copy engine pushes each to its owner, flag behind it.
+    Every matmul is queued first, each marking its chunk ready, then every push behind its
+    mark: the GPU runs the same schedule, and the host switches streams once, not per chunk."""
+    ws = call.ws
+    order = schedule.reduce_scatter_order(call.rank, call.world)
+    ws.fork()  # the pushes come after the barrier; each waits only for its own matmul
+    for chunk in order:
+        own = chunk == call.rank  # last: straight into the own slot, no copy
+        _chunk_partial(flats, mat2s, bias, chunk, call.rows, call.owner_slot(chunk) if own else call.staging(chunk))
+        ws.chunk_ready[chunk].record(ws.main)
+    with ws.on_side_stream():
+        for chunk in order[:-1]:
+            ws.side_stream.wait_event(ws.chunk_ready[chunk])
+            call.owner_slot(chunk).copy_(call.staging(chunk))
+            ws.signal_peer(chunk)
+
+
+def _produce_cublas_push(call, flats, mat2s, bias):
+    """cuBLAS per chunk, writing straight into the owner's slot; the flag follows in stream order."""
+    for chunk in schedule.reduce_scatter_order(call.rank, call.world):
+        _chunk_partial(flats, mat2s, bias, chunk, call.rows, call.owner_slot(chunk))
+        if chunk != call.rank:
+            call.ws.signal_peer(chunk)  # stream order: after the matmul's stores
+
+
+def fused(inputs, *args, gemm_config=None):
+    if len(inputs) != 1:  # before the barrier: every rank refuses alike, nobody waits
+        raise NotImplementedError("the fused producer takes one matmul (use a cuBLAS variant for sums)")
+    produce = functools.partial(_produce_fused, gemm_config=gemm_config or gemm_configs.CONFIGS[0])
+    return _overlapped(produce, inputs, *args)
+
+
+def copy_engine_cublas(*args):
+    return _overlapped(_produce_copy_engine, *args)
+
+
+def cublas_push(*args):
+    return _overlapped(_produce_cublas_push, *args)
 
 
 def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name):

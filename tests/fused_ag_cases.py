@@ -8,7 +8,7 @@ import torch.distributed as dist
 from overlap_pass import config
 from overlap_pass.lowering import all_gather_matmul as agm
 from overlap_pass.lowering import symm
-from tests.gpu_common import REL_TOL, error, group_name, poison_workspace
+from tests.gpu_common import REL_TOL, error, group_name, message_of_a_late_peer, poison_workspace
 
 # (shard shape, gather_dim, Ns, bias per N): odd rows, K and N, QKV-like lists, 3-D shards
 SHAPES = [
@@ -162,22 +162,11 @@ def late_peer_is_named(seed=0) -> str:
     rank it waited for at the barrier and the chunk whose flag never came."""
     world = dist.get_world_size()
     shard, mat2s, biases = _problem((64, 64), 0, (64,), (False,), torch.bfloat16, seed)
-    message = ""
-    group = dist.new_group(list(range(world)))  # its own workspace, thrown away after
-    ws = symm.workspace(agm.KIND, group.group_name, shard.device)
-    ws.reserve(world * shard.numel() * shard.element_size())  # collective: every rank
-    if dist.get_rank() == 1:
-        fused = next(v for n, v in agm.variants().items() if n.startswith("fused"))
-        with config.patch(spin_limit=20_000):
-            fused(shard, mat2s, biases, 0, world, group.group_name)
-        try:
-            ws.check_timeouts()
-        except symm.ChunkTimeout as e:
-            message = str(e)
-    torch.cuda.synchronize()
-    dist.barrier()
-    del symm._WORKSPACES[(agm.KIND, group.group_name, shard.device.index)]
-    return message
+    fused = next(v for n, v in agm.variants().items() if n.startswith("fused"))
+    return message_of_a_late_peer(
+        agm.KIND, world * shard.numel() * shard.element_size(),
+        lambda group_name: fused(shard, mat2s, biases, 0, world, group_name),
+    )  # fmt: skip
 
 
 def row_major_weights(seed=0) -> int:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from overlap_pass import config
 from overlap_pass.lowering import matmul_reduce_scatter as mrs
 from overlap_pass.lowering import symm
-from tests.gpu_common import REL_TOL, error, group_name, poison_workspace
+from tests.gpu_common import REL_TOL, error, group_name, message_of_a_late_peer, poison_workspace
 
 # (input shape with "W" for the world size in the scattered dim, scatter_dim, K per input, N,
 # bias, reduce_op): odd rows per chunk, odd K and N, 3-D inputs scattered along dim 0 and 1,
@@ -161,20 +161,9 @@ def late_peer_is_named(seed=0) -> str:
     """Rank 1 calls alone with a short spin limit: the error names the ranks it waited for at
     the barrier and whose partials never came."""
     world = dist.get_world_size()
-    group = dist.new_group(list(range(world)))  # its own workspace, thrown away after
     inputs, mat2s, b, reduce_op, scatter_dim = _problem(1, torch.bfloat16, seed)
-    ws = symm.workspace(mrs.KIND, group.group_name, inputs[0].device)
     rows, n = inputs[0].shape[0] // world, mat2s[0].shape[1]
-    ws.reserve(2 * world * rows * n * inputs[0].element_size())  # collective: every rank
-    message = ""
-    if dist.get_rank() == 1:
-        with config.patch(spin_limit=20_000):
-            mrs.copy_engine_cublas(inputs, mat2s, b, reduce_op, scatter_dim, world, group.group_name)
-        try:
-            ws.check_timeouts()
-        except symm.ChunkTimeout as e:
-            message = str(e)
-    torch.cuda.synchronize()
-    dist.barrier()
-    del symm._WORKSPACES[(mrs.KIND, group.group_name, inputs[0].device.index)]
-    return message
+    return message_of_a_late_peer(
+        mrs.KIND, 2 * world * rows * n * inputs[0].element_size(),
+        lambda group_name: mrs.copy_engine_cublas(inputs, mat2s, b, reduce_op, scatter_dim, world, group_name),
+    )  # fmt: skip
