@@ -8,7 +8,10 @@
   chunk, each behind a one-program kernel that waits for that chunk's flag.
 - nccl_cublas: NCCL all-gather, then cuBLAS. The baseline, and the fallback.
 
-All take the op's arguments and return what the op returns: (gathered or None, outputs).
+All take the op's arguments and return what the op returns: (gathered or None, outputs). The
+contractions over the gathered rows (weight gradients, ops.py) run per chunk as it arrives in
+copy_engine_cublas, accumulating in the output (cuBLAS beta = 1: one rounding per chunk); the fused
+variant runs them after its kernel, nccl_cublas as one matmul each.
 """
 
 import functools
@@ -17,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from overlap_pass import config, schedule
+from overlap_pass import config, ops, schedule
 from overlap_pass.templates import all_gather_matmul as consumer
 from overlap_pass.templates import signals
 
@@ -26,9 +29,9 @@ from . import symm
 KIND = "all_gather_matmul"
 
 
-def _prepare(shard, mat2s, gather_dim, world_size):
+def _prepare(shard, mat2s, gather_dim, world_size, contract_with=(), gathered_left=()):
     """The shard as [rows, K] (contiguous), the inner size of the output row remap, and
-    empty outputs in the op's (contiguous) layout."""
+    empty outputs in the op's (contiguous) layout: one per mat2, then one per contraction."""
     shard = shard.contiguous()
     k = shard.shape[-1]
     flat = shard.view(-1, k)
@@ -38,6 +41,10 @@ def _prepare(shard, mat2s, gather_dim, world_size):
     gathered_shape = list(shard.shape)
     gathered_shape[gather_dim] *= world_size
     outs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]]) for m in mat2s]
+    outs += [
+        shard.new_empty((k, other.shape[-1]) if left else (other.shape[-1], k))
+        for other, left in zip(contract_with, gathered_left)
+    ]
     return shard, flat, inner, gathered_shape, outs
 
 
@@ -52,10 +59,12 @@ def _push_chunks(ws: symm.Workspace, flat: torch.Tensor, stacked_shape) -> None:
         ws.signal_peer(peer)
 
 
-def _start(shard, mat2s, gather_dim, world_size, group_name):
+def _start(shard, mat2s, gather_dim, world_size, group_name, contract_with, gathered_left):
     """Steps 1 and 2 of the protocol (symm.py): barrier on the caller's stream, then the pushes
     on the side stream. Returns the workspace, the stacked view of its data, and _prepare's."""
-    shard, flat, inner, gathered_shape, outs = _prepare(shard, mat2s, gather_dim, world_size)
+    shard, flat, inner, gathered_shape, outs = _prepare(
+        shard, mat2s, gather_dim, world_size, contract_with, gathered_left
+    )
     ws = symm.workspace(KIND, group_name, shard.device)
     stacked_shape = (world_size * flat.shape[0], flat.shape[1])
     ws.enter(stacked_shape[0] * stacked_shape[1] * flat.element_size(), config.spin_limit)
@@ -79,60 +88,97 @@ def _finish(ws, shard, stacked, flat, gather_dim, gathered_shape, return_gathere
     return torch.cat(chunks, dim=gather_dim).view(gathered_shape)
 
 
-def fused(shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False, *, gemm_config=None):
+def fused(
+    shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
+    contract_with=(), gathered_left=(), *, gemm_config=None,
+):  # fmt: skip
     ws, stacked, shard, flat, inner, gathered_shape, outs = _start(
-        shard, mat2s, gather_dim, world_size, group_name
+        shard, mat2s, gather_dim, world_size, group_name, contract_with, gathered_left
     )
     try:
         consumer.all_gather_matmul_consumer(
             stacked, list(mat2s), [None if b is None else b.contiguous() for b in biases],
-            [o.view(-1, o.shape[-1]) for o in outs], ws.flags, ws.epoch, rank=ws.rank,
-            world_size=world_size, inner=inner, a_local=flat,
+            [o.view(-1, o.shape[-1]) for o in outs[: len(mat2s)]], ws.flags, ws.epoch,
+            rank=ws.rank, world_size=world_size, inner=inner, a_local=flat,
             config=gemm_config or consumer.CONFIGS[0], num_programs=None,
             spin_limit=config.spin_limit, timeouts=ws.chunk_timeouts,
         )  # fmt: skip
+        # the kernel waited for every chunk: the contractions run on whole data, no waits
+        for chunk in schedule.all_gather_order(ws.rank, world_size):
+            a = _chunk_rows(ws, stacked, flat, chunk, wait=False)
+            _contract_chunk(
+                a, chunk, contract_with, gathered_left, outs[len(mat2s) :], gathered_shape, gather_dim, ws
+            )
     finally:  # joined even when the launch fails: the next call must not overtake the pushes
         gathered = _finish(ws, shard, stacked, flat, gather_dim, gathered_shape, return_gathered)
     return gathered, outs
 
 
-def copy_engine_cublas(shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False):
+def copy_engine_cublas(
+    shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
+    contract_with=(), gathered_left=(),
+):  # fmt: skip
     ws, stacked, shard, flat, inner, gathered_shape, outs = _start(
-        shard, mat2s, gather_dim, world_size, group_name
+        shard, mat2s, gather_dim, world_size, group_name, contract_with, gathered_left
     )
     try:
-        _per_chunk_cublas(ws, stacked, flat, mat2s, biases, outs, gather_dim)
+        for chunk in schedule.all_gather_order(ws.rank, world_size):
+            a = _chunk_rows(ws, stacked, flat, chunk, wait=True)
+            _matmul_chunk(a, chunk, mat2s, biases, outs, gather_dim, world_size)
+            _contract_chunk(
+                a, chunk, contract_with, gathered_left, outs[len(mat2s) :], gathered_shape, gather_dim, ws
+            )
     finally:  # joined even when a matmul fails: the next call must not overtake the pushes
         gathered = _finish(ws, shard, stacked, flat, gather_dim, gathered_shape, return_gathered)
     return gathered, outs
 
 
-def _per_chunk_cublas(ws, stacked, flat, mat2s, biases, outs, gather_dim):
-    """Main stream: per chunk in arrival order, wait for its flag (one-program kernel), then
-    its cuBLAS matmuls into the chunk's rows of each output."""
-    rows, world = flat.shape[0], ws.world_size
-    for chunk in schedule.all_gather_order(ws.rank, world):
-        if chunk == ws.rank:
-            a = flat
-        else:
-            signals.wait_kernel[(1,)](
-                ws.flags, ws.epoch, ws.chunk_timeouts, chunk, SPIN_LIMIT=config.spin_limit,
-                num_warps=1,
-            )  # fmt: skip
-            a = stacked[chunk * rows : (chunk + 1) * rows]
-        for out, mat2, bias in zip(outs, mat2s, biases):
-            target = schedule.chunk(out, gather_dim, chunk, world)
-            if gather_dim == 0:
-                target = target.view(rows, -1)  # contiguous rows: cuBLAS writes in place
-                if bias is None:
-                    torch.mm(a, mat2, out=target)
-                else:
-                    torch.addmm(bias, a, mat2, out=target)
+def _chunk_rows(ws, stacked, flat, chunk, wait: bool) -> torch.Tensor:
+    """Chunk ``chunk``'s rows, [rows, K]: the local shard in place, or the peer's chunk in the
+    workspace, behind a one-program kernel that waits for its flag (on the caller's stream)."""
+    if chunk == ws.rank:
+        return flat
+    if wait:
+        signals.wait_kernel[(1,)](
+            ws.flags, ws.epoch, ws.chunk_timeouts, chunk, SPIN_LIMIT=config.spin_limit, num_warps=1
+        )
+    rows = flat.shape[0]
+    return stacked[chunk * rows : (chunk + 1) * rows]
+
+
+def _matmul_chunk(a, chunk, mat2s, biases, outs, gather_dim, world):
+    """cuBLAS: chunk ``chunk``'s rows of each output."""
+    rows = a.shape[0]
+    for out, mat2, bias in zip(outs, mat2s, biases):
+        target = schedule.chunk(out, gather_dim, chunk, world)
+        if gather_dim == 0:
+            target = target.view(rows, -1)  # contiguous rows: cuBLAS writes in place
+            if bias is None:
+                torch.mm(a, mat2, out=target)
             else:
-                target.copy_((a @ mat2 if bias is None else torch.addmm(bias, a, mat2)).view(target.shape))
+                torch.addmm(bias, a, mat2, out=target)
+        else:
+            target.copy_((a @ mat2 if bias is None else torch.addmm(bias, a, mat2)).view(target.shape))
 
 
-def nccl_cublas(shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False):
+def _contract_chunk(a, chunk, contract_with, gathered_left, outs, gathered_shape, gather_dim, ws):
+    """cuBLAS: chunk ``chunk``'s term of each contraction over the gathered rows, accumulated
+    into its output. The first chunk taken (the local one) writes, the others add."""
+    first = chunk == ws.rank
+    for out, other, left in zip(outs, contract_with, gathered_left):
+        theirs = schedule.chunk(ops._as_gathered(other, gathered_shape), gather_dim, chunk, ws.world_size)
+        theirs = theirs.reshape(a.shape[0], -1)  # a view unless dims before gather_dim exceed 1
+        x, y = (a.t(), theirs) if left else (theirs.t(), a)
+        if first:
+            torch.mm(x, y, out=out)
+        else:
+            out.addmm_(x, y)
+
+
+def nccl_cublas(
+    shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
+    contract_with=(), gathered_left=(),
+):  # fmt: skip
     group = _resolve_process_group(group_name)
     shard = shard.contiguous()
     stacked = shard.new_empty((world_size,) + tuple(shard.shape))
@@ -146,14 +192,17 @@ def nccl_cublas(shard, mat2s, biases, gather_dim, world_size, group_name, return
     for mat2, bias in zip(mat2s, biases):
         out = torch.mm(flat, mat2) if bias is None else torch.addmm(bias, flat, mat2)
         outs.append(out.view(list(gathered.shape[:-1]) + [mat2.shape[1]]))
+    for other, left in zip(contract_with, gathered_left):
+        outs.append(flat.t() @ other if left else other.t() @ flat)
     return (gathered if return_gathered else None), outs
 
 
-def variants() -> dict:
-    """Name -> implementation, every variant choose.py may pick."""
-    table = {
-        f"fused:{cfg}": functools.partial(fused, gemm_config=cfg) for cfg in consumer.CONFIGS
-    }
+def variants(num_mat2s: int = 1) -> dict:
+    """Name -> implementation, every variant choose.py may pick for a call with ``num_mat2s``
+    row matmuls (the fused kernel needs one)."""
+    table = {}
+    if num_mat2s:
+        table = {f"fused:{cfg}": functools.partial(fused, gemm_config=cfg) for cfg in consumer.CONFIGS}
     table["copy_engine_cublas"] = copy_engine_cublas
     table["nccl_cublas"] = nccl_cublas
     return table

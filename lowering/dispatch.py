@@ -14,8 +14,8 @@ from . import matmul_reduce_scatter as mrs
 
 
 @functools.cache
-def _ag_variants() -> dict:
-    return agm.variants()
+def _ag_variants(num_mat2s: int) -> dict:
+    return agm.variants(num_mat2s)
 
 
 @functools.cache
@@ -28,15 +28,18 @@ def _layouts(mat2s) -> list:
     return [[*m.shape, "t" if m.stride(0) == 1 and m.dim() == 2 else "n"] for m in mat2s]
 
 
-def all_gather_matmul_shapes(shard_shape, mat2s, biases, gather_dim) -> dict:
+def all_gather_matmul_shapes(shard_shape, mat2s, biases, gather_dim, contractions=()) -> dict:
     """What the all_gather_matmul choice depends on; decide.py builds the same from graph
-    metadata to show a cached choice in decisions.json."""
-    return {
+    metadata to show a cached choice in decisions.json. ``contractions``: (K_j, gathered_left)."""
+    shapes = {
         "shard": list(shard_shape),
         "gather_dim": gather_dim,
         "mat2s": _layouts(mat2s),
         "bias": [b is not None for b in biases],
     }
+    if contractions:
+        shapes["contractions"] = [[k, "left" if left else "right"] for k, left in contractions]
+    return shapes
 
 
 def matmul_reduce_scatter_shapes(input_shapes, mat2s, has_bias, reduce_op, scatter_dim) -> dict:
@@ -81,18 +84,30 @@ def _resolve(kind, fast_key, group_name, world_size, variants, shapes, dtype, de
     return variants[name]
 
 
-def all_gather_matmul(shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False):
+def all_gather_matmul(
+    shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
+    contract_with=None, gathered_left=None,
+):  # fmt: skip
+    contract_with, gathered_left = contract_with or [], gathered_left or []
     fast_key = (
         agm.KIND, _signature(shard), gather_dim, world_size, group_name,
-        tuple(_signature(m) for m in mat2s), tuple(_signature(b) for b in biases), config.implementation,
+        tuple(_signature(m) for m in mat2s), tuple(_signature(b) for b in biases),
+        tuple(_signature(o) for o in contract_with), tuple(gathered_left), config.implementation,
     )  # fmt: skip
     run = _RESOLVED.get(fast_key)
     if run is not None:
-        return run(shard, mat2s, biases, gather_dim % shard.dim(), world_size, group_name, return_gathered)
-    dim = ops._check_all_gather_matmul(shard, mat2s, biases, gather_dim, world_size)
-    args = (shard, mat2s, biases, dim, world_size, group_name, return_gathered)
-    shapes = all_gather_matmul_shapes(shard.shape, mat2s, biases, dim)
-    run = _resolve(agm.KIND, fast_key, group_name, world_size, _ag_variants(), shapes, shard.dtype, shard.device, args)
+        return run(
+            shard, mat2s, biases, gather_dim % shard.dim(), world_size, group_name, return_gathered,
+            contract_with, gathered_left,
+        )  # fmt: skip
+    dim = ops._check_all_gather_matmul(
+        shard, mat2s, biases, gather_dim, world_size, contract_with, gathered_left
+    )
+    args = (shard, mat2s, biases, dim, world_size, group_name, return_gathered, contract_with, gathered_left)
+    contractions = [(o.shape[-1], left) for o, left in zip(contract_with, gathered_left)]
+    shapes = all_gather_matmul_shapes(shard.shape, mat2s, biases, dim, contractions)
+    variants = _ag_variants(len(mat2s))
+    run = _resolve(agm.KIND, fast_key, group_name, world_size, variants, shapes, shard.dtype, shard.device, args)
     return ops.all_gather_matmul_reference(*args) if run is None else run(*args)
 
 

@@ -17,8 +17,11 @@ def _tensors(match: Match) -> list[torch.Tensor]:
         nodes = [match.shard, match.gathered] + [
             n for use in match.matmuls for n in (use.mm, use.mat2, use.bias) if n is not None
         ]
+        nodes += [n for use in match.contractions for n in (use.mm, use.other)]
     else:
-        nodes = [n for n in (match.input, match.mat2, match.bias, match.mm) if n is not None]
+        nodes = [
+            n for t in match.terms for n in (t.input, t.mat2, t.bias, t.mm) if n is not None
+        ]
     return [meta_val(n) for n in nodes]
 
 
@@ -54,13 +57,16 @@ def _choice_key(match: Match) -> str:
             [meta_val(use.mat2) for use in match.matmuls],
             [use.bias for use in match.matmuls],
             match.gather_dim % shard.dim(),
+            # contract_with is [M, K]: K is the last dim of mm(g^T, other) and the first of other @ g
+            [(meta_val(u.mm).shape[-1 if u.gathered_left else 0], u.gathered_left) for u in match.contractions],
         )
         return choose.shape_key("all_gather_matmul", match.world_size, shapes, shard.dtype)
-    # the rewrite reshapes the mm's input to the scattered layout (rewrite.py)
+    # the rewrite reshapes each mm's input to the scattered layout and sums the biases (rewrite.py)
     scattered = meta_val(match.scattered)
-    input_shape = [*scattered.shape[:-1], meta_val(match.input).shape[-1]]
+    input_shapes = [[*scattered.shape[:-1], meta_val(t.input).shape[-1]] for t in match.terms]
     shapes = dispatch.matmul_reduce_scatter_shapes(
-        [input_shape], [meta_val(match.mat2)], match.bias is not None, match.reduce_op,
+        input_shapes, [meta_val(t.mat2) for t in match.terms],
+        any(t.bias is not None for t in match.terms), match.reduce_op,
         match.scatter_dim % scattered.dim(),
     )  # fmt: skip
     return choose.shape_key("matmul_reduce_scatter", match.world_size, shapes, scattered.dtype)
@@ -70,7 +76,7 @@ def choose_implementation(match: Match) -> str:
     """Which implementation the rewritten op runs, as decisions.json shows it. CUDA tensors: a
     forced variant, the cached per-shape choice, or "auto" until the first call measures
     (lowering/choose.py). Everything else runs the reference decomposition."""
-    device = meta_val(match.shard if isinstance(match, AllGatherMatmulMatch) else match.mm).device
+    device = meta_val(match.shard if isinstance(match, AllGatherMatmulMatch) else match.scattered).device
     if device.type != "cuda":
         return "reference"
     if config.implementation != "auto":

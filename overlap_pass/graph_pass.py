@@ -183,12 +183,13 @@ def _decide(candidates: list[Candidate]) -> list[tuple[Candidate, dict]]:
         record = _describe(candidate)
         if candidate.match is None:
             ok, reason = False, candidate.reason
-        elif getattr(candidate.match, "mm", None) in taken_by_all_gather:
+        elif any(term.mm in taken_by_all_gather for term in getattr(candidate.match, "terms", ())):
             ok, reason = False, "the matmul is already fused with its all-gather"
         else:
             ok, reason = decide.should_fuse(candidate.match)
         if ok and isinstance(candidate.match, AllGatherMatmulMatch):
-            taken_by_all_gather |= {use.mm for use in candidate.match.matmuls}
+            match = candidate.match
+            taken_by_all_gather |= {use.mm for use in match.matmuls + match.contractions}
         record["rewritten"] = ok
         record["reason"] = reason or None
         record["implementation"] = decide.choose_implementation(candidate.match) if ok else None
@@ -214,6 +215,14 @@ def _describe(candidate: Candidate) -> dict:
                 {k: describe_node(v) for k, v in (("mm", u.mm), ("mat2", u.mat2), ("bias", u.bias))}
                 for u in match.matmuls
             ],
+            "contractions": [
+                {
+                    "mm": describe_node(u.mm),
+                    "other": describe_node(u.other),
+                    "gathered_left": u.gathered_left,
+                }
+                for u in match.contractions
+            ],
             "other_users": [n.name for n in match.other_users],
         }
         record["return_gathered"] = bool(match.other_users)
@@ -221,10 +230,13 @@ def _describe(candidate: Candidate) -> dict:
         record["dim"] = match.scatter_dim
         record["reduce_op"] = match.reduce_op
         record["nodes"] = {
-            "matmul": describe_node(match.mm),
-            "input": describe_node(match.input),
-            "mat2": describe_node(match.mat2),
-            "bias": describe_node(match.bias),
+            "matmuls": [
+                {
+                    k: describe_node(v)
+                    for k, v in (("mm", t.mm), ("input", t.input), ("mat2", t.mat2), ("bias", t.bias))
+                }
+                for t in match.terms
+            ],
             "scattered": describe_node(match.scattered),
         }
     return record

@@ -2,10 +2,16 @@
 reference decomposition.
 
     all_gather_matmul:      A = all_gather(shard, gather_dim);  out[i] = A @ mat2s[i] + biases[i]
+                            then, over A's M rows (the gathered dim is contracted):
+                            out[len(mat2s) + j] = A^T @ contract_with[j]   (gathered_left[j])
+                                                  contract_with[j]^T @ A   (otherwise)
     matmul_reduce_scatter:  out = reduce_scatter(sum_i inputs[i] @ mat2s[i] + bias, scatter_dim)
 
 Matmuls contract the last dim of A (or inputs[i]) with dim 0 of mat2 ([K, N]); the gathered or
-scattered dim is any other dim. All outputs are contiguous, as eager's would be.
+scattered dim is any other dim. The contractions are a column-parallel linear's weight gradient
+(A the gathered input, contract_with the output gradient) and a row-parallel one's (A the gathered
+output gradient): A flattened to [M, D] rows, contract_with[j] given as [M, K_j] in the same row
+order. All outputs are contiguous, as eager's would be.
 
 The reference implementation is the decomposed algorithm itself, on torch.distributed point-to-
 point ops, so it runs on gloo and NCCL alike: per-rank chunks in the order of schedule.py, the
@@ -15,6 +21,7 @@ this decomposition for groups without NCCL.
 """
 
 import functools
+import math
 
 import torch
 import torch.distributed as dist
@@ -27,7 +34,8 @@ REDUCE_OPS = ("sum", "avg")
 _SCHEMAS = {
     "all_gather_matmul": (
         "(Tensor shard, Tensor[] mat2s, Tensor?[] biases, int gather_dim, "
-        "int world_size, str group_name, bool return_gathered=False) -> (Tensor?, Tensor[])"
+        "int world_size, str group_name, bool return_gathered=False, "
+        "Tensor[]? contract_with=None, bool[]? gathered_left=None) -> (Tensor?, Tensor[])"
     ),
     "matmul_reduce_scatter": (
         "(Tensor[] inputs, Tensor[] mat2s, Tensor? bias, str reduce_op, "
@@ -52,9 +60,22 @@ def _scattered_shape(full: list[int], scatter_dim: int, world_size: int) -> list
     return shape
 
 
-def _check_all_gather_matmul(shard, mat2s, biases, gather_dim, world_size) -> int:
+def _contracted_shape(gathered_shape, other, left: bool) -> list[int]:
+    return [gathered_shape[-1], other.shape[-1]] if left else [other.shape[-1], gathered_shape[-1]]
+
+
+def _check_all_gather_matmul(
+    shard, mat2s, biases, gather_dim, world_size, contract_with=(), gathered_left=()
+) -> int:
     """Validates arguments; returns gather_dim normalized to a non-negative dim."""
-    torch._check(len(mat2s) > 0, lambda: "all_gather_matmul needs at least one mat2")
+    torch._check(
+        len(mat2s) + len(contract_with) > 0,
+        lambda: "all_gather_matmul needs at least one mat2 or contract_with operand",
+    )
+    torch._check(
+        len(gathered_left) == len(contract_with),
+        lambda: f"{len(gathered_left)} gathered_left flags for {len(contract_with)} contract_with",
+    )
     torch._check(
         len(biases) == len(mat2s),
         lambda: f"all_gather_matmul: {len(biases)} biases for {len(mat2s)} mat2s",
@@ -77,6 +98,13 @@ def _check_all_gather_matmul(shard, mat2s, biases, gather_dim, world_size) -> in
                 lambda: f"bias of shape {list(bias.shape)} does not match N={mat2.shape[1]}",
             )
     torch._check(world_size >= 1, lambda: f"world_size must be positive, got {world_size}")
+    rows = math.prod(_gathered_shape(shard, dim, world_size)[:-1])
+    for other in contract_with:
+        torch._check(
+            other.dim() == 2 and other.shape[0] == rows,
+            lambda: f"contract_with of shape {list(other.shape)} is not [{rows} gathered rows, K]",
+        )
+        torch._check(other.dtype == shard.dtype, lambda: "contract_with dtype differs from shard dtype")
     return dim
 
 
@@ -114,11 +142,19 @@ def _check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, wo
 
 
 def _all_gather_matmul_fake(
-    shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False
-):
-    dim = _check_all_gather_matmul(shard, mat2s, biases, gather_dim, world_size)
+    shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
+    contract_with=None, gathered_left=None,
+):  # fmt: skip
+    contract_with, gathered_left = contract_with or [], gathered_left or []
+    dim = _check_all_gather_matmul(
+        shard, mat2s, biases, gather_dim, world_size, contract_with, gathered_left
+    )
     gathered_shape = _gathered_shape(shard, dim, world_size)
     outputs = [shard.new_empty(gathered_shape[:-1] + [mat2.shape[1]]) for mat2 in mat2s]
+    outputs += [
+        shard.new_empty(_contracted_shape(gathered_shape, other, left))
+        for other, left in zip(contract_with, gathered_left)
+    ]
     gathered = shard.new_empty(gathered_shape) if return_gathered else None
     return gathered, outputs
 
@@ -149,16 +185,27 @@ def _exchange(group, send: torch.Tensor, send_to: int, recv: torch.Tensor, recv_
     return dist.batch_isend_irecv(ops)
 
 
+def _as_gathered(other: torch.Tensor, gathered_shape) -> torch.Tensor:
+    """contract_with's [M, K] rows in the gathered tensor's leading layout, so that one rank's
+    chunk of it is schedule.chunk of the same dim."""
+    return other.reshape(list(gathered_shape[:-1]) + [other.shape[-1]])
+
+
 def _linear(a: torch.Tensor, mat2: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     out = torch.matmul(a, mat2)
     return out if bias is None else out + bias
 
 
 def all_gather_matmul_reference(
-    shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False
-):
-    """Rank-rotated all-gather on point-to-point ops, overlapped with per-chunk matmuls."""
-    dim = _check_all_gather_matmul(shard, mat2s, biases, gather_dim, world_size)
+    shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
+    contract_with=None, gathered_left=None,
+):  # fmt: skip
+    """Rank-rotated all-gather on point-to-point ops, overlapped with per-chunk matmuls; the
+    contractions over the gathered rows accumulate chunk by chunk, in fp32."""
+    contract_with, gathered_left = contract_with or [], gathered_left or []
+    dim = _check_all_gather_matmul(
+        shard, mat2s, biases, gather_dim, world_size, contract_with, gathered_left
+    )
     group = _resolve_process_group(group_name)
     rank = group.rank()
     torch._check(
@@ -169,6 +216,10 @@ def all_gather_matmul_reference(
     gathered_shape = _gathered_shape(shard, dim, world_size)
     outputs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]]) for m in mat2s]
     gathered = shard.new_empty(gathered_shape) if return_gathered else None
+    sums = [
+        shard.new_zeros(_contracted_shape(gathered_shape, other, left), dtype=torch.float32)
+        for other, left in zip(contract_with, gathered_left)
+    ]
 
     # Post every transfer up front; each step's matmul waits only for its own chunk.
     received, works = {rank: shard}, {}
@@ -185,7 +236,12 @@ def all_gather_matmul_reference(
             schedule.chunk(out, dim, src, world_size).copy_(_linear(chunk, mat2, bias))
         if gathered is not None:
             schedule.chunk(gathered, dim, src, world_size).copy_(chunk)
-    return gathered, outputs
+        rows = chunk.reshape(-1, chunk.shape[-1]).float()
+        for total, other, left in zip(sums, contract_with, gathered_left):
+            theirs = schedule.chunk(_as_gathered(other, gathered_shape), dim, src, world_size)
+            theirs = theirs.reshape(rows.shape[0], -1).float()
+            total += rows.t() @ theirs if left else theirs.t() @ rows
+    return gathered, outputs + [total.to(shard.dtype) for total in sums]
 
 
 def matmul_reduce_scatter_reference(

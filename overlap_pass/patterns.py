@@ -35,6 +35,16 @@ class MatmulUse:
 
 
 @dataclasses.dataclass(frozen=True)
+class ContractionUse:
+    """One matmul that contracts the gathered rows (a weight gradient):
+    mm(permute(g), other) with ``gathered_left``, or mm(other, g) without (other: [K, M])."""
+
+    mm: Node
+    other: Node
+    gathered_left: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class AllGatherMatmulMatch:
     """shard -> all_gather -> wait [-> split/cat for gather_dim > 0] -> views -> mm(s)."""
 
@@ -46,18 +56,28 @@ class AllGatherMatmulMatch:
     world_size: int
     group_name: str
     matmuls: tuple[MatmulUse, ...]
+    contractions: tuple[ContractionUse, ...]
     # users of the gathered tensor other than the matmuls (the op then returns it)
     other_users: tuple[Node, ...]
 
 
 @dataclasses.dataclass(frozen=True)
-class MatmulReduceScatterMatch:
-    """mm -> views [-> split/cat for scatter_dim > 0] -> reduce_scatter -> wait."""
+class ReduceTerm:
+    """One matmul whose result (through views and adds) the reduce-scatter scatters."""
 
-    mm: Node
-    input: Node  # the mm's 2-D left operand
+    mm: Node  # aten.mm or aten.addmm
+    input: Node  # its 2-D left operand
     mat2: Node
     bias: Node | None
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulReduceScatterMatch:
+    """mm, or a sum of mms (the input gradient of linears sharing one input) -> views
+    [-> split/cat for scatter_dim > 0] -> reduce_scatter -> wait."""
+
+    terms: tuple[ReduceTerm, ...]
+    between: tuple[Node, ...]  # the views and adds from the matmuls to the scattered tensor
     scattered: Node  # the tensor the collective scatters, in its scatter_dim layout
     reduce_scatter: Node
     wait: Node
@@ -194,17 +214,40 @@ def _gathered_layout(wait: Node, shard: Node, world_size: int) -> tuple[Node, in
     return wait, 0
 
 
-def _matmul_users(gathered: Node) -> tuple[list[MatmulUse], list[Node], list[str]]:
-    """Matmuls reading ``gathered`` as their left operand through row-keeping reshapes; the
-    other users; and reasons why some matmul-looking users were not taken."""
-    matmuls, others, notes = [], [], []
+def _is_transpose(node: Node) -> bool:
+    if node.target is aten.t.default:
+        return True
+    return node.target is aten.permute.default and list(node.args[1]) in ([1, 0], [-1, -2])
+
+
+def _contracting_mms(transposed: Node) -> list[Node] | None:
+    """The mms that take ``transposed`` (g^T) as their left operand, if those are all its users."""
+    users = list(transposed.users)
+    if users and all(
+        u.target is aten.mm.default and u.args[0] is transposed and u.args[1] is not transposed
+        for u in users
+    ):
+        return users
+    return None
+
+
+def _matmul_users(gathered: Node):
+    """Matmuls reading ``gathered`` through row-keeping reshapes: as their left operand (rows),
+    or contracting its rows (g^T @ other, other @ g); the other users; and reasons why some
+    matmul-looking users were not taken."""
+    matmuls, contractions, others, notes = [], [], [], []
 
     def visit(node: Node) -> None:
+        two_d = len(_shape(node) or ()) == 2
         for user in node.users:
             if user.target in VIEWS and _keeps_rows(user):
                 visit(user)
             elif user.target is aten.mm.default and user.args[0] is node and user.args[1] is not node:
                 matmuls.append(MatmulUse(user, user.args[1], None))
+            elif two_d and _is_transpose(user) and _contracting_mms(user):
+                contractions.extend(ContractionUse(mm, mm.args[1], True) for mm in _contracting_mms(user))
+            elif two_d and user.target is aten.mm.default and user.args[1] is node and user.args[0] is not node:
+                contractions.append(ContractionUse(user, user.args[0], False))
             elif user.target is aten.addmm.default and user.args[1] is node:
                 try:
                     matmuls.append(MatmulUse(user, user.args[2], _bias_of_addmm(user)))
@@ -215,15 +258,23 @@ def _matmul_users(gathered: Node) -> tuple[list[MatmulUse], list[Node], list[str
                 others.append(user)
 
     visit(gathered)
-    # The op takes mat2 and bias as inputs, so they must not be computed from its own output.
-    independent, order = [], graph_order(gathered.graph)
-    for use in matmuls:
-        if any(n is not None and depends_on(n, gathered, order) for n in (use.mat2, use.bias)):
-            notes.append("the matmul's mat2 or bias is computed from the gathered tensor")
-            others.append(use.mm)
-        else:
-            independent.append(use)
-    return independent, others, notes
+    # The op takes mat2, bias and the contracted operands as inputs, so they must not be
+    # computed from its own output.
+    order = graph_order(gathered.graph)
+
+    def independent(uses, operands, what):
+        kept = []
+        for use in uses:
+            if any(n is not None and depends_on(n, gathered, order) for n in operands(use)):
+                notes.append(f"the {what} is computed from the gathered tensor")
+                others.append(use.mm)
+            else:
+                kept.append(use)
+        return kept
+
+    matmuls = independent(matmuls, lambda u: (u.mat2, u.bias), "matmul's mat2 or bias")
+    contractions = independent(contractions, lambda u: (u.other,), "contracted operand")
+    return matmuls, contractions, others, notes
 
 
 def graph_order(graph: Graph) -> dict[Node, int]:
@@ -280,11 +331,11 @@ def _match_all_gather(gather: Node) -> AllGatherMatmulMatch:
         raise NoMatch("all-gather result is not read through exactly one wait_tensor")
     wait = users[0]
     gathered, gather_dim = _gathered_layout(wait, shard, world_size)
-    matmuls, others, notes = _matmul_users(gathered)
+    matmuls, contractions, others, notes = _matmul_users(gathered)
     shape = _shape(gathered)
     if shape is None:
         raise NoMatch("gathered tensor has no shape metadata")
-    if not matmuls or gather_dim == len(shape) - 1:
+    if not (matmuls or contractions) or gather_dim == len(shape) - 1:
         raise NoMatch(_why_no_matmul(gathered, gather_dim, others, notes))
     return AllGatherMatmulMatch(
         gather=gather,
@@ -295,6 +346,7 @@ def _match_all_gather(gather: Node) -> AllGatherMatmulMatch:
         world_size=world_size,
         group_name=group_name,
         matmuls=tuple(matmuls),
+        contractions=tuple(contractions),
         other_users=tuple(others),
     )
 
@@ -325,13 +377,51 @@ def _scattered_layout(collective_input: Node, world_size: int) -> tuple[Node, in
     return node, 0, set()
 
 
-def _reaches_back_to_matmul(node: Node) -> bool:
-    """Whether ``node`` is a matmul, or a sum of matmuls, seen through reshapes."""
-    while node.target in VIEWS:
-        node = node.args[0]
-    if node.target is aten.add.Tensor:
-        return all(isinstance(a, Node) and _reaches_back_to_matmul(a) for a in node.args[:2])
-    return node.target in (aten.mm.default, aten.addmm.default)
+def _one_user(node: Node) -> None:
+    if len(node.users) != 1:
+        raise NoMatch("matmul result has other users")
+
+
+def _sum_of_matmuls(node: Node, terms: list[ReduceTerm], between: list[Node]) -> None:
+    """Collects the matmuls of ``node``, a matmul or a sum of matmuls seen through row-keeping
+    reshapes, into ``terms``, and the views and adds on the way into ``between``; NoMatch if
+    any term is not a matmul, or any node on the way is read elsewhere."""
+    if node.target in VIEWS:
+        if not _keeps_rows(node):
+            raise NoMatch("reshape between matmul and reduce-scatter changes the last dim")
+        between.append(node)
+        _one_user(node.args[0])
+        _sum_of_matmuls(node.args[0], terms, between)
+    elif node.target is aten.add.Tensor:
+        operands = node.args[:2]
+        if node.kwargs.get("alpha", 1) != 1 or len(node.args) > 2:
+            raise NoMatch(f"reduce-scatter input is a scaled sum: {_node_names([node])}")
+        if not all(isinstance(a, Node) and _shape(a) == _shape(node) for a in operands):
+            raise NoMatch(
+                f"reduce-scatter input adds a broadcast or scalar term: {_node_names([node])}"
+            )
+        between.append(node)
+        for operand in operands:
+            _one_user(operand)
+            _sum_of_matmuls(operand, terms, between)
+    elif node.target is aten.mm.default:
+        terms.append(ReduceTerm(node, node.args[0], node.args[1], None))
+    elif node.target is aten.addmm.default:
+        terms.append(ReduceTerm(node, node.args[1], node.args[2], _bias_of_addmm(node)))
+    elif node.target in CASTS:
+        raise NoMatch("dtype cast between the matmul and the reduce-scatter")
+    elif node.target is aten.cat.default:
+        raise NoMatch(
+            f"reduce-scatter input is not a matmul result: {_node_names([node])} is not one equal "
+            "chunk per rank (uneven shards are padded before the collective)"
+        )
+    elif between and between[-1].target is aten.add.Tensor:
+        raise NoMatch(
+            f"reduce-scatter input is not a sum of matmuls: the term {_node_names([node])} is not "
+            "a matmul (e.g. a residual gradient added before the collective)"
+        )
+    else:
+        raise NoMatch(f"reduce-scatter input is not a matmul result: {_node_names([node])}")
 
 
 def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
@@ -342,49 +432,21 @@ def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
         raise NoMatch("reduce-scatter result is not read through exactly one wait_tensor")
     if reduce_op not in ("sum", "avg"):
         raise NoMatch(f"reduce op {reduce_op!r} (only sum and avg)")
-    scattered, scatter_dim, between = _scattered_layout(collective_input, world_size)
+    scattered, scatter_dim, cutters = _scattered_layout(collective_input, world_size)
     shape = _shape(scattered)
     if shape is None:
         raise NoMatch("scattered tensor has no shape metadata")
     if scatter_dim == len(shape) - 1:
         raise NoMatch("scatter along the matmul's N dim (the last dim)")
+    if not set(scattered.users) <= cutters | {reduce_scatter}:
+        raise NoMatch("matmul result has other users")
 
-    if not set(scattered.users) <= between | {reduce_scatter}:
-        raise NoMatch("matmul result has other users")
-    node = scattered
-    while node.target in VIEWS:
-        if node is not scattered and len(node.users) != 1:
-            raise NoMatch("matmul result has other users")
-        if not _keeps_rows(node):
-            raise NoMatch("reshape between matmul and reduce-scatter changes the last dim")
-        node = node.args[0]
-    if node.target in CASTS:
-        raise NoMatch("dtype cast between the matmul and the reduce-scatter")
-    if node.target is aten.cat.default:
-        raise NoMatch(
-            f"reduce-scatter input is not a matmul result: {_node_names([node])} is not one equal "
-            "chunk per rank (uneven shards are padded before the collective)"
-        )
-    if node.target is aten.add.Tensor and all(
-        isinstance(a, Node) and _reaches_back_to_matmul(a) for a in node.args[:2]
-    ):
-        raise NoMatch(
-            f"reduce-scatter input is not a matmul result: {_node_names([node])} sums several "
-            "matmuls (input grad of linears sharing an input; not fused yet)"
-        )
-    if node.target not in (aten.mm.default, aten.addmm.default):
-        raise NoMatch(f"reduce-scatter input is not a matmul result: {_node_names([node])}")
-    if node is not scattered and len(node.users) != 1:
-        raise NoMatch("matmul result has other users")
-    if node.target is aten.mm.default:
-        a, mat2, bias = node.args[0], node.args[1], None
-    else:
-        a, mat2, bias = node.args[1], node.args[2], _bias_of_addmm(node)
+    terms, between = [], []
+    _sum_of_matmuls(scattered, terms, between)
+    _require_static(*(t.input for t in terms))
     return MatmulReduceScatterMatch(
-        mm=node,
-        input=a,
-        mat2=mat2,
-        bias=bias,
+        terms=tuple(terms),
+        between=tuple(between),
         scattered=scattered,
         reduce_scatter=reduce_scatter,
         wait=users[0],

@@ -15,8 +15,10 @@ from torch.fx.node import map_arg
 from . import ops  # noqa: F401  (registers torch.ops.overlap)
 from .patterns import (
     AllGatherMatmulMatch,
+    ContractionUse,
     Match,
     MatmulReduceScatterMatch,
+    _is_transpose,
     depends_on,
     graph_order,
 )
@@ -72,14 +74,20 @@ def _chain(start: Node, stop: Node) -> list[Node]:
     return nodes + [stop]
 
 
+def _contracted_operand(use: ContractionUse) -> Node:
+    """The live operand that a contraction multiplies the gathered rows with, as it appears in
+    the graph: [M, K] for g^T @ other, [K, M] for other @ g."""
+    return use.mm.args[1] if use.gathered_left else use.mm.args[0]
+
+
 def would_create_cycle(match: Match) -> bool:
     """Whether the op would read a value computed from its own result, on the graph as it is
     now (after the rewrites before it, sorted): the inputs of an all-gather op must not depend
-    on the all-gather. A reduce-scatter's nodes form a single-user chain, which cannot close a
+    on the all-gather. A reduce-scatter's nodes form a single-user tree, which cannot close a
     loop."""
     if not isinstance(match, AllGatherMatmulMatch):
         return False
-    inputs = [match.gather.args[0]]
+    inputs = [match.gather.args[0]] + [_contracted_operand(use) for use in match.contractions]
     for use in match.matmuls:
         _, mat2, bias = _mm_operands(use.mm)
         inputs += [mat2] + ([bias] if bias is not None else [])
@@ -87,21 +95,38 @@ def would_create_cycle(match: Match) -> bool:
     return any(depends_on(node, match.gather, order) for node in inputs)
 
 
+def _rows_operand(graph: Graph, use: ContractionUse) -> Node:
+    """[M, K] rows for the op's contract_with: other @ g reads other^T, taken from under its
+    transpose where the graph has one."""
+    operand = _contracted_operand(use)
+    if use.gathered_left:
+        return operand
+    if _is_transpose(operand) and operand.args[0].meta["val"].dim() == 2:
+        return operand.args[0]
+    return _call(graph, aten.permute.default, (operand, [1, 0]))
+
+
 def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node:
     """
         g = wait(all_gather(shard)) [-> split -> cat(gather_dim)]
         y_i = mm(reshape(g), w_i) (+ b_i)
+        dw_j = mm(permute(reshape(g)), o_j)   or   mm(x_j, reshape(g))
     becomes
-        g, ys = overlap.all_gather_matmul(shard, [w_i], [b_i], gather_dim, ...)
-        y_i = reshape(ys[i])
+        g, ys = overlap.all_gather_matmul(shard, [w_i], [b_i], gather_dim, ...,
+                                          contract_with=[o_j or x_j^T], gathered_left=[...])
+        y_i = reshape(ys[i]);  dw_j = ys[len(w) + j]
     """
     shard = match.gather.args[0]
     operands = [_mm_operands(use.mm) for use in match.matmuls]
-    first_mm = min((use.mm for use in match.matmuls), key=graph_order(graph).__getitem__)
+    mms = [use.mm for use in match.matmuls + match.contractions]
+    first_mm = min(mms, key=graph_order(graph).__getitem__)
     return_gathered = bool(match.other_users)
-    dead = [use.mm for use in match.matmuls] + _chain(match.gathered, match.gather)
+    dead = mms + _chain(match.gathered, match.gather)
     for rows, _, _ in operands:
         dead += _chain(rows, match.gathered)
+    for use in match.contractions:
+        gathered_side = use.mm.args[0] if use.gathered_left else use.mm.args[1]
+        dead += _chain(gathered_side, match.gathered) + [_contracted_operand(use)]
     with graph.inserting_before(first_mm):
         op = _call(
             graph,
@@ -114,10 +139,12 @@ def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node
                 match.world_size,
                 match.group_name,
                 return_gathered,
+                [_rows_operand(graph, use) for use in match.contractions],
+                [use.gathered_left for use in match.contractions],
             ),
         )
         outputs = _call(graph, operator.getitem, (op, 1))
-        for index, use in enumerate(match.matmuls):
+        for index, use in enumerate(match.matmuls + match.contractions):
             out = _call(graph, operator.getitem, (outputs, index))
             use.mm.replace_all_uses_with(_reshape(graph, out, use.mm.meta["val"].shape))
         if return_gathered:
@@ -129,22 +156,31 @@ def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node
 
 def rewrite_matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch) -> Node:
     """
-        y = mm(a, w) (+ b)
+        y = mm(a_1, w_1) (+ b_1) [+ mm(a_2, w_2) (+ b_2) ...]   (through reshapes)
         z = wait(reduce_scatter([split(scatter_dim) -> cat] reshape(y)))
     becomes
-        z = overlap.matmul_reduce_scatter([reshape(a)], [w], b, reduce_op, scatter_dim, ...)
+        z = overlap.matmul_reduce_scatter([reshape(a_i)], [w_i], sum(b_i), reduce_op, ...)
     """
-    rows, mat2, bias = _mm_operands(match.mm)
-    dead = _chain(match.wait, match.mm)
+    order = graph_order(graph)
+    terms = [_mm_operands(term.mm) for term in match.terms]
+    last_mm = max((term.mm for term in match.terms), key=order.__getitem__)
+    dead = _chain(match.wait, match.scattered) + list(match.between) + [t.mm for t in match.terms]
     scattered_shape = match.scattered.meta["val"].shape
-    with graph.inserting_before(match.mm):
-        a = _reshape(graph, rows, list(scattered_shape[:-1]) + [rows.meta["val"].shape[-1]])
+    with graph.inserting_before(last_mm):
+        inputs = [
+            _reshape(graph, rows, list(scattered_shape[:-1]) + [rows.meta["val"].shape[-1]])
+            for rows, _, _ in terms
+        ]
+        bias = None
+        for _, _, term_bias in terms:
+            if term_bias is not None:
+                bias = term_bias if bias is None else _call(graph, aten.add.Tensor, (bias, term_bias))
         op = _call(
             graph,
             torch.ops.overlap.matmul_reduce_scatter.default,
             (
-                [a],
-                [mat2],
+                inputs,
+                [mat2 for _, mat2, _ in terms],
                 bias,
                 match.reduce_op,
                 match.scatter_dim,

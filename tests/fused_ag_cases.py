@@ -2,6 +2,8 @@
 runs on every rank of an NCCL RankPool. Every output is checked against an fp32 reference built
 from NCCL's all-gather, on fresh random inputs, with the workspace poisoned with NaN before."""
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -181,3 +183,48 @@ def row_major_weights(seed=0) -> int:
         _check(name, variant(shard, mat2s, biases, 0, world, group_name()), expected, torch.bfloat16)
     symm.check_all_timeouts()
     return len(agm.variants())
+
+
+# (shard shape, gather_dim, Ns of the row matmuls, Ks and gathered_left of the contractions):
+# a row-parallel weight grad beside its input grad, a column-parallel one alone (the gather
+# recomputed under checkpointing), odd sizes, and a gather along dim 1 of a batch of 2 (each
+# rank's chunk strided in the rows)
+CONTRACTIONS = [
+    ((256, 384), 0, (200,), ((136, True),)),
+    ((333, 136), 0, (), ((520, False),)),
+    ((2, 77, 192), 1, (64,), ((96, True), (40, False))),
+    ((96, 64), 0, (), ((1000, True),)),
+]
+
+
+def _contraction_problem(shape, gather_dim, ns, contractions, dtype, seed):
+    shard, mat2s, _ = _problem(shape, gather_dim, ns, (False,) * len(ns), dtype, seed)
+    rows = math.prod(shape[:-1]) * dist.get_world_size()
+    shared = torch.Generator(device="cuda").manual_seed(seed + 7)  # the same on every rank
+    others = [torch.randn(rows, k, device="cuda", dtype=dtype, generator=shared) for k, _ in contractions]
+    return shard, mat2s, others, [left for _, left in contractions]
+
+
+def _contraction_reference(shard, mat2s, others, lefts, gather_dim):
+    gathered, outs = _reference(shard, mat2s, [None] * len(mat2s), gather_dim)
+    flat = gathered.reshape(-1, shard.shape[-1]).float()
+    outs += [flat.t() @ o.float() if left else o.float().t() @ flat for o, left in zip(others, lefts)]
+    return gathered, outs
+
+
+def contractions_match(dtype, seed=0) -> int:
+    """Every variant for the call (none fused without row matmuls), and the op through its
+    choice, against an fp32 reference; the workspace poisoned before each call."""
+    world, checked = dist.get_world_size(), 0
+    for index, (shape, gather_dim, ns, contractions) in enumerate(CONTRACTIONS):
+        shard, mat2s, others, lefts = _contraction_problem(shape, gather_dim, ns, contractions, dtype, seed + index)
+        expected = _contraction_reference(shard, mat2s, others, lefts, gather_dim)
+        runs = dict(agm.variants(len(mat2s)))
+        runs["op"] = lambda *args: torch.ops.overlap.all_gather_matmul(*args)
+        for name, run in runs.items():
+            poison_workspace()
+            result = run(shard, mat2s, [None] * len(mat2s), gather_dim, world, group_name(), index % 2 == 1, others, lefts)
+            _check(name, result, expected, dtype)
+            checked += 1
+    symm.check_all_timeouts()
+    return checked

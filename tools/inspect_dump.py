@@ -28,9 +28,10 @@ def _shapes(candidate: dict) -> str:
     if not nodes:
         return _shape(candidate.get("collective"))
     if candidate["kind"] == "all_gather_matmul":
-        outs = ",".join(_shape(m["mm"]) for m in nodes["matmuls"])
+        outs = ",".join(_shape(m["mm"]) for m in nodes["matmuls"] + nodes.get("contractions", []))
         return f"{_shape(nodes['shard'])} -> {outs}"
-    return f"{_shape(nodes['input'])} @ {_shape(nodes['mat2'])} -> {_shape(candidate['collective'])}"
+    terms = " + ".join(f"{_shape(m['input'])} @ {_shape(m['mat2'])}" for m in nodes["matmuls"])
+    return f"{terms} -> {_shape(candidate['collective'])}"
 
 
 def rows(folder: str) -> list[tuple[str, ...]]:

@@ -31,14 +31,18 @@ class FeedForward(nn.Module):
 
 
 class Attention(nn.Module):
-    """Causal self-attention with separate Q, K, V linears; heads are split across ranks."""
+    """Causal self-attention with separate Q, K, V linears; heads are split across ranks.
+    ``kv_heads`` < ``heads`` is grouped-query attention (Llama 3): each K/V head serves
+    heads / kv_heads query heads."""
 
-    def __init__(self, dim: int, heads: int, bias: bool = False) -> None:
+    def __init__(self, dim: int, heads: int, bias: bool = False, kv_heads: int | None = None) -> None:
         super().__init__()
+        kv_heads = kv_heads or heads
         self.head_dim = dim // heads
+        self.group = heads // kv_heads
         self.q = nn.Linear(dim, dim, bias=bias)
-        self.k = nn.Linear(dim, dim, bias=bias)
-        self.v = nn.Linear(dim, dim, bias=bias)
+        self.k = nn.Linear(dim, kv_heads * self.head_dim, bias=bias)
+        self.v = nn.Linear(dim, kv_heads * self.head_dim, bias=bias)
         self.o = nn.Linear(dim, dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -47,15 +51,20 @@ class Attention(nn.Module):
             proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
             for proj in (self.q, self.k, self.v)
         )
+        if self.group > 1:
+            k, v = (t.repeat_interleave(self.group, dim=1) for t in (k, v))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, dim: int = 64, heads: int = 4, hidden: int = 128, bias: bool = False):
+    def __init__(
+        self, dim: int = 64, heads: int = 4, hidden: int = 128, bias: bool = False,
+        kv_heads: int | None = None,
+    ):  # fmt: skip
         super().__init__()
         self.attention_norm = nn.RMSNorm(dim)
-        self.attention = Attention(dim, heads, bias)
+        self.attention = Attention(dim, heads, bias, kv_heads)
         self.ffn_norm = nn.RMSNorm(dim)
         self.feed_forward = FeedForward(dim, hidden, bias)
 

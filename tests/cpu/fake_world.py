@@ -68,7 +68,3 @@ def compile_and_dump(fn, args, tmp_path, backward: bool = False, **patches) -> t
 def rewritten(candidates: list[dict], kind: str) -> list[dict]:
     return [c for c in candidates if c["kind"] == kind and c["rewritten"]]
 
-
-def skipped(candidates: list[dict]) -> list[dict]:
-    return [c for c in candidates if not c["rewritten"]]
-

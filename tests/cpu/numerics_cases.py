@@ -126,6 +126,46 @@ def functional_mlp(shape: tuple, gather_dim: int, bias: bool, reduce_op: str, se
         x = torch.randn(shape)
 
 
+def megatron_mlp_training(x, w_up, b_up, w_down, gather_dim, checkpointed):
+    """megatron_mlp with differentiable collectives (reduce-scatter: "sum"); checkpointed, the
+    backward gathers the input again for the weight grad of up."""
+    world = dist.get_world_size()
+
+    def body(x, w_up, b_up, w_down):
+        gathered = funcol.all_gather_tensor_autograd(x.contiguous(), 0, _group_name())
+        if gather_dim:
+            gathered = torch.cat(torch.chunk(gathered, world, dim=0), dim=gather_dim)
+        hidden = torch.nn.functional.gelu(torch.nn.functional.linear(gathered, w_up, b_up))
+        out = torch.nn.functional.linear(hidden, w_down)
+        return funcol.reduce_scatter_tensor_autograd(out, "sum", gather_dim, _group_name())
+
+    if checkpointed:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(body, x, w_up, b_up, w_down, use_reentrant=False)
+    return body(x, w_up, b_up, w_down)
+
+
+@_decided
+def functional_mlp_training(shape: tuple, gather_dim: int, bias: bool, checkpointed: bool, seed: int = 0):
+    """Forward and backward against eager: output, the input's grad, every weight's grad."""
+    torch.manual_seed(seed + dist.get_rank())
+    k, hidden = shape[-1], 12
+    params = [torch.randn(hidden, k), torch.randn(hidden) if bias else None, torch.randn(k, hidden)]
+    compiled = torch.compile(megatron_mlp_training, backend="overlap")
+    for _ in range(2):
+        runs = []
+        for fn in (megatron_mlp_training, compiled):
+            x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).requires_grad_()
+            ps = [p.clone().requires_grad_() if p is not None else None for p in params]
+            out = fn(x, ps[0], ps[1], ps[2], gather_dim, checkpointed)
+            out.backward(torch.ones_like(out) + torch.arange(out.numel()).view(out.shape) % 3)
+            runs.append([out, x.grad] + [p.grad for p in ps if p is not None])
+        for got, want in zip(runs[1], runs[0]):
+            torch.testing.assert_close(got, want, **TOL)
+        seed += 1
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad and odd input: each compiles and computes the right answer, rewritten or skipped
 

@@ -114,7 +114,7 @@ def test_entry_point_in_a_fresh_interpreter():
 def test_failed_rewrite_leaves_the_graph_as_it_was(tmp_path, monkeypatch):
     def broken(graph, match):
         with graph.inserting_before(match.wait):  # a half-done, wrong edit, then a failure
-            wrong = graph.call_function(torch.ops.aten.relu.default, (match.mm,))
+            wrong = graph.call_function(torch.ops.aten.relu.default, (match.terms[0].mm,))
         match.wait.replace_all_uses_with(wrong)
         raise RuntimeError("injected")
 

@@ -86,6 +86,7 @@ class DumpFormatTest(expecttest.TestCase):
             "bias": null
           }
         ],
+        "contractions": [],
         "other_users": []
       },
       "return_gathered": false,

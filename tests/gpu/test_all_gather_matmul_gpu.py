@@ -42,3 +42,10 @@ def test_a_late_peer_is_named(pool):
 
 def test_row_major_weights(pool):
     assert pool.run(cases.row_major_weights)[0] == len(cases.agm.variants())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_contractions_over_the_gathered_rows(pool, dtype):
+    checked = pool.run(cases.contractions_match, dtype)
+    expected = sum(len(cases.agm.variants(len(c[2]))) + 1 for c in cases.CONTRACTIONS)
+    assert checked == [expected] * pool.world_size

@@ -1,9 +1,14 @@
-"""Benchmark of the compiled sequence-parallel MLP: all-gather -> up -> gelu -> down ->
-reduce-scatter (tools/tp_models.MLP with DTensor's ColwiseParallel / RowwiseParallel), forward
-and forward+backward, compiled three ways in one process on the same inputs: plain Inductor,
-Inductor with ``_micro_pipeline_tp`` (PyTorch's async TP pass), and backend="overlap".
+"""Benchmark of a compiled tensor/sequence-parallel model (tools/tp_models, parallelized with
+DTensor's ColwiseParallel / RowwiseParallel), forward and forward+backward, compiled three ways
+in one process on the same inputs: plain Inductor, Inductor with ``_micro_pipeline_tp``
+(PyTorch's async TP pass), and backend="overlap".
 
-    torchrun --nproc-per-node 4 -m tools.bench_mlp --out mlp.json
+    torchrun --nproc-per-node 4 -m tools.bench_model --model block --out block.json
+
+--model block: the transformer block (RMSNorm -> all-gather -> Q, K, V -> causal attention ->
+O -> reduce-scatter -> RMSNorm -> all-gather -> gate, up -> SiLU * mul -> down ->
+reduce-scatter) at Llama 3 sizes, grouped-query attention with 8 K/V heads. --model mlp: the
+MLP (all-gather -> up -> gelu -> down -> reduce-scatter), at the same dim and hidden sizes.
 
 Times: the slowest rank's median over shuffled, interleaved rounds of the mean of ``--calls``
 steps. Forward runs under no_grad (an inference graph); forward+backward takes the gradient of
@@ -28,7 +33,8 @@ import torch.distributed as dist  # noqa: E402
 
 from tools.measure import relative_error, slowest  # noqa: E402
 
-SIZES = {"llama3-8b": (4096, 14336), "llama3-70b": (8192, 28672)}  # (dim, hidden)
+# (dim, heads, K/V heads, hidden)
+SIZES = {"llama3-8b": (4096, 32, 8, 14336), "llama3-70b": (8192, 64, 8, 28672)}
 COMPILERS = ("inductor", "inductor_micro_pipeline_tp", "overlap")
 
 
@@ -42,12 +48,31 @@ def _compile(model, compiler):
     return torch.compile(model)
 
 
-def bench_size(name, dim, hidden, args, device, mesh) -> dict:
-    from tools.tp_models import MLP, parallelize_mlp
+def _model(kind, dim, heads, kv_heads, hidden, mesh):
+    from tools.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
 
+    if kind == "mlp":
+        return parallelize_mlp(MLP(dim, hidden, bias=False), mesh)
+    block = TransformerBlock(dim, heads, hidden, bias=False, kv_heads=kv_heads)
+    return parallelize_block(block, mesh)
+
+
+def _rewrites(reset: bool = False) -> dict:
+    """overlap's counters since the last reset: candidates rewritten and skipped, per kind."""
+    from torch._dynamo.utils import counters
+
+    found = dict(counters["overlap_pass"])
+    if reset:
+        counters["overlap_pass"].clear()
+    return found
+
+
+def bench_size(name, args, device, mesh) -> dict:
+    dim, heads, kv_heads, hidden = SIZES[name]
     world = dist.get_world_size()
+    _rewrites(reset=True)
     torch.manual_seed(0)
-    eager = parallelize_mlp(MLP(dim, hidden, bias=False).to(device=device, dtype=torch.bfloat16), mesh)
+    eager = _model(args.model, dim, heads, kv_heads, hidden, mesh).to(device=device, dtype=torch.bfloat16)
     models = {c: _compile(copy.deepcopy(eager), c) for c in COMPILERS}
     gen = torch.Generator(device=device).manual_seed(1 + dist.get_rank())
     x = torch.randn(1, args.tokens // world, dim, device=device, dtype=torch.bfloat16, generator=gen)
@@ -107,7 +132,10 @@ def bench_size(name, dim, hidden, args, device, mesh) -> dict:
         f"{c} {mode}": slowest(statistics.median(s.elapsed_time(e) * 1e3 / args.calls for s, e in pairs), device)
         for (c, mode), pairs in samples.items()
     }
-    return {"size": name, "dim": dim, "hidden": hidden, "tokens": args.tokens, "world": world, "us": us, "errors": errors}
+    return {
+        "model": args.model, "size": name, "dim": dim, "heads": heads, "kv_heads": kv_heads, "hidden": hidden,
+        "tokens": args.tokens, "world": world, "us": us, "errors": errors, "overlap_pass": _rewrites(),
+    }  # fmt: skip
 
 
 def table(rows: list[dict]) -> str:
@@ -127,7 +155,8 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="bench_mlp.json")
+    parser.add_argument("--model", choices=("block", "mlp"), default="block")
+    parser.add_argument("--out", default="bench_model.json")
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--rounds", type=int, default=10)
@@ -157,8 +186,7 @@ def main() -> None:
     }  # fmt: skip
     rows = []
     for name in args.sizes.split(","):
-        dim, hidden = SIZES[name]
-        rows.append(bench_size(name, dim, hidden, args, device, mesh))
+        rows.append(bench_size(name, args, device, mesh))
         if dist.get_rank() == 0:
             print(f"{name}: {json.dumps(rows[-1]['us'])}\n  errors {json.dumps(rows[-1]['errors'])}", flush=True)
             with open(args.out, "w") as f:

@@ -1,0 +1,26 @@
+"""The TP/SP transformer block compiled with backend="overlap" on NCCL ranks, bf16: forward and
+backward (output, input grad, every weight grad) against eager, within what plain Inductor's
+own bf16 rounding allows; every collective of both graphs rewritten.
+
+Run on a GPU machine: python3 -m pytest tests/gpu -q
+"""
+
+import pytest
+
+from tests import compiled_cases as cases
+from tests.gpu.conftest import GPUS
+
+pytestmark = pytest.mark.skipif(GPUS < 2, reason="needs at least two GPUs")
+AGM, MRS = "all_gather_matmul", "matmul_reduce_scatter"
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_block_forward_and_backward_match_eager(pool, bias):
+    results = pool.run(cases.tp_block, bias)
+    for rank, result in enumerate(results):
+        errors = result["errors"]
+        # bf16: the compiled block rounds differently from eager; overlap may not be much worse
+        # than Inductor's own difference
+        assert errors["overlap"] <= max(3e-2, 2 * errors["inductor"]), (rank, errors)
+    # forward and backward graphs: each all-gather and reduce-scatter rewritten
+    assert results[0]["decisions"] == [(AGM, True, None)] * 4 + [(MRS, True, None)] * 4
