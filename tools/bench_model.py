@@ -21,6 +21,7 @@ import json
 import os
 import random
 import statistics
+import time
 
 for _var, _value in (
     ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"),
@@ -38,14 +39,17 @@ SIZES = {"llama3-8b": (4096, 32, 8, 14336), "llama3-70b": (8192, 64, 8, 28672)}
 COMPILERS = ("inductor", "inductor_micro_pipeline_tp", "overlap")
 
 
-def _compile(model, compiler):
+def _compile(model, compiler, mode=None):
     # options make a backend of their own, so Dynamo does not hand one model's compiled code
     # to another (a config patched around the first call would not)
     if compiler == "overlap":
-        return torch.compile(model, backend="overlap")
+        return torch.compile(model, backend="overlap", mode=mode)
     if compiler == "inductor_micro_pipeline_tp":
-        return torch.compile(model, options={"_micro_pipeline_tp": True})
-    return torch.compile(model)
+        options = {"_micro_pipeline_tp": True}
+        if mode == "reduce-overhead":
+            options["triton.cudagraphs"] = True  # what the mode sets; options and mode exclude each other
+        return torch.compile(model, options=options)
+    return torch.compile(model, mode=mode)
 
 
 def _model(kind, dim, heads, kv_heads, hidden, mesh):
@@ -73,16 +77,20 @@ def bench_size(name, args, device, mesh) -> dict:
     _rewrites(reset=True)
     torch.manual_seed(0)
     eager = _model(args.model, dim, heads, kv_heads, hidden, mesh).to(device=device, dtype=torch.bfloat16)
-    models = {c: _compile(copy.deepcopy(eager), c) for c in COMPILERS}
+    models = {c: _compile(copy.deepcopy(eager), c, args.mode) for c in COMPILERS}
     gen = torch.Generator(device=device).manual_seed(1 + dist.get_rank())
     x = torch.randn(1, args.tokens // world, dim, device=device, dtype=torch.bfloat16, generator=gen)
     grad = torch.randn(x.shape, device=device, dtype=torch.bfloat16, generator=gen)
 
     def forward(model):
+        if args.mode:  # CUDA graph trees: a new step may overwrite the last one's outputs
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.no_grad():
             return model(x)
 
     def step(model):
+        if args.mode:
+            torch.compiler.cudagraph_mark_step_begin()
         inp = x.detach().requires_grad_()
         out = model(inp)
         out.backward(grad)
@@ -122,19 +130,27 @@ def bench_size(name, args, device, mesh) -> dict:
             dist.barrier()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
+            issued = time.perf_counter()
             for _ in range(args.calls):
                 runners[key]()
+            issued = time.perf_counter() - issued  # host time to queue the calls
             end.record()
             if round_ >= args.warmup:
-                samples[key].append((start, end))
+                samples[key].append((start, end, issued))
     torch.cuda.synchronize(device)
     us = {
-        f"{c} {mode}": slowest(statistics.median(s.elapsed_time(e) * 1e3 / args.calls for s, e in pairs), device)
-        for (c, mode), pairs in samples.items()
+        f"{c} {mode}": slowest(statistics.median(s.elapsed_time(e) * 1e3 / args.calls for s, e, _ in runs), device)
+        for (c, mode), runs in samples.items()
+    }
+    # host time to queue one call: near the time above, the GPU waits for the host
+    host_us = {
+        f"{c} {mode}": slowest(statistics.median(h * 1e6 / args.calls for _, _, h in runs), device)
+        for (c, mode), runs in samples.items()
     }
     return {
         "model": args.model, "size": name, "dim": dim, "heads": heads, "kv_heads": kv_heads, "hidden": hidden,
-        "tokens": args.tokens, "world": world, "us": us, "errors": errors, "overlap_pass": _rewrites(),
+        "tokens": args.tokens, "world": world, "us": us, "host_us": host_us, "errors": errors,
+        "overlap_pass": _rewrites(),
     }  # fmt: skip
 
 
@@ -157,6 +173,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=("block", "mlp"), default="block")
     parser.add_argument("--out", default="bench_model.json")
+    parser.add_argument("--mode", choices=("reduce-overhead",), default=None, help="torch.compile mode, for all three")
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--rounds", type=int, default=10)
@@ -182,13 +199,15 @@ def main() -> None:
         symm_mem.enable_symm_mem_for_group(dist.group.WORLD.group_name)  # _micro_pipeline_tp needs it
     meta = {
         "device": torch.cuda.get_device_name(), "world": dist.get_world_size(), "torch": torch.__version__,
-        "triton": __import__("triton").__version__, "rounds": args.rounds, "calls": args.calls,
+        "triton": __import__("triton").__version__, "rounds": args.rounds, "calls": args.calls, "mode": args.mode,
     }  # fmt: skip
     rows = []
     for name in args.sizes.split(","):
         rows.append(bench_size(name, args, device, mesh))
         if dist.get_rank() == 0:
-            print(f"{name}: {json.dumps(rows[-1]['us'])}\n  errors {json.dumps(rows[-1]['errors'])}", flush=True)
+            row = rows[-1]
+            print(f"{name}: {json.dumps(row['us'])}\n  host {json.dumps(row['host_us'])}", flush=True)
+            print(f"  errors {json.dumps(row['errors'])}\n  {json.dumps(row['overlap_pass'])}", flush=True)
             with open(args.out, "w") as f:
                 json.dump({"meta": meta, "rows": rows}, f, indent=1)
     if dist.get_rank() == 0:
