@@ -107,8 +107,9 @@ def bench_size(name, args, device, mesh) -> dict:
     out_e, dx_e = step(eager)
     errors = {}
     for c, model in models.items():
-        fwd = forward(model)  # first calls compile: forward-only and forward+backward graphs
+        fwd = forward(model).clone()  # first calls compile: forward-only and forward+backward graphs
         out, dx = step(model)
+        out = out.clone()  # (with CUDA graphs, the next step reuses the output's memory)
         errors[c] = {
             "forward": relative_error(fwd, out_e),
             "output": relative_error(out, out_e),
