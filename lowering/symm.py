@@ -49,6 +49,18 @@ def _next_power_of_two(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+def _lasting(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A device tensor holding ``values`` (a flat list) that a workspace keeps for good, made by
+    the symmetric-memory allocator rather than the caching allocator: a workspace is often made
+    during the first call of a compiled model, which CUDA graph trees run inside their graphs'
+    memory pool and then require to leave nothing of its own alive there."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    tensor = symm_mem.empty(len(values), dtype=dtype, device=device)
+    tensor.copy_(torch.tensor(values, dtype=dtype))
+    return tensor
+
+
 @dataclasses.dataclass
 class _Allocation:
     buffer: torch.Tensor  # uint8, symmetric; kept alive here, addressed through handle
@@ -67,12 +79,15 @@ class Workspace:
         self.group = _resolve_process_group(group_name)
         self.rank, self.world_size = self.group.rank(), self.group.size()
         self.side_stream = torch.cuda.Stream(device=device)
-        self.epoch = torch.zeros(1, dtype=torch.int32, device=device)
-        # barrier (one word per rank) and consumer (one per chunk) timeouts; see check_timeouts
-        self.timeouts = torch.zeros(2, self.world_size, dtype=torch.int32, device=device)
-        # per-chunk tile counters of the reduce-scatter producer (it leaves them zero)
-        self.counters = torch.zeros(self.world_size, dtype=torch.int32, device=device)
-        self._timeouts_host = torch.zeros_like(self.timeouts, device="cpu").pin_memory()
+        world = self.world_size
+        # epoch; barrier (one word per rank) and consumer (one per chunk) timeouts, see
+        # check_timeouts; per-chunk tile counters of the reduce-scatter producer (it leaves
+        # them zero). One lasting allocation (_lasting), sliced.
+        words = _lasting([0] * (1 + 3 * world), torch.int32, device)
+        self.epoch = words[:1]
+        self.timeouts = words[1 : 1 + 2 * world].view(2, world)
+        self.counters = words[1 + 2 * world :]
+        self._timeouts_host = torch.zeros(2, world, dtype=torch.int32).pin_memory()
         self._timeouts_copied: torch.cuda.Event | None = None
         self._alloc: _Allocation | None = None
         # allocations outgrown, kept: a captured CUDA graph may still hold their addresses
@@ -116,10 +131,10 @@ class Workspace:
         # only between values less than 2**31 apart
         handle.get_buffer(self.rank, (CONTROL_BYTES,), torch.uint8).zero_()
         handle.get_buffer(self.rank, (2 * world,), torch.int32).copy_(self.epoch.expand(2 * world))
-        pad_ptrs = torch.tensor(
+        pad_ptrs = _lasting(
             [handle.get_buffer(p, (world,), torch.int32, storage_offset=world).data_ptr() for p in range(world)],
-            dtype=torch.int64,
-            device=self.device,
+            torch.int64,
+            self.device,
         )
         self._alloc = _Allocation(buffer, handle, size, pad_ptrs)
         # nobody may signal into a peer's control words before that peer has zeroed them
@@ -164,7 +179,7 @@ class Workspace:
         table = self._views.get(key)
         if table is None:
             ptrs = [self.peer_data(p, shape, dtype).data_ptr() for p in range(self.world_size)]
-            table = self._views[key] = torch.tensor(ptrs, dtype=torch.int64, device=self.device)
+            table = self._views[key] = _lasting(ptrs, torch.int64, self.device)
         return table
 
     def peer_flag_addresses(self) -> torch.Tensor:
@@ -173,7 +188,7 @@ class Workspace:
         table = self._views.get("flag_ptrs")
         if table is None:
             ptrs = [self.peer_flag(p, self.rank).data_ptr() for p in range(self.world_size)]
-            table = self._views["flag_ptrs"] = torch.tensor(ptrs, dtype=torch.int64, device=self.device)
+            table = self._views["flag_ptrs"] = _lasting(ptrs, torch.int64, self.device)
         return table
 
     def _view(self, peer: int, shape: tuple, dtype: torch.dtype, offset: int) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """The TP/SP transformer block compiled with backend="overlap" on NCCL ranks, bf16: forward and
 backward (output, input grad, every weight grad) against eager, within what plain Inductor's
-own bf16 rounding allows; every collective of both graphs rewritten.
+own bf16 rounding allows; every collective of both graphs rewritten; also under CUDA graph
+trees (mode="reduce-overhead").
 
 Run on a GPU machine: python3 -m pytest tests/gpu -q
 """
@@ -14,9 +15,11 @@ pytestmark = pytest.mark.skipif(GPUS < 2, reason="needs at least two GPUs")
 AGM, MRS = "all_gather_matmul", "matmul_reduce_scatter"
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_block_forward_and_backward_match_eager(pool, bias):
-    results = pool.run(cases.tp_block, bias)
+@pytest.mark.parametrize(
+    "bias, mode", [(False, None), (True, None), (False, "reduce-overhead")], ids=["no-bias", "bias", "cudagraphs"]
+)
+def test_block_forward_and_backward_match_eager(pool, bias, mode):
+    results = pool.run(cases.tp_block, bias, mode)
     for rank, result in enumerate(results):
         errors = result["errors"]
         # bf16: the compiled block rounds differently from eager; overlap may not be much worse
