@@ -106,9 +106,14 @@ def bench_size(name, args, device, mesh) -> dict:
 
     out_e, dx_e = step(eager)
     errors = {}
-    for c, model in models.items():
-        fwd = forward(model).clone()  # first calls compile: forward-only and forward+backward graphs
-        out, dx = step(model)
+    for c, model in list(models.items()):
+        try:  # first calls compile: forward-only and forward+backward graphs
+            fwd = forward(model).clone()
+            out, dx = step(model)
+        except RuntimeError as error:  # every rank fails alike (e.g. a compiler under a mode)
+            errors[c] = f"failed: {str(error).splitlines()[0]}"
+            del models[c]
+            continue
         out = out.clone()  # (with CUDA graphs, the next step reuses the output's memory)
         errors[c] = {
             "forward": relative_error(fwd, out_e),
@@ -163,7 +168,7 @@ def table(rows: list[dict]) -> str:
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         for mode in ("forward", "forward+backward"):
-            t = [r["us"][f"{c} {mode}"] for c in COMPILERS]
+            t = [r["us"].get(f"{c} {mode}", float("nan")) for c in COMPILERS]  # nan: it failed
             lines.append(
                 f"| {r['size']} | {mode} | {t[0]:.0f} | {t[1]:.0f} | {t[2]:.0f} | {t[0] / t[2]:.2f}x | {t[1] / t[2]:.2f}x |"
             )
