@@ -214,7 +214,7 @@ def _gathered_layout(wait: Node, shard: Node, world_size: int) -> tuple[Node, in
     return wait, 0
 
 
-def _is_transpose(node: Node) -> bool:
+def is_transpose(node: Node) -> bool:
     if node.target is aten.t.default:
         return True
     return node.target is aten.permute.default and list(node.args[1]) in ([1, 0], [-1, -2])
@@ -244,7 +244,7 @@ def _matmul_users(gathered: Node):
                 visit(user)
             elif user.target is aten.mm.default and user.args[0] is node and user.args[1] is not node:
                 matmuls.append(MatmulUse(user, user.args[1], None))
-            elif two_d and _is_transpose(user) and _contracting_mms(user):
+            elif two_d and is_transpose(user) and _contracting_mms(user):
                 contractions.extend(ContractionUse(mm, mm.args[1], True) for mm in _contracting_mms(user))
             elif two_d and user.target is aten.mm.default and user.args[1] is node and user.args[0] is not node:
                 contractions.append(ContractionUse(user, user.args[0], False))

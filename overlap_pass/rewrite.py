@@ -18,7 +18,7 @@ from .patterns import (
     ContractionUse,
     Match,
     MatmulReduceScatterMatch,
-    _is_transpose,
+    is_transpose,
     depends_on,
     graph_order,
 )
@@ -101,7 +101,7 @@ def _rows_operand(graph: Graph, use: ContractionUse) -> Node:
     operand = _contracted_operand(use)
     if use.gathered_left:
         return operand
-    if _is_transpose(operand) and operand.args[0].meta["val"].dim() == 2:
+    if is_transpose(operand) and operand.args[0].meta["val"].dim() == 2:
         return operand.args[0]
     return _call(graph, aten.permute.default, (operand, [1, 0]))
 
