@@ -104,7 +104,7 @@ def fused(
             spin_limit=config.spin_limit, timeouts=ws.chunk_timeouts,
         )  # fmt: skip
         # the kernel waited for every chunk: the contractions run on whole data, no waits
-        for chunk in schedule.all_gather_order(ws.rank, world_size):
+        for chunk in schedule.all_gather_order(ws.rank, world_size) if contract_with else ():
             a = _chunk_rows(ws, stacked, flat, chunk, wait=False)
             _contract_chunk(
                 a, chunk, contract_with, gathered_left, outs[len(mat2s) :], gathered_shape, gather_dim, ws
