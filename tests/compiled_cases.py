@@ -30,7 +30,8 @@ def _errors(model, make_input, grad_seed, mode=None) -> list[float]:
         if mode:  # CUDA graph trees: a new step; what the last one returned is copied below
             torch.compiler.cudagraph_mark_step_begin()
         out = m(inp)
-        out.backward(torch.randn(out.shape, device=out.device, dtype=out.dtype, generator=torch.Generator(out.device).manual_seed(grad_seed)))
+        gen = torch.Generator(out.device).manual_seed(grad_seed)  # the same gradient for both
+        out.backward(torch.randn(out.shape, device=out.device, dtype=out.dtype, generator=gen))
         params = getattr(m, "_orig_mod", m).parameters()
         runs.append([t.clone() for t in [out, inp.grad] + [_local(p.grad) for p in params]])
         for p in getattr(m, "_orig_mod", m).parameters():
