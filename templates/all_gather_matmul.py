@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from .signals import wait_flag
-from .tiles import chunk_tile, pointer_mainloop
+from .tiles import chunk_tile, pointer_mainloop, tile_counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +94,7 @@ def all_gather_matmul_consumer_kernel(
     pid = tl.program_id(0)
     # the call's epoch lives on the device, so CUDA-graph replays wait for their own flags
     epoch = tl.load(epoch_ptr)
-    tiles_m = tl.cdiv(rows_per_chunk, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    tiles_per_chunk = tiles_m * tiles_n
+    tiles_m, tiles_n, tiles_per_chunk = tile_counts(rows_per_chunk, N, BLOCK_M, BLOCK_N)
     for tile in range(pid, tiles_per_chunk * world_size, num_programs):
         # own chunk first, then rank + 1, ... (schedule.all_gather_order)
         chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank, world_size, GROUP_M)
@@ -169,9 +167,7 @@ def all_gather_matmul_tma_kernel(
     the next chunk's (or TMA's zeros): they only feed rows that the masked store drops."""
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
-    tiles_m = tl.cdiv(rows_per_chunk, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    tiles_per_chunk = tiles_m * tiles_n
+    tiles_m, tiles_n, tiles_per_chunk = tile_counts(rows_per_chunk, N, BLOCK_M, BLOCK_N)
     for tile in range(pid, tiles_per_chunk * world_size, num_programs):
         # own chunk first, then rank + 1, ... (schedule.all_gather_order)
         chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank, world_size, GROUP_M)

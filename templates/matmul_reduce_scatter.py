@@ -28,7 +28,7 @@ import triton.language as tl
 
 from .all_gather_matmul import GemmConfig, _sm_count, _tma_mainloop, pointer_fallback, tma_fits
 from .signals import wait_flag
-from .tiles import chunk_tile, pointer_mainloop
+from .tiles import chunk_tile, pointer_mainloop, tile_counts
 
 
 @triton.jit
@@ -70,9 +70,7 @@ def matmul_reduce_scatter_producer_kernel(
 ):  # fmt: skip
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
-    tiles_m = tl.cdiv(rows_per_chunk, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    tiles_per_chunk = tiles_m * tiles_n
+    tiles_m, tiles_n, tiles_per_chunk = tile_counts(rows_per_chunk, N, BLOCK_M, BLOCK_N)
     for tile in range(pid, tiles_per_chunk * world_size, num_programs):
         # rank + 1 first, the own chunk last (schedule.reduce_scatter_order)
         chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
@@ -109,9 +107,7 @@ def matmul_reduce_scatter_tma_kernel(
     rows that the masked store drops."""
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
-    tiles_m = tl.cdiv(rows_per_chunk, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    tiles_per_chunk = tiles_m * tiles_n
+    tiles_m, tiles_n, tiles_per_chunk = tile_counts(rows_per_chunk, N, BLOCK_M, BLOCK_N)
     for tile in range(pid, tiles_per_chunk * world_size, num_programs):
         chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

@@ -7,6 +7,15 @@ import triton.language as tl
 
 
 @triton.jit
+def tile_counts(rows_per_chunk, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(tiles_m, tiles_n, tiles_per_chunk) of a persistent GEMM over per-rank chunks of
+    ``rows_per_chunk`` rows and N columns."""
+    tiles_m = tl.cdiv(rows_per_chunk, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    return tiles_m, tiles_n, tiles_m * tiles_n
+
+
+@triton.jit
 def chunk_tile(tile, tiles_m, tiles_n, first_chunk, world_size, GROUP_M: tl.constexpr):
     """(chunk, tile_m, tile_n) of persistent tile ``tile``: tiles [0, tiles_per_chunk) belong to
     ``first_chunk``, the next ones to first_chunk + 1 (mod world), and so on."""
