@@ -48,6 +48,12 @@ def _prepare(shard, mat2s, gather_dim, world_size, contract_with=(), gathered_le
     return shard, flat, inner, gathered_shape, outs
 
 
+def _stacks_whole_chunks(shape, gather_dim: int) -> bool:
+    """Whether the gather along ``gather_dim`` puts each rank's chunk in one contiguous block of
+    rows (no dim before it is longer than 1), so chunk outputs can be written in place."""
+    return all(size == 1 for size in shape[:gather_dim])
+
+
 def _push_chunks(ws: symm.Workspace, flat: torch.Tensor, stacked_shape) -> None:
     """Side stream: copy this rank's shard into every peer's data, rank-rotated (at step s to
     rank - s, so each rank receives rank + 1, rank + 2, ... in the order its consumer takes
@@ -139,7 +145,7 @@ def _chunk_rows(ws, stacked, flat, chunk, wait: bool) -> torch.Tensor:
     if chunk == ws.rank:
         return flat
     if wait:
-        signals.wait_kernel[(1,)](
+        signals.WAIT[(1,)](
             ws.flags, ws.epoch, ws.chunk_timeouts, chunk, SPIN_LIMIT=config.spin_limit, num_warps=1
         )
     rows = flat.shape[0]
@@ -151,7 +157,7 @@ def _matmul_chunk(a, chunk, mat2s, biases, outs, gather_dim, world):
     rows = a.shape[0]
     for out, mat2, bias in zip(outs, mat2s, biases):
         target = schedule.chunk(out, gather_dim, chunk, world)
-        if gather_dim == 0:
+        if _stacks_whole_chunks(out.shape, gather_dim):
             target = target.view(rows, -1)  # contiguous rows: cuBLAS writes in place
             if bias is None:
                 torch.mm(a, mat2, out=target)
@@ -183,8 +189,8 @@ def nccl_cublas(
     shard = shard.contiguous()
     stacked = shard.new_empty((world_size,) + tuple(shard.shape))
     dist.all_gather_into_tensor(stacked, shard, group=group)
-    if gather_dim == 0:
-        gathered = stacked.view((-1,) + tuple(shard.shape[1:]))
+    if _stacks_whole_chunks(shard.shape, gather_dim):
+        gathered = stacked.view(ops._gathered_shape(shard, gather_dim, world_size))
     else:
         gathered = torch.cat(stacked.unbind(0), dim=gather_dim)
     flat = gathered.view(-1, shard.shape[-1])

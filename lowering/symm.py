@@ -86,6 +86,7 @@ class Workspace:
         words = _lasting([0] * (1 + 3 * world), torch.int32, device)
         self.epoch = words[:1]
         self.timeouts = words[1 : 1 + 2 * world].view(2, world)
+        self.barrier_timeouts, self.chunk_timeouts = self.timeouts[0], self.timeouts[1]
         self.counters = words[1 + 2 * world :]
         self._timeouts_host = torch.zeros(2, world, dtype=torch.int32).pin_memory()
         self._timeouts_copied: torch.cuda.Event | None = None
@@ -237,8 +238,8 @@ class Workspace:
         """Step 1: advance the epoch and wait until every rank has reached it."""
         self._raise_on_earlier_timeouts()
         block = max(_next_power_of_two(self.world_size), 2)
-        signals.barrier_kernel[(1,)](
-            self._alloc.pad_ptrs, self.epoch, self.timeouts[0], self.rank, self.world_size,
+        signals.BARRIER[(1,)](
+            self._alloc.pad_ptrs, self.epoch, self.barrier_timeouts, self.rank, self.world_size,
             SPIN_LIMIT=spin_limit, BLOCK_W=block, num_warps=1,
         )  # fmt: skip
 
@@ -247,10 +248,6 @@ class Workspace:
         A copy-engine write queued after the data, so the peer sees the data once it sees
         the flag."""
         self.peer_flag(peer, self.rank).copy_(self.epoch)
-
-    @property
-    def chunk_timeouts(self) -> torch.Tensor:
-        return self.timeouts[1]
 
     def finish(self) -> None:
         """After the consumer, every CHECK_EVERY calls: queue a copy of the timeout words to the

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import DirectKernel
 from .signals import wait_flag
 from .tiles import chunk_tile, pointer_mainloop, tile_counts
 
@@ -193,6 +194,10 @@ def all_gather_matmul_tma_kernel(
         )  # fmt: skip
 
 
+_TMA_KERNEL = DirectKernel(all_gather_matmul_tma_kernel)
+_POINTER_KERNEL = DirectKernel(all_gather_matmul_consumer_kernel)
+
+
 def tma_fits(a: torch.Tensor, mat2: torch.Tensor) -> bool:
     """TMA needs a unit last stride and 16-byte aligned bases and row strides."""
     def ok(t):
@@ -217,7 +222,7 @@ def launch_tma(a_stacked, a_local, mat2, bias, out, flags, epoch, timeouts, *, r
     b_desc = (
         TensorDescriptor.from_tensor(mat2.t(), [bn, bk]) if b_nk else TensorDescriptor.from_tensor(mat2, [bk, bn])
     )
-    all_gather_matmul_tma_kernel[(num_programs,)](
+    _TMA_KERNEL[(num_programs,)](
         TensorDescriptor.from_tensor(a_stacked, [bm, bk]), TensorDescriptor.from_tensor(a_local, [bm, bk]),
         b_desc, bias if bias is not None else out, out, flags, epoch, timeouts,
         rows_per_chunk, n, k, inner, out.stride(0), out.stride(1),
@@ -320,7 +325,7 @@ def all_gather_matmul_consumer(
             )  # fmt: skip
             continue
         pointer_config = pointer_fallback(config, a_stacked.dtype)
-        all_gather_matmul_consumer_kernel[(programs,)](
+        _POINTER_KERNEL[(programs,)](
             a_stacked, a_local, mat2, bias if bias is not None else out, out, flags, epoch,
             timeouts, tile_log if tile_log is not None else timeouts,
             rows_per_chunk, n, k, inner,

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from .all_gather_matmul import GemmConfig, _sm_count, _tma_mainloop, pointer_fallback, tma_fits
+from .launch import DirectKernel
 from .signals import wait_flag
 from .tiles import chunk_tile, pointer_mainloop, tile_counts
 
@@ -123,6 +124,10 @@ def matmul_reduce_scatter_tma_kernel(
         )  # fmt: skip
 
 
+_TMA_KERNEL = DirectKernel(matmul_reduce_scatter_tma_kernel)
+_POINTER_KERNEL = DirectKernel(matmul_reduce_scatter_producer_kernel)
+
+
 def matmul_reduce_scatter_producer(
     a: torch.Tensor,
     mat2: torch.Tensor,
@@ -166,14 +171,14 @@ def matmul_reduce_scatter_producer(
         b_desc = (
             TensorDescriptor.from_tensor(mat2.t(), [bn, bk]) if b_nk else TensorDescriptor.from_tensor(mat2, [bk, bn])
         )
-        matmul_reduce_scatter_tma_kernel[(programs,)](
+        _TMA_KERNEL[(programs,)](
             TensorDescriptor.from_tensor(a, [bm, bk]), b_desc, bias_arg, dest_ptrs, flag_ptrs,
             counters, epoch, rows, n, k, rank, world_size, programs,
             HAS_BIAS=bias is not None, B_NK=b_nk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
             GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
         return
-    matmul_reduce_scatter_producer_kernel[(programs,)](
+    _POINTER_KERNEL[(programs,)](
         a, mat2, bias_arg, dest_ptrs, flag_ptrs, counters, epoch,
         tile_log if tile_log is not None else counters,
         rows, n, k, a.stride(0), a.stride(1), mat2.stride(0), mat2.stride(1),
@@ -211,6 +216,9 @@ def reduce_partials_kernel(
     tl.store(out_ptr + offs, (acc * scale).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_REDUCE_KERNEL = DirectKernel(reduce_partials_kernel)
+
+
 def reduce_partials(
     partials: torch.Tensor,
     out: torch.Tensor,
@@ -231,7 +239,7 @@ def reduce_partials(
     numel = out.numel()
     if not (partials.is_contiguous() and out.is_contiguous() and partials.numel() == world_size * numel):
         raise ValueError(f"partials {list(partials.shape)} do not hold {world_size} of out {list(out.shape)}")
-    reduce_partials_kernel[(triton.cdiv(numel, block),)](
+    _REDUCE_KERNEL[(triton.cdiv(numel, block),)](
         partials, out, flags, epoch, timeouts, numel, scale, rank, world_size,
         SPIN_LIMIT=spin_limit, BLOCK=block, num_warps=8,
     )  # fmt: skip

@@ -11,6 +11,8 @@ hanging the GPU.
 import triton
 import triton.language as tl
 
+from .launch import DirectKernel
+
 
 @triton.jit
 def _behind(value, epoch):
@@ -71,3 +73,7 @@ def wait_kernel(flags_ptr, epoch_ptr, timeouts_ptr, chunk, SPIN_LIMIT: tl.conste
     """One program that holds its stream until flags[chunk] reaches the call's epoch, so that
     stream work queued after it (a cuBLAS matmul of that chunk) reads the chunk's data."""
     wait_flag(flags_ptr, timeouts_ptr, chunk, tl.load(epoch_ptr), SPIN_LIMIT)
+
+
+BARRIER = DirectKernel(barrier_kernel)
+WAIT = DirectKernel(wait_kernel)

@@ -12,7 +12,8 @@ from overlap_pass.lowering import all_gather_matmul as agm
 from overlap_pass.lowering import symm
 from tests.gpu_common import REL_TOL, error, group_name, message_of_a_late_peer, poison_workspace
 
-# (shard shape, gather_dim, Ns, bias per N): odd rows, K and N, QKV-like lists, 3-D shards
+# (shard shape, gather_dim, Ns, bias per N): odd rows, K and N, QKV-like lists, 3-D shards,
+# a sequence-parallel [1, seq, dim] shard gathered along the sequence (whole chunks of rows)
 SHAPES = [
     ((333, 520), 0, (1000,), (True,)),
     ((256, 256), 0, (384, 128, 130), (True, False, True)),
@@ -20,6 +21,7 @@ SHAPES = [
     ((3, 50, 64), 0, (96, 33), (False, True)),
     ((1024, 1024), 0, (1536,), (False,)),
     ((17, 40), 0, (24,), (True,)),
+    ((1, 93, 128), 1, (136, 40), (True, False)),
 ]
 
 

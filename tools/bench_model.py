@@ -17,8 +17,11 @@ the output with a fixed random gradient. Outputs and gradients are checked again
 
 import argparse
 import copy
+import cProfile
+import io
 import json
 import os
+import pstats
 import random
 import statistics
 import time
@@ -144,6 +147,11 @@ def bench_size(name, args, device, mesh) -> dict:
             if round_ >= args.warmup:
                 samples[key].append((start, end, issued))
     torch.cuda.synchronize(device)
+    if args.profile and "overlap" in models:
+        for mode in ("forward", "forward+backward"):
+            report = _host_profile(runners[("overlap", mode)], args.profile, device)
+            if dist.get_rank() == 0:
+                print(f"== host profile, overlap {mode}, {name}, {args.profile} calls, rank 0\n{report}", flush=True)
     us = {
         f"{c} {mode}": slowest(statistics.median(s.elapsed_time(e) * 1e3 / args.calls for s, e, _ in runs), device)
         for (c, mode), runs in samples.items()
@@ -158,6 +166,22 @@ def bench_size(name, args, device, mesh) -> dict:
         "tokens": args.tokens, "world": world, "us": us, "host_us": host_us, "errors": errors,
         "overlap_pass": _rewrites(),
     }  # fmt: skip
+
+
+def _host_profile(runner, calls: int, device, lines: int = 30) -> str:
+    """Where the host time of ``calls`` calls goes: cProfile's functions by own time (the GPU
+    runs behind; a sync first and last keeps waits for it out of the middle)."""
+    torch.cuda.synchronize(device)
+    dist.barrier()
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        runner()
+    profile.disable()
+    torch.cuda.synchronize(device)
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(lines)
+    return text.getvalue()
 
 
 def table(rows: list[dict]) -> str:
@@ -185,6 +209,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--profile", type=int, default=0, help="cProfile this many overlap calls per pass (host time)")
     args = parser.parse_args()
 
     import overlap_pass  # noqa: F401  (registers the backend)
