@@ -198,37 +198,35 @@ _TMA_KERNEL = DirectKernel(all_gather_matmul_tma_kernel)
 _POINTER_KERNEL = DirectKernel(all_gather_matmul_consumer_kernel)
 
 
-def tma_fits(a: torch.Tensor, mat2: torch.Tensor) -> bool:
+def _tma_operand(t: torch.Tensor) -> bool:
     """TMA needs a unit last stride and 16-byte aligned bases and row strides."""
-    def ok(t):
-        return (
-            t.stride(-1) == 1
-            and (t.stride(0) * t.element_size()) % 16 == 0
-            and t.data_ptr() % 16 == 0
-        )
-    b = mat2.t() if mat2.stride(0) == 1 else mat2
-    return ok(a) and ok(b) and a.dtype in (torch.float16, torch.bfloat16)
+    return t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
 
 
-def launch_tma(a_stacked, a_local, mat2, bias, out, flags, epoch, timeouts, *, rank, world_size, inner, config, num_programs, spin_limit):
-    """One TMA consumer launch (one mat2); the caller checked tma_fits."""
+def _row_major(mat2: torch.Tensor) -> torch.Tensor:
+    """B as TMA reads it: a linear's weight ([N, K] transposed to [K, N]) as the [N, K] rows."""
+    return mat2.t() if mat2.stride(0) == 1 else mat2
+
+
+def tma_fits(a: torch.Tensor, mat2: torch.Tensor) -> bool:
+    """Whether A @ mat2 can load both through TMA (bf16 or fp16, aligned)."""
+    return a.dtype in (torch.float16, torch.bfloat16) and _tma_operand(a) and _tma_operand(_row_major(mat2))
+
+
+def _launch_tma(a_descs, mat2, bias, out, flags, epoch, timeouts, rows_per_chunk, k, *, rank, world_size, inner, config, num_programs, spin_limit):
+    """One TMA consumer launch (one mat2); ``a_descs``: the descriptors of A and of the local
+    chunk, shared by a call's launches."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    rows, k = a_stacked.shape
-    rows_per_chunk = rows // world_size
-    n = mat2.shape[1]
-    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    bn, bk = config.block_n, config.block_k
     b_nk = mat2.stride(0) == 1
-    b_desc = (
-        TensorDescriptor.from_tensor(mat2.t(), [bn, bk]) if b_nk else TensorDescriptor.from_tensor(mat2, [bk, bn])
-    )
+    b_desc = TensorDescriptor.from_tensor(_row_major(mat2), [bn, bk] if b_nk else [bk, bn])
     _TMA_KERNEL[(num_programs,)](
-        TensorDescriptor.from_tensor(a_stacked, [bm, bk]), TensorDescriptor.from_tensor(a_local, [bm, bk]),
-        b_desc, bias if bias is not None else out, out, flags, epoch, timeouts,
-        rows_per_chunk, n, k, inner, out.stride(0), out.stride(1),
+        *a_descs, b_desc, bias if bias is not None else out, out, flags, epoch, timeouts,
+        rows_per_chunk, mat2.shape[1], k, inner, out.stride(0), out.stride(1),
         rank, world_size, num_programs,
-        HAS_BIAS=bias is not None, B_NK=b_nk, PROXY_FENCE=a_stacked.is_cuda, SPIN_LIMIT=spin_limit,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
+        HAS_BIAS=bias is not None, B_NK=b_nk, PROXY_FENCE=out.is_cuda, SPIN_LIMIT=spin_limit,
+        BLOCK_M=config.block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
 
@@ -313,13 +311,24 @@ def all_gather_matmul_consumer(
         raise ValueError("tile_log records one launch: pass one mat2")
     if timeouts is None:
         timeouts = torch.zeros(world_size, dtype=torch.int32, device=a_stacked.device)
+    # A's descriptors are made once per call, for every mat2 TMA can take too
+    a_tma = (
+        config.tma and tile_log is None and a_stacked.dtype in (torch.float16, torch.bfloat16)
+        and _tma_operand(a_stacked) and _tma_operand(a_local)
+    )  # fmt: skip
+    a_descs = None
     for mat2, bias, out in zip(mat2s, biases, outs):
         n = mat2.shape[1]
         tiles = world_size * triton.cdiv(rows_per_chunk, config.block_m) * triton.cdiv(n, config.block_n)
         programs = min(num_programs or _sm_count(out.device), tiles)
-        if config.tma and tile_log is None and tma_fits(a_stacked, mat2) and tma_fits(a_local, mat2):
-            launch_tma(
-                a_stacked, a_local, mat2, bias, out, flags, epoch, timeouts, rank=rank,
+        if a_tma and _tma_operand(_row_major(mat2)):
+            if a_descs is None:
+                from triton.tools.tensor_descriptor import TensorDescriptor
+
+                block = [config.block_m, config.block_k]
+                a_descs = (TensorDescriptor.from_tensor(a_stacked, block), TensorDescriptor.from_tensor(a_local, block))
+            _launch_tma(
+                a_descs, mat2, bias, out, flags, epoch, timeouts, rows_per_chunk, k, rank=rank,
                 world_size=world_size, inner=inner, config=config, num_programs=programs,
                 spin_limit=spin_limit,
             )  # fmt: skip

@@ -38,6 +38,13 @@ def specialization(args) -> tuple:
     return tuple(key)
 
 
+def _hooked() -> bool:
+    """Whether a launch hook is set (a profiler's): launches then go through the JIT, which calls
+    it. Triton 3.6 keeps hooks in a HookChain that is never None; older versions in a callable."""
+    hook = knobs.runtime.launch_enter_hook
+    return bool(hook.calls) if hasattr(hook, "calls") else hook is not None
+
+
 class DirectKernel:
     """``DirectKernel(kernel)[grid](*args, **meta)`` launches like ``kernel[grid](*args, **meta)``
     (args positional, every constexpr and option by name). The kernel's constexpr parameters must
@@ -52,7 +59,7 @@ class DirectKernel:
         return lambda *args, **meta: self.launch(grid, args, meta)
 
     def launch(self, grid, args: tuple, meta: dict) -> None:
-        if not isinstance(self.kernel, JITFunction) or knobs.runtime.launch_enter_hook is not None:
+        if not isinstance(self.kernel, JITFunction) or _hooked():
             self.kernel[grid](*args, **meta)
             return
         device = torch.cuda.current_device()

@@ -80,7 +80,7 @@ def bench_size(name, args, device, mesh) -> dict:
     _rewrites(reset=True)
     torch.manual_seed(0)
     eager = _model(args.model, dim, heads, kv_heads, hidden, mesh).to(device=device, dtype=torch.bfloat16)
-    models = {c: _compile(copy.deepcopy(eager), c, args.mode) for c in COMPILERS}
+    models = {c: _compile(copy.deepcopy(eager), c, args.mode) for c in args.compilers.split(",")}
     gen = torch.Generator(device=device).manual_seed(1 + dist.get_rank())
     x = torch.randn(1, args.tokens // world, dim, device=device, dtype=torch.bfloat16, generator=gen)
     grad = torch.randn(x.shape, device=device, dtype=torch.bfloat16, generator=gen)
@@ -168,9 +168,9 @@ def bench_size(name, args, device, mesh) -> dict:
     }  # fmt: skip
 
 
-def _host_profile(runner, calls: int, device, lines: int = 30) -> str:
-    """Where the host time of ``calls`` calls goes: cProfile's functions by own time (the GPU
-    runs behind; a sync first and last keeps waits for it out of the middle)."""
+def _host_profile(runner, calls: int, device, lines: int = 25) -> str:
+    """Where the host time of ``calls`` calls goes: cProfile's functions by own time, in µs per
+    call (the GPU runs behind; syncs before and after keep waits for it out)."""
     torch.cuda.synchronize(device)
     dist.barrier()
     profile = cProfile.Profile()
@@ -179,9 +179,13 @@ def _host_profile(runner, calls: int, device, lines: int = 30) -> str:
         runner()
     profile.disable()
     torch.cuda.synchronize(device)
-    text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(lines)
-    return text.getvalue()
+    stats = pstats.Stats(profile).stats  # (file, line, name) -> (calls, calls, own, cumulative, callers)
+    top = sorted(stats.items(), key=lambda item: -item[1][2])[:lines]
+    rows = ["  own us | cum us | calls | function (per call of the model)"]
+    for (path, line, name), (_, count, own, cumulative, _) in top:
+        where = f"{os.path.basename(path)}:{line}({name})" if line else name
+        rows.append(f"{own / calls * 1e6:8.1f} | {cumulative / calls * 1e6:6.0f} | {count / calls:5.1f} | {where}")
+    return "\n".join(rows)
 
 
 def table(rows: list[dict]) -> str:
@@ -206,11 +210,15 @@ def main() -> None:
     parser.add_argument("--mode", choices=("reduce-overhead",), default=None, help="torch.compile mode, for all three")
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--sizes", default=",".join(SIZES))
+    parser.add_argument("--compilers", default=",".join(COMPILERS), help="a subset of " + ",".join(COMPILERS))
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--profile", type=int, default=0, help="cProfile this many overlap calls per pass (host time)")
     args = parser.parse_args()
+    unknown = set(args.compilers.split(",")) - set(COMPILERS)
+    if unknown:
+        parser.error(f"unknown compilers {sorted(unknown)}; choose from {','.join(COMPILERS)}")
 
     import overlap_pass  # noqa: F401  (registers the backend)
 

@@ -58,3 +58,10 @@ def test_constexprs_follow_the_runtime_arguments_in_parameter_order():
 def test_a_constexpr_before_a_runtime_argument_is_refused():
     with pytest.raises(TypeError, match="runtime arguments first"):
         DirectKernel(JITFunction(_constexpr_first))._constexprs(1, {"BLOCK": 16})
+
+
+def test_no_launch_hook_is_set_by_default():
+    # a hook in place sends every launch through the JIT: the direct path would never run
+    from overlap_pass.templates.launch import _hooked
+
+    assert not _hooked()
