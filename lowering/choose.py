@@ -2,7 +2,8 @@
 cached in memory and on disk.
 
 At the first call of a shape every rank runs every variant on the call's own inputs, interleaved
-(rounds of SAMPLE_CALLS calls each, in a shuffled order, so drift hits all variants alike). A
+(rounds of SAMPLE_CALLS calls each, in a shuffled order, so drift hits all variants alike; each
+sample starts with the GPU idle, so a variant's host time counts where it exceeds its GPU time). A
 variant whose outputs differ from NCCL + cuBLAS's beyond rounding, or that raises, on any rank,
 is out on every rank. Times are reduced to the slowest rank's,
 rank 0 picks the fastest and broadcasts its name, so every rank runs the same variant: the
@@ -29,9 +30,10 @@ log = logging.getLogger("overlap_pass")
 BASELINE = "nccl_cublas"
 ROUNDS = 10
 WARMUP = 2
-# back-to-back calls per sample: enough for the host's time per call to show where it exceeds
-# the GPU's (with 3, a variant with 300 us of host time looked faster than NCCL on shapes where
-# it ran slower in a loop of 10)
+# back-to-back calls per sample, each sample started on an idle GPU, so that a variant's host
+# time counts where it exceeds its GPU time (with 3 calls, or with the GPU still busy with the
+# previous sample, a variant with 375 us of host time per call measured 215 us and was picked
+# over NCCL's 87 us of host time; in the 8B block that cost 0.5 ms per forward, 4xH200)
 SAMPLE_CALLS = 8
 
 # (key string) -> {"choice": name, "times_us": {...}}: the choices of this process
@@ -138,6 +140,8 @@ def _measure(variants: dict, args: tuple, group, device) -> dict[str, float]:
         for name in order:
             if not usable[name]:
                 continue
+            torch.cuda.synchronize(device)  # idle, on every rank: host time is not hidden
+            dist.barrier(group=group, device_ids=[device.index])
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(SAMPLE_CALLS):
