@@ -18,7 +18,6 @@ the output with a fixed random gradient. Outputs and gradients are checked again
 import argparse
 import copy
 import cProfile
-import io
 import json
 import os
 import pstats
