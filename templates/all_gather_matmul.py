@@ -204,7 +204,8 @@ def _tma_operand(t: torch.Tensor) -> bool:
 
 
 def _row_major(mat2: torch.Tensor) -> torch.Tensor:
-    """B as TMA reads it: a linear's weight ([N, K] transposed to [K, N]) as the [N, K] rows."""
+    """B as TMA loads it: a linear's weight (a transposed view of [N, K]) as its [N, K] rows,
+    else B itself."""
     return mat2.t() if mat2.stride(0) == 1 else mat2
 
 

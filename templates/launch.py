@@ -1,11 +1,11 @@
 """Launching compiled Triton kernels with little host time.
 
 A JIT launch (``kernel[grid](...)``) binds and specializes its arguments, looks its kernel up and
-wraps the launch on every call: 14 µs of host time for the one-program barrier and 32 for the
-consumer GEMM (its descriptors aside) on the H200 machines, against 5 and 15 through the compiled
-kernel's own launcher (PERF.md). Every op launches several kernels on the critical path, so they go through
-``DirectKernel``: the first call of a specialization compiles through the JIT, later calls
-launch the compiled kernel.
+wraps the launch on every call: 15 µs of host time for the one-program barrier and 40 for the
+consumer GEMM with its descriptors on the H200 machines, against 6 and 21 through the compiled
+kernel's own launcher (PERF.md). Every op launches several kernels on the critical path, so they
+go through ``DirectKernel``: the first call of a specialization compiles through the JIT, later
+calls launch the compiled kernel.
 
 The specialization key follows Triton's (runtime/jit.py, specialize_impl): a tensor's dtype and
 whether its address is 16-byte aligned, an int's width and whether it is 1 or a multiple of 16,
