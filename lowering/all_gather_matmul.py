@@ -38,8 +38,7 @@ def _prepare(shard, mat2s, gather_dim, world_size, contract_with=(), gathered_le
     inner = 1
     for size in shard.shape[gather_dim:-1]:
         inner *= size
-    gathered_shape = list(shard.shape)
-    gathered_shape[gather_dim] *= world_size
+    gathered_shape = ops._gathered_shape(shard, gather_dim, world_size)
     outs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]]) for m in mat2s]
     outs += [
         shard.new_empty((k, other.shape[-1]) if left else (other.shape[-1], k))
@@ -155,9 +154,10 @@ def _chunk_rows(ws, stacked, flat, chunk, wait: bool) -> torch.Tensor:
 def _matmul_chunk(a, chunk, mat2s, biases, outs, gather_dim, world):
     """cuBLAS: chunk ``chunk``'s rows of each output."""
     rows = a.shape[0]
+    in_place = bool(mat2s) and _stacks_whole_chunks(outs[0].shape, gather_dim)  # alike for every output
     for out, mat2, bias in zip(outs, mat2s, biases):
         target = schedule.chunk(out, gather_dim, chunk, world)
-        if _stacks_whole_chunks(out.shape, gather_dim):
+        if in_place:
             target = target.view(rows, -1)  # contiguous rows: cuBLAS writes in place
             if bias is None:
                 torch.mm(a, mat2, out=target)

@@ -209,9 +209,14 @@ def _row_major(mat2: torch.Tensor) -> torch.Tensor:
     return mat2.t() if mat2.stride(0) == 1 else mat2
 
 
+def _tma_a(a: torch.Tensor) -> bool:
+    """Whether A can load through TMA (bf16 or fp16, aligned)."""
+    return a.dtype in (torch.float16, torch.bfloat16) and _tma_operand(a)
+
+
 def tma_fits(a: torch.Tensor, mat2: torch.Tensor) -> bool:
-    """Whether A @ mat2 can load both through TMA (bf16 or fp16, aligned)."""
-    return a.dtype in (torch.float16, torch.bfloat16) and _tma_operand(a) and _tma_operand(_row_major(mat2))
+    """Whether A @ mat2 can load both through TMA."""
+    return _tma_a(a) and _tma_operand(_row_major(mat2))
 
 
 def _launch_tma(a_descs, mat2, bias, out, flags, epoch, timeouts, rows_per_chunk, k, *, rank, world_size, inner, config, num_programs, spin_limit):
@@ -313,10 +318,7 @@ def all_gather_matmul_consumer(
     if timeouts is None:
         timeouts = torch.zeros(world_size, dtype=torch.int32, device=a_stacked.device)
     # A's descriptors are made once per call, for every mat2 TMA can take too
-    a_tma = (
-        config.tma and tile_log is None and a_stacked.dtype in (torch.float16, torch.bfloat16)
-        and _tma_operand(a_stacked) and _tma_operand(a_local)
-    )  # fmt: skip
+    a_tma = config.tma and tile_log is None and _tma_a(a_stacked) and _tma_a(a_local)
     a_descs = None
     for mat2, bias, out in zip(mat2s, biases, outs):
         n = mat2.shape[1]
