@@ -114,6 +114,8 @@ def bench_size(name, args, device, mesh) -> dict:
             out, dx = step(model)
         except RuntimeError as error:  # every rank fails alike (e.g. a compiler under a mode)
             errors[c] = f"failed: {str(error).splitlines()[0]}"
+            if dist.get_rank() == 0:
+                print(f"== {c} failed on {name}:\n{error}", flush=True)
             del models[c]
             continue
         out = out.clone()  # (with CUDA graphs, the next step reuses the output's memory)
