@@ -11,7 +11,8 @@
 All take the op's arguments and return what the op returns: (gathered or None, outputs). The
 contractions over the gathered rows (weight gradients, ops.py) run per chunk as it arrives in
 copy_engine_cublas, accumulating in the output (cuBLAS beta = 1: one rounding per chunk); the fused
-variant runs them after its kernel, nccl_cublas as one matmul each.
+variant runs them after its kernel, as one matmul each over the workspace when the chunks stack
+whole (else per chunk), nccl_cublas as one matmul each.
 """
 
 import functools
@@ -64,9 +65,11 @@ def _push_chunks(ws: symm.Workspace, flat: torch.Tensor, stacked_shape) -> None:
         ws.signal_peer(peer)
 
 
-def _start(shard, mat2s, gather_dim, world_size, group_name, contract_with, gathered_left):
+def _start(shard, mat2s, gather_dim, world_size, group_name, contract_with, gathered_left, own_too=False):
     """Steps 1 and 2 of the protocol (symm.py): barrier on the caller's stream, then the pushes
-    on the side stream. Returns the workspace, the stacked view of its data, and _prepare's."""
+    on the side stream; with ``own_too``, then the own shard into its slot of the own data too,
+    marked by ``ws.chunk_ready[rank]``. Returns the workspace, the stacked view of its data, and
+    _prepare's."""
     shard, flat, inner, gathered_shape, outs = _prepare(
         shard, mat2s, gather_dim, world_size, contract_with, gathered_left
     )
@@ -76,6 +79,10 @@ def _start(shard, mat2s, gather_dim, world_size, group_name, contract_with, gath
     ws.fork()
     with ws.on_side_stream():
         _push_chunks(ws, flat, stacked_shape)
+        if own_too:  # after the pushes: the peers wait for those
+            rows = flat.shape[0]
+            ws.peer_rows(ws.rank, stacked_shape, flat.dtype, ws.rank * rows, (ws.rank + 1) * rows).copy_(flat)
+            ws.chunk_ready[ws.rank].record(ws.side_stream)
     return ws, ws.data(stacked_shape, flat.dtype), shard, flat, inner, gathered_shape, outs
 
 
@@ -97,8 +104,11 @@ def fused(
     shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
     contract_with=(), gathered_left=(), *, gemm_config=None,
 ):  # fmt: skip
+    # contractions over whole stacked chunks run as one matmul each over the workspace, which
+    # then needs the own chunk too (copied on the side stream while the kernel runs)
+    whole = bool(contract_with) and _stacks_whole_chunks(shard.shape, gather_dim)
     ws, stacked, shard, flat, inner, gathered_shape, outs = _start(
-        shard, mat2s, gather_dim, world_size, group_name, contract_with, gathered_left
+        shard, mat2s, gather_dim, world_size, group_name, contract_with, gathered_left, own_too=whole
     )
     try:
         consumer.all_gather_matmul_consumer(
@@ -109,7 +119,13 @@ def fused(
             spin_limit=config.spin_limit, timeouts=ws.chunk_timeouts,
         )  # fmt: skip
         # the kernel waited for every chunk: the contractions run on whole data, no waits
-        for chunk in schedule.all_gather_order(ws.rank, world_size) if contract_with else ():
+        if whole:
+            ws.main.wait_event(ws.chunk_ready[ws.rank])
+            for out, other, left in zip(outs[len(mat2s) :], contract_with, gathered_left):
+                theirs = other.reshape(stacked.shape[0], -1)  # stacked rows are gathered rows
+                x, y = (stacked.t(), theirs) if left else (theirs.t(), stacked)
+                torch.mm(x, y, out=out)
+        for chunk in schedule.all_gather_order(ws.rank, world_size) if contract_with and not whole else ():
             a = _chunk_rows(ws, stacked, flat, chunk, wait=False)
             _contract_chunk(
                 a, chunk, contract_with, gathered_left, outs[len(mat2s) :], gathered_shape, gather_dim, ws

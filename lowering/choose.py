@@ -180,6 +180,14 @@ def choose(key: str, variants: dict, args: tuple, group, device) -> str:
         # nothing can be measured or broadcast inside a capture; the same answer on every rank
         log.warning("overlap: first call of %s inside a CUDA graph capture: running %s", key, BASELINE)
         return BASELINE
+    from .symm import outside_graph_pool
+
+    with outside_graph_pool(device):  # a compiled model's first call may run in a graph pool
+        return _choose_collectively(key, variants, args, group, device)
+
+
+def _choose_collectively(key: str, variants: dict, args: tuple, group, device) -> str:
+    """choose's collective part: the cached choice, rank 0's, or a measurement now."""
     names = list(variants)
     rank = group.rank()
     found = load_cache().get(key, {}).get("choice") if rank == 0 else None

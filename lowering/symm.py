@@ -61,6 +61,32 @@ def _lasting(values: list, dtype: torch.dtype, device: torch.device) -> torch.Te
     return tensor
 
 
+_SETUP_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+@contextlib.contextmanager
+def outside_graph_pool(device: torch.device):
+    """One-time setup (a rendezvous, a first call's measurements) on a stream of its own, after
+    and before the caller's work. CUDA graph trees run a compiled model's first call with the
+    caller's stream allocating from their private pool and then require that nothing but the
+    model's outputs stays alive there; a rendezvous keeps device arrays of peer addresses, and
+    NCCL's barrier a tensor, so they must come from the default pool, which any other stream
+    allocates from."""
+    if getattr(device, "type", None) != "cuda":
+        yield
+        return
+    caller = torch.cuda.current_stream(device)
+    stream = _SETUP_STREAMS.get(device.index)
+    if stream is None:
+        stream = _SETUP_STREAMS[device.index] = torch.cuda.Stream(device=device)
+    stream.wait_stream(caller)
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        caller.wait_stream(stream)
+
+
 @dataclasses.dataclass
 class _Allocation:
     buffer: torch.Tensor  # uint8, symmetric; kept alive here, addressed through handle
@@ -115,13 +141,17 @@ class Workspace:
                 f"{data_bytes} bytes while a CUDA graph is being captured; run the model once "
                 "before capturing (torch.compile's reduce-overhead mode does) so it is allocated"
             )
-        import torch.distributed._symmetric_memory as symm_mem
-
         size = _next_power_of_two(max(data_bytes, MIN_DATA_BYTES))
         if self._alloc is not None:
             self._retired.append(self._alloc)
         self._alloc = None
         self._views.clear()
+        with outside_graph_pool(self.device):
+            self._allocate(size)
+
+    def _allocate(self, size: int) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+
         buffer = symm_mem.empty(CONTROL_BYTES + size, dtype=torch.uint8, device=self.device)
         handle = symm_mem.rendezvous(buffer, self.group_name)
         # every address, this rank's own included, comes from get_buffer, so that all ranks

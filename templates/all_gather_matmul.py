@@ -151,10 +151,9 @@ def _tma_mainloop(a_desc, row0, b_desc, col0, K, acc, B_NK: tl.constexpr, BLOCK_
 
 @triton.jit
 def all_gather_matmul_tma_kernel(
-    a_desc, a_local_desc, b_desc, bias_ptr, c_ptr, flags_ptr, epoch_ptr, timeouts_ptr,
-    rows_per_chunk, N, K, inner, stride_cm, stride_cn,
-    rank, world_size, num_programs,
-    HAS_BIAS: tl.constexpr,
+    a_desc, a_local_desc, b_descs, bias_ptrs, c_ptrs, Ns, strides_cm, flags_ptr, epoch_ptr,
+    timeouts_ptr, rows_per_chunk, K, inner, rank, world_size, num_programs,
+    BIAS_MASK: tl.constexpr,
     B_NK: tl.constexpr,
     PROXY_FENCE: tl.constexpr,
     SPIN_LIMIT: tl.constexpr,
@@ -163,17 +162,37 @@ def all_gather_matmul_tma_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """The consumer with TMA loads (host-side descriptors): same tile order, waits and output
-    remap as all_gather_matmul_consumer_kernel. Rows past a chunk's end that a tile loads are
-    the next chunk's (or TMA's zeros): they only feed rows that the masked store drops."""
+    """The consumer with TMA loads (host-side descriptors) over one or several B matrices (a
+    tuple each of descriptors, bias and output pointers, N and output row strides; bit i of
+    BIAS_MASK: B i has a bias; outputs have unit column stride). Same chunk order, waits and
+    output remap as all_gather_matmul_consumer_kernel; inside a chunk, B 0's tiles, then B 1's,
+    and so on, so Q, K and V share one persistent launch (K's and V's few tiles alone would
+    leave most SMs idle). Rows past a chunk's end that a tile loads are the next chunk's (or
+    TMA's zeros): they only feed rows that the masked store drops."""
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
-    tiles_m, tiles_n, tiles_per_chunk = tile_counts(rows_per_chunk, N, BLOCK_M, BLOCK_N)
+    tiles_m = tl.cdiv(rows_per_chunk, BLOCK_M)
+    tiles_per_chunk = 0
+    for i in tl.static_range(len(b_descs)):
+        tiles_per_chunk += tiles_m * tl.cdiv(Ns[i], BLOCK_N)
     for tile in range(pid, tiles_per_chunk * world_size, num_programs):
         # own chunk first, then rank + 1, ... (schedule.all_gather_order)
-        chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank, world_size, GROUP_M)
+        chunk = (rank + tile // tiles_per_chunk) % world_size
+        local = tile % tiles_per_chunk
 
-        # one main loop for both sources (two would each get their own pipeline buffers)
+        # which B: one set of operands, picked in turn (one main loop, one pipeline's buffers)
+        b_desc, bias_ptr, c_ptr, N, stride_cm = b_descs[0], bias_ptrs[0], c_ptrs[0], Ns[0], strides_cm[0]
+        has_bias = (BIAS_MASK & 1) != 0
+        first = 0
+        next_first = tiles_m * tl.cdiv(Ns[0], BLOCK_N)
+        for i in tl.static_range(1, len(b_descs)):
+            if local >= next_first:
+                b_desc, bias_ptr, c_ptr, N, stride_cm = b_descs[i], bias_ptrs[i], c_ptrs[i], Ns[i], strides_cm[i]
+                has_bias = ((BIAS_MASK >> i) & 1) != 0
+                first = next_first
+            next_first += tiles_m * tl.cdiv(Ns[i], BLOCK_N)
+        _, tile_m, tile_n = chunk_tile(local - first, tiles_m, tl.cdiv(N, BLOCK_N), 0, 1, GROUP_M)
+
         if chunk == rank:
             a_source = a_local_desc
             row0 = tile_m * BLOCK_M
@@ -188,9 +207,13 @@ def all_gather_matmul_tma_kernel(
 
         offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+        if BIAS_MASK != 0:
+            if has_bias:
+                acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         _store_tile(
-            c_ptr, acc, bias_ptr, offs_m, offs_n, offs_m < rows_per_chunk, offs_n < N, chunk, inner,
-            world_size, stride_cm, stride_cn, HAS_BIAS,
+            c_ptr, acc, bias_ptr, offs_m, offs_n, offs_m < rows_per_chunk, n_mask, chunk, inner,
+            world_size, stride_cm, 1, False,
         )  # fmt: skip
 
 
@@ -219,21 +242,24 @@ def tma_fits(a: torch.Tensor, mat2: torch.Tensor) -> bool:
     return _tma_a(a) and _tma_operand(_row_major(mat2))
 
 
-def _launch_tma(a_descs, mat2, bias, out, flags, epoch, timeouts, rows_per_chunk, k, *, rank, world_size, inner, config, num_programs, spin_limit):
-    """One TMA consumer launch (one mat2); ``a_descs``: the descriptors of A and of the local
-    chunk, shared by a call's launches."""
+def _launch_tma(a_descs, group, flags, epoch, timeouts, rows_per_chunk, k, *, rank, world_size, inner, config, num_programs, spin_limit):
+    """One TMA consumer launch over ``group``, [(mat2, bias, out)] sharing one B layout;
+    ``a_descs``: the descriptors of A and of the local chunk, shared by a call's launches."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     bn, bk = config.block_n, config.block_k
-    b_nk = mat2.stride(0) == 1
-    b_desc = TensorDescriptor.from_tensor(_row_major(mat2), [bn, bk] if b_nk else [bk, bn])
-    _TMA_KERNEL[(num_programs,)](
-        *a_descs, b_desc, bias if bias is not None else out, out, flags, epoch, timeouts,
-        rows_per_chunk, mat2.shape[1], k, inner, out.stride(0), out.stride(1),
-        rank, world_size, num_programs,
-        HAS_BIAS=bias is not None, B_NK=b_nk, PROXY_FENCE=out.is_cuda, SPIN_LIMIT=spin_limit,
-        BLOCK_M=config.block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+    b_nk = group[0][0].stride(0) == 1
+    b_descs = tuple(TensorDescriptor.from_tensor(_row_major(m), [bn, bk] if b_nk else [bk, bn]) for m, _, _ in group)
+    tiles = world_size * triton.cdiv(rows_per_chunk, config.block_m) * sum(triton.cdiv(m.shape[1], bn) for m, _, _ in group)
+    programs = min(num_programs, tiles)
+    _TMA_KERNEL[(programs,)](
+        *a_descs, b_descs, tuple(out if bias is None else bias for _, bias, out in group),
+        tuple(out for _, _, out in group), tuple(m.shape[1] for m, _, _ in group),
+        tuple(out.stride(0) for _, _, out in group), flags, epoch, timeouts, rows_per_chunk, k,
+        inner, rank, world_size, programs,
+        BIAS_MASK=sum(1 << i for i, (_, bias, _) in enumerate(group) if bias is not None), B_NK=b_nk,
+        PROXY_FENCE=group[0][2].is_cuda, SPIN_LIMIT=spin_limit, BLOCK_M=config.block_m, BLOCK_N=bn,
+        BLOCK_K=bk, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
 
 
@@ -289,9 +315,9 @@ def all_gather_matmul_consumer(
     ``timeouts`` (int32, one per chunk, zeroed by the caller) receives the chunks a wait gave up
     on; ``tile_log`` (int32, tiles + 1; one mat2 only) the order tiles started in.
 
-    One launch per mat2 for now: a single launch over several mat2s that picked pointers and
-    strides at run time measured 13-20x slower on an H200 (no specialized strides, no vector
-    loads), so Q, K and V in one launch wait for tuple arguments."""
+    With TMA, one launch takes every mat2 of one layout (Q, K and V together). Pointer loads
+    take one launch per mat2: a single launch that picked pointers and strides at run time
+    measured 13-20x slower on an H200 (no specialized strides, no vector loads)."""
     rows, k = a_stacked.shape
     if not mat2s or not len(mat2s) == len(biases) == len(outs):
         raise ValueError(f"{len(mat2s)} mat2s, {len(biases)} biases, {len(outs)} outputs")
@@ -317,33 +343,24 @@ def all_gather_matmul_consumer(
         raise ValueError("tile_log records one launch: pass one mat2")
     if timeouts is None:
         timeouts = torch.zeros(world_size, dtype=torch.int32, device=a_stacked.device)
-    # A's descriptors are made once per call, for every mat2 TMA can take too
+    programs = num_programs or _sm_count(a_stacked.device)
+    # TMA: one launch per B layout ([N, K] weights, [K, N] matrices), A's descriptors shared
     a_tma = config.tma and tile_log is None and _tma_a(a_stacked) and _tma_a(a_local)
-    a_descs = None
+    tma_groups: dict[bool, list] = {}
     for mat2, bias, out in zip(mat2s, biases, outs):
+        if a_tma and _tma_operand(_row_major(mat2)) and out.stride(1) == 1:
+            tma_groups.setdefault(mat2.stride(0) == 1, []).append((mat2, bias, out))
+            continue
         n = mat2.shape[1]
         tiles = world_size * triton.cdiv(rows_per_chunk, config.block_m) * triton.cdiv(n, config.block_n)
-        programs = min(num_programs or _sm_count(out.device), tiles)
-        if a_tma and _tma_operand(_row_major(mat2)):
-            if a_descs is None:
-                from triton.tools.tensor_descriptor import TensorDescriptor
-
-                block = [config.block_m, config.block_k]
-                a_descs = (TensorDescriptor.from_tensor(a_stacked, block), TensorDescriptor.from_tensor(a_local, block))
-            _launch_tma(
-                a_descs, mat2, bias, out, flags, epoch, timeouts, rows_per_chunk, k, rank=rank,
-                world_size=world_size, inner=inner, config=config, num_programs=programs,
-                spin_limit=spin_limit,
-            )  # fmt: skip
-            continue
         pointer_config = pointer_fallback(config, a_stacked.dtype)
-        _POINTER_KERNEL[(programs,)](
+        _POINTER_KERNEL[(min(programs, tiles),)](
             a_stacked, a_local, mat2, bias if bias is not None else out, out, flags, epoch,
             timeouts, tile_log if tile_log is not None else timeouts,
             rows_per_chunk, n, k, inner,
             a_stacked.stride(0), a_stacked.stride(1), mat2.stride(0), mat2.stride(1),
             out.stride(0), out.stride(1),
-            rank, world_size, programs,
+            rank, world_size, min(programs, tiles),
             HAS_BIAS=bias is not None,
             LOG_TILES=tile_log is not None,
             FP32_IEEE=a_stacked.dtype == torch.float32,
@@ -355,6 +372,17 @@ def all_gather_matmul_consumer(
             num_warps=pointer_config.num_warps,
             num_stages=pointer_config.num_stages,
         )  # fmt: skip
+    if tma_groups:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        block = [config.block_m, config.block_k]
+        a_descs = (TensorDescriptor.from_tensor(a_stacked, block), TensorDescriptor.from_tensor(a_local, block))
+        for group in tma_groups.values():
+            _launch_tma(
+                a_descs, group, flags, epoch, timeouts, rows_per_chunk, k, rank=rank,
+                world_size=world_size, inner=inner, config=config, num_programs=programs,
+                spin_limit=spin_limit,
+            )  # fmt: skip
     return outs
 
 

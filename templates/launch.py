@@ -9,32 +9,34 @@ calls launch the compiled kernel.
 
 The specialization key follows Triton's (runtime/jit.py, specialize_impl): a tensor's dtype and
 whether its address is 16-byte aligned, an int's width and whether it is 1 or a multiple of 16,
-a tensor descriptor's dtype and block; the constexprs and launch options as given.
+a tensor descriptor's dtype and block, a tuple's elements each; the constexprs and launch
+options as given.
 """
 
 import torch
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
-_INT32 = range(-(2**31), 2**31)
-
-
 def specialization(args) -> tuple:
-    """What Triton compiles separate kernels for, per runtime argument (see module docstring)."""
+    """What Triton compiles separate kernels for, per runtime argument (see module docstring).
+    Exact types first: this runs on every launch."""
     key = []
     for arg in args:
-        if isinstance(arg, torch.Tensor):
+        kind = type(arg)
+        if kind is int:
+            key.append((arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31, arg >= 2**63))
+        elif kind is bool or arg is None:
+            key.append(arg is None or bool)
+        elif isinstance(arg, torch.Tensor):
             key.append((arg.dtype, arg.data_ptr() % 16 == 0))
-        elif isinstance(arg, bool):
-            key.append(bool)
-        elif isinstance(arg, int):
-            key.append((arg == 1, arg % 16 == 0, arg in _INT32, arg >= 2**63))
-        elif arg is None:
-            key.append(None)
+        elif kind is tuple:  # specialized element by element
+            key.append(specialization(arg))
         elif hasattr(arg, "block_shape"):  # a host tensor descriptor
             key.append((arg.base.dtype, tuple(arg.block_shape), getattr(arg, "padding", None)))
+        elif isinstance(arg, int):  # an int subclass (numpy's, sympy's)
+            key.append(specialization((int(arg),))[0])
         else:  # floats: not specialized by value
-            key.append(type(arg))
+            key.append(kind)
     return tuple(key)
 
 

@@ -42,9 +42,9 @@ def _errors(model, make_input, grad_seed, mode=None) -> list[float]:
 def tp_block(bias: bool, mode: str | None = None, seq_per_rank: int = 48) -> dict:
     """Eager, plain Inductor and backend="overlap" copies of one block on the same inputs,
     compiled with ``mode``; returns the worst errors of both compiled copies and overlap's
-    decisions. With a mode, the block runs on a group of its own, so that overlap's workspaces
-    are made during the compiled model's first call (CUDA graph trees run it inside their
-    memory pool)."""
+    decisions. With a mode, the block runs on a group of its own and with an empty choice cache,
+    so that overlap's workspaces are made and its choices measured during the compiled model's
+    first call (CUDA graph trees run it inside their memory pool)."""
     world = dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device())
     if mode:
@@ -56,7 +56,9 @@ def tp_block(bias: bool, mode: str | None = None, seq_per_rank: int = 48) -> dic
     eager = parallelize_block(block.to(device=device, dtype=torch.bfloat16), mesh)
     folder = tempfile.mkdtemp(prefix="overlap-gpu-test-")
     torch._dynamo.reset()
-    with config.patch(debug_dir=folder):
+    # with a mode, an empty choice cache: the first call measures inside the graph pool too
+    cache = os.path.join(folder, "choices.json") if mode else config.choice_cache
+    with config.patch(debug_dir=folder, choice_cache=cache):
         overlap = torch.compile(copy.deepcopy(eager), backend="overlap", mode=mode)
         inductor = torch.compile(copy.deepcopy(eager), mode=mode)
         gen = torch.Generator(device).manual_seed(1 + dist.get_rank())

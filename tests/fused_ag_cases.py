@@ -190,12 +190,13 @@ def row_major_weights(seed=0) -> int:
 # (shard shape, gather_dim, Ns of the row matmuls, Ks and gathered_left of the contractions):
 # a row-parallel weight grad beside its input grad, a column-parallel one alone (the gather
 # recomputed under checkpointing), odd sizes, and a gather along dim 1 of a batch of 2 (each
-# rank's chunk strided in the rows)
+# rank's chunk strided in the rows), and a sequence-parallel [1, S, D] shard
 CONTRACTIONS = [
     ((256, 384), 0, (200,), ((136, True),)),
     ((333, 136), 0, (), ((520, False),)),
     ((2, 77, 192), 1, (64,), ((96, True), (40, False))),
     ((96, 64), 0, (), ((1000, True),)),
+    ((1, 93, 128), 1, (72,), ((56, False), (24, True))),  # sequence parallel: whole chunks
 ]
 
 

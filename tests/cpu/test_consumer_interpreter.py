@@ -119,6 +119,39 @@ def test_tma_loads_match_torch(world, shard_shape, gather_dim, ns):
     _assert_all_close(outs, refs, 1e-2)
 
 
+@pytest.mark.parametrize(
+    "ns, bias, row_major",
+    [
+        ((40, 8, 8), (True, False, True), ()),  # Q, K, V in one launch, mixed biases
+        ((24, 16, 8), False, (1,)),  # one [K, N] matrix: a launch of its own beside Q and V's
+        ((8, 56), True, (0, 1)),  # both [K, N]
+    ],
+    ids=["qkv-one-launch", "mixed-layouts", "row-major"],
+)
+def test_tma_several_mat2s_in_one_launch(ns, bias, row_major):
+    """Several B matrices in one TMA launch: each tile picks its B, bias, output and N."""
+    world, rank = 3, 2
+    stacked, mat2s, biases, refs, inner = problem(world, (2, 9, 16), ns, torch.float16, bias, 1)
+    mat2s = [m.contiguous() if i in row_major else m for i, m in enumerate(mat2s)]
+    flags = torch.full((world,), EPOCH, dtype=torch.int32)
+    config = dataclasses.replace(agm.TEST_CONFIG, tma=True)
+    outs, timeouts = run_consumer(stacked, mat2s, biases, world, rank, inner, flags, config=config, num_programs=4)
+    assert not timeouts.any()
+    _assert_all_close(outs, refs, 1e-2)
+
+
+def test_tma_several_mat2s_report_a_late_chunk():
+    world, rank, late = 3, 0, 2
+    stacked, mat2s, biases, refs, inner = problem(world, (16, 16), (16, 32), torch.float16, False, 0)
+    flags = torch.full((world,), EPOCH, dtype=torch.int32)
+    flags[late] = EPOCH - 1
+    config = dataclasses.replace(agm.TEST_CONFIG, tma=True)
+    outs, timeouts = run_consumer(stacked, mat2s, biases, world, rank, inner, flags, config=config, spin_limit=3)
+    assert timeouts.tolist() == [0, 0, EPOCH]
+    for out, ref in zip(outs, refs):  # every chunk but the late one is right
+        torch.testing.assert_close(out[:32], ref[:32], atol=1e-2, rtol=1e-2)
+
+
 def test_barrier_names_the_ranks_that_never_came():
     """The barrier kernel on simulated pads: ranks 0 and 1 arrive first and give up on the ranks
     not there yet; rank 2 arrives last and finds everyone. Pads hold each rank's epoch."""

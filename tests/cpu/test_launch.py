@@ -30,7 +30,8 @@ def _arguments():
         TensorDescriptor.from_tensor(bf16, [32, 16]),
         TensorDescriptor.from_tensor(fp16, [16, 16]),
     ]
-    return ints + tensors + descriptors + [True, False, 0.5, 2.0, None]
+    tuples = [(bf16, 16), (bf16[1:], 16), (bf16, 3), (descriptors[0], descriptors[3]), (descriptors[0], descriptors[1])]
+    return ints + tensors + descriptors + tuples + [True, False, 0.5, 2.0, None]
 
 
 def test_keys_separate_what_triton_compiles_apart():
