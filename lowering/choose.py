@@ -10,6 +10,10 @@ rank 0 picks the fastest and broadcasts its name, so every rank runs the same va
 baseline is always a candidate, so the pick is never slower than it, as measured.
 The choice is written to ``config.choice_cache`` (rank 0), read back by later runs (rank 0 reads
 and broadcasts), and shown in decisions.json by the pass when the cache already knows the shape.
+
+A first call made while CUDA graph trees warm a model up (mode="reduce-overhead") times each
+variant's calls replayed from a CUDA graph instead, since that is how they will run: host time
+does not count there, and such choices are cached under a key of their own (" | cudagraphs").
 """
 
 import functools
@@ -96,6 +100,19 @@ def _store(key: str, entry: dict) -> None:
         log.warning("overlap: could not write the choice cache %s: %s", path, e)
 
 
+def replays_graphs(device) -> bool:
+    """Whether this call is the warm-up of a model that CUDA graph trees will replay
+    (torch.compile's reduce-overhead mode): its ops will then cost no host time, so their
+    variants are timed as replayed graphs and chosen apart from eager calls'."""
+    try:
+        from torch._inductor import cudagraph_trees
+
+        manager = cudagraph_trees.get_manager(device.index, create_if_none_exists=False)
+        return manager is not None and manager.in_warmup
+    except Exception:  # internals of torch that may move: time eager calls, as without graphs
+        return False
+
+
 def _broadcast_name(name: str | None, names: list[str], group, device) -> str | None:
     """Rank 0's pick (a name from ``names``, or None) on every rank."""
     index = torch.tensor([names.index(name) if name in names else -1], device=device)
@@ -116,8 +133,18 @@ def _outputs(result) -> list[torch.Tensor]:
     return list(result[1]) if isinstance(result, tuple) else [result]
 
 
-def _measure(variants: dict, args: tuple, group, device) -> dict[str, float]:
-    """Per variant: the slowest rank's median time of one call, in µs (inf when out)."""
+def _captured(variant, args: tuple):
+    """SAMPLE_CALLS calls of ``variant`` captured into one CUDA graph: replaying it is a sample."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(SAMPLE_CALLS):
+            variant(*args)
+    return graph.replay
+
+
+def _measure(variants: dict, args: tuple, group, device, graphs: bool = False) -> dict[str, float]:
+    """Per variant: the slowest rank's median time of one call, in µs (inf when out); with
+    ``graphs``, of one call replayed in a CUDA graph (no host time)."""
     names = list(variants)
     reference = _outputs(variants[BASELINE](*args))
     usable = {}
@@ -132,6 +159,10 @@ def _measure(variants: dict, args: tuple, group, device) -> dict[str, float]:
     agreed = torch.tensor([float(usable[n]) for n in names], device=device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=group)
     usable = {n: bool(v) for n, v in zip(names, agreed.tolist())}
+    runs = {n: (lambda v=variants[n]: [v(*args) for _ in range(SAMPLE_CALLS)]) for n in names if usable[n]}
+    if graphs:
+        runs = _capture_all(variants, runs, args, group, device)
+        usable = {n: n in runs for n in names}
     samples = {name: [] for name in names}
     order = list(names)
     shuffle = random.Random(0)  # the same order on every rank
@@ -144,8 +175,7 @@ def _measure(variants: dict, args: tuple, group, device) -> dict[str, float]:
             dist.barrier(group=group, device_ids=[device.index])
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            for _ in range(SAMPLE_CALLS):
-                variants[name](*args)
+            runs[name]()
             end.record()
             if round_ >= WARMUP:
                 samples[name].append((start, end))
@@ -160,6 +190,20 @@ def _measure(variants: dict, args: tuple, group, device) -> dict[str, float]:
     )
     dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
     return dict(zip(names, local.tolist()))
+
+
+def _capture_all(variants: dict, runs: dict, args: tuple, group, device) -> dict:
+    """Each usable variant's calls captured once (replays then are the samples); a variant that
+    cannot be captured on some rank is out on every rank."""
+    graphs = {}
+    for name in runs:
+        try:
+            graphs[name] = _captured(variants[name], args)
+        except Exception as e:  # e.g. a variant whose first use of a shape allocates
+            log.warning("overlap: variant %s cannot be captured in a CUDA graph: %s", name, e)
+    agreed = torch.tensor([float(n in graphs) for n in runs], device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=group)
+    return {n: graphs[n] for n, ok in zip(runs, agreed.tolist()) if ok}
 
 
 def choose(key: str, variants: dict, args: tuple, group, device) -> str:
@@ -188,21 +232,25 @@ def choose(key: str, variants: dict, args: tuple, group, device) -> str:
 
 def _choose_collectively(key: str, variants: dict, args: tuple, group, device) -> str:
     """choose's collective part: the cached choice, rank 0's, or a measurement now."""
+    graphs = replays_graphs(device)
+    decided_key = key
+    if graphs:  # timed apart and cached apart: host time does not count
+        key += " | cudagraphs"
     names = list(variants)
     rank = group.rank()
     found = load_cache().get(key, {}).get("choice") if rank == 0 else None
     found = _broadcast_name(found, names, group, device)
     if found is not None:
         CHOICES[key] = {"choice": found, "source": "cache"}
-        _DECIDED[(group.group_name, key)] = found
+        _DECIDED[(group.group_name, decided_key)] = found
         return found
     begin = time.perf_counter()
-    times = _measure(variants, args, group, device)
+    times = _measure(variants, args, group, device, graphs)
     best = min(names, key=lambda n: times[n]) if rank == 0 else None
     best = _broadcast_name(best, names, group, device)
     entry = {"choice": best, "times_us": {n: round(t, 1) for n, t in times.items()}}
     CHOICES[key] = {**entry, "source": "measured"}
-    _DECIDED[(group.group_name, key)] = best
+    _DECIDED[(group.group_name, decided_key)] = best
     if rank == 0:
         _store(key, entry)
     log.info(

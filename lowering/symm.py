@@ -64,6 +64,26 @@ def _lasting(values: list, dtype: torch.dtype, device: torch.device) -> torch.Te
 _SETUP_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
+def new_stream(device: torch.device) -> torch.cuda.Stream:
+    """A CUDA stream no other code holds. torch.cuda.Stream() hands out a pool's 32 streams per
+    device in turn, so two holders can share one: a side stream could be the very stream it is
+    meant to run beside (CUDA graph trees run on a pool stream), and a setup stream the one graph
+    trees allocate from. Falls back to the pool where the driver cannot be reached."""
+    import ctypes
+
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return torch.cuda.Stream(device=device)
+    handle = ctypes.c_void_p()
+    with torch.cuda.device(device):  # makes the device's primary context current here
+        status = libcuda.cuStreamCreate(ctypes.byref(handle), ctypes.c_uint(1))  # non-blocking
+    if status != 0:
+        log.warning("overlap: cuStreamCreate failed (%d); using a stream of torch's pool", status)
+        return torch.cuda.Stream(device=device)
+    return torch.cuda.ExternalStream(handle.value, device=device)
+
+
 @contextlib.contextmanager
 def outside_graph_pool(device: torch.device):
     """One-time setup (a rendezvous, a first call's measurements) on a stream of its own, after
@@ -78,7 +98,7 @@ def outside_graph_pool(device: torch.device):
     caller = torch.cuda.current_stream(device)
     stream = _SETUP_STREAMS.get(device.index)
     if stream is None:
-        stream = _SETUP_STREAMS[device.index] = torch.cuda.Stream(device=device)
+        stream = _SETUP_STREAMS[device.index] = new_stream(device)
     stream.wait_stream(caller)
     try:
         with torch.cuda.stream(stream):
@@ -104,7 +124,7 @@ class Workspace:
         self.kind, self.group_name, self.device = kind, group_name, device
         self.group = _resolve_process_group(group_name)
         self.rank, self.world_size = self.group.rank(), self.group.size()
-        self.side_stream = torch.cuda.Stream(device=device)
+        self.side_stream = new_stream(device)
         world = self.world_size
         # epoch; barrier (one word per rank) and consumer (one per chunk) timeouts, see
         # check_timeouts; per-chunk tile counters of the reduce-scatter producer (it leaves

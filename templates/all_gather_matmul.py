@@ -151,8 +151,8 @@ def _tma_mainloop(a_desc, row0, b_desc, col0, K, acc, B_NK: tl.constexpr, BLOCK_
 
 @triton.jit
 def all_gather_matmul_tma_kernel(
-    a_desc, a_local_desc, b_descs, bias_ptrs, c_ptrs, Ns, strides_cm, flags_ptr, epoch_ptr,
-    timeouts_ptr, rows_per_chunk, K, inner, rank, world_size, num_programs,
+    a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, bias_ptrs, c_ptrs, Ns, strides_cm,
+    flags_ptr, epoch_ptr, timeouts_ptr, rows_per_chunk, K, inner, rank, world_size, num_programs,
     BIAS_MASK: tl.constexpr,
     B_NK: tl.constexpr,
     PROXY_FENCE: tl.constexpr,
@@ -162,9 +162,11 @@ def all_gather_matmul_tma_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """The consumer with TMA loads (host-side descriptors) over one or several B matrices (a
-    tuple each of descriptors, bias and output pointers, N and output row strides; bit i of
-    BIAS_MASK: B i has a bias; outputs have unit column stride). Same chunk order, waits and
+    """The consumer with TMA loads (host-side descriptors) over one to MAX_B B matrices: their
+    descriptors (Triton 3.6 takes descriptors as arguments of their own, not inside tuples;
+    b_desc0 stands in for the ones not used), and tuples of bias and output pointers, N and
+    output row strides, one entry per B; bit i of BIAS_MASK: B i has a bias; outputs have unit
+    column stride. Same chunk order, waits and
     output remap as all_gather_matmul_consumer_kernel; inside a chunk, B 0's tiles, then B 1's,
     and so on, so Q, K and V share one persistent launch (K's and V's few tiles alone would
     leave most SMs idle). Rows past a chunk's end that a tile loads are the next chunk's (or
@@ -173,7 +175,7 @@ def all_gather_matmul_tma_kernel(
     epoch = tl.load(epoch_ptr)
     tiles_m = tl.cdiv(rows_per_chunk, BLOCK_M)
     tiles_per_chunk = 0
-    for i in tl.static_range(len(b_descs)):
+    for i in tl.static_range(len(Ns)):
         tiles_per_chunk += tiles_m * tl.cdiv(Ns[i], BLOCK_N)
     for tile in range(pid, tiles_per_chunk * world_size, num_programs):
         # own chunk first, then rank + 1, ... (schedule.all_gather_order)
@@ -181,16 +183,23 @@ def all_gather_matmul_tma_kernel(
         local = tile % tiles_per_chunk
 
         # which B: one set of operands, picked in turn (one main loop, one pipeline's buffers)
-        b_desc, bias_ptr, c_ptr, N, stride_cm = b_descs[0], bias_ptrs[0], c_ptrs[0], Ns[0], strides_cm[0]
+        b, bias_ptr, c_ptr, N, stride_cm = 0, bias_ptrs[0], c_ptrs[0], Ns[0], strides_cm[0]
         has_bias = (BIAS_MASK & 1) != 0
         first = 0
         next_first = tiles_m * tl.cdiv(Ns[0], BLOCK_N)
-        for i in tl.static_range(1, len(b_descs)):
+        for i in tl.static_range(1, len(Ns)):
             if local >= next_first:
-                b_desc, bias_ptr, c_ptr, N, stride_cm = b_descs[i], bias_ptrs[i], c_ptrs[i], Ns[i], strides_cm[i]
+                b, bias_ptr, c_ptr, N, stride_cm = i, bias_ptrs[i], c_ptrs[i], Ns[i], strides_cm[i]
                 has_bias = ((BIAS_MASK >> i) & 1) != 0
                 first = next_first
             next_first += tiles_m * tl.cdiv(Ns[i], BLOCK_N)
+        b_desc = b_desc0
+        if b == 1:
+            b_desc = b_desc1
+        if b == 2:
+            b_desc = b_desc2
+        if b == 3:
+            b_desc = b_desc3
         _, tile_m, tile_n = chunk_tile(local - first, tiles_m, tl.cdiv(N, BLOCK_N), 0, 1, GROUP_M)
 
         if chunk == rank:
@@ -218,6 +227,7 @@ def all_gather_matmul_tma_kernel(
 
 
 _TMA_KERNEL = DirectKernel(all_gather_matmul_tma_kernel)
+MAX_B = 4  # B matrices one TMA launch takes (Q, K, V; gate, up)
 _POINTER_KERNEL = DirectKernel(all_gather_matmul_consumer_kernel)
 
 
@@ -249,11 +259,12 @@ def _launch_tma(a_descs, group, flags, epoch, timeouts, rows_per_chunk, k, *, ra
 
     bn, bk = config.block_n, config.block_k
     b_nk = group[0][0].stride(0) == 1
-    b_descs = tuple(TensorDescriptor.from_tensor(_row_major(m), [bn, bk] if b_nk else [bk, bn]) for m, _, _ in group)
+    b_descs = [TensorDescriptor.from_tensor(_row_major(m), [bn, bk] if b_nk else [bk, bn]) for m, _, _ in group]
+    b_descs += b_descs[:1] * (MAX_B - len(group))
     tiles = world_size * triton.cdiv(rows_per_chunk, config.block_m) * sum(triton.cdiv(m.shape[1], bn) for m, _, _ in group)
     programs = min(num_programs, tiles)
     _TMA_KERNEL[(programs,)](
-        *a_descs, b_descs, tuple(out if bias is None else bias for _, bias, out in group),
+        *a_descs, *b_descs, tuple(out if bias is None else bias for _, bias, out in group),
         tuple(out for _, _, out in group), tuple(m.shape[1] for m, _, _ in group),
         tuple(out.stride(0) for _, _, out in group), flags, epoch, timeouts, rows_per_chunk, k,
         inner, rank, world_size, programs,
@@ -315,7 +326,7 @@ def all_gather_matmul_consumer(
     ``timeouts`` (int32, one per chunk, zeroed by the caller) receives the chunks a wait gave up
     on; ``tile_log`` (int32, tiles + 1; one mat2 only) the order tiles started in.
 
-    With TMA, one launch takes every mat2 of one layout (Q, K and V together). Pointer loads
+    With TMA, one launch takes up to MAX_B mat2s of one layout (Q, K and V together). Pointer loads
     take one launch per mat2: a single launch that picked pointers and strides at run time
     measured 13-20x slower on an H200 (no specialized strides, no vector loads)."""
     rows, k = a_stacked.shape
@@ -377,12 +388,13 @@ def all_gather_matmul_consumer(
 
         block = [config.block_m, config.block_k]
         a_descs = (TensorDescriptor.from_tensor(a_stacked, block), TensorDescriptor.from_tensor(a_local, block))
-        for group in tma_groups.values():
-            _launch_tma(
-                a_descs, group, flags, epoch, timeouts, rows_per_chunk, k, rank=rank,
-                world_size=world_size, inner=inner, config=config, num_programs=programs,
-                spin_limit=spin_limit,
-            )  # fmt: skip
+        for layout in tma_groups.values():
+            for group in (layout[i : i + MAX_B] for i in range(0, len(layout), MAX_B)):
+                _launch_tma(
+                    a_descs, group, flags, epoch, timeouts, rows_per_chunk, k, rank=rank,
+                    world_size=world_size, inner=inner, config=config, num_programs=programs,
+                    spin_limit=spin_limit,
+                )  # fmt: skip
     return outs
 
 

@@ -9,6 +9,7 @@ import tempfile
 
 import torch
 import torch.distributed as dist
+from torch._inductor import config as inductor_config
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from overlap_pass import config
@@ -58,7 +59,9 @@ def tp_block(bias: bool, mode: str | None = None, seq_per_rank: int = 48) -> dic
     torch._dynamo.reset()
     # with a mode, an empty choice cache: the first call measures inside the graph pool too
     cache = os.path.join(folder, "choices.json") if mode else config.choice_cache
-    with config.patch(debug_dir=folder, choice_cache=cache):
+    # with a mode, graph trees record where every allocation left in their pool came from
+    history = inductor_config.patch({"triton.cudagraph_trees_history_recording": bool(mode)})
+    with config.patch(debug_dir=folder, choice_cache=cache), history:
         overlap = torch.compile(copy.deepcopy(eager), backend="overlap", mode=mode)
         inductor = torch.compile(copy.deepcopy(eager), mode=mode)
         gen = torch.Generator(device).manual_seed(1 + dist.get_rank())

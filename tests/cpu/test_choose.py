@@ -49,3 +49,25 @@ def test_the_key_names_everything_the_choice_depends_on():
     for part in ("all_gather_matmul", "W4", "shard=[2048, 4096]", "mat2s=[[4096, 1536, 't']]", "bfloat16", "torch "):
         assert part in key
     assert key != choose.shape_key("all_gather_matmul", 2, shapes, torch.bfloat16)
+
+
+def test_the_warm_up_of_cuda_graph_trees_is_told_apart(monkeypatch):
+    """Choices made while CUDA graph trees warm a model up are timed as replays (no host time)."""
+    from types import SimpleNamespace
+
+    from torch._inductor import cudagraph_trees
+
+    device = torch.device("cuda", 0)
+    monkeypatch.setattr(cudagraph_trees, "get_manager", lambda index, create_if_none_exists: None)
+    assert not choose.replays_graphs(device)  # no graph trees on this device
+    manager = SimpleNamespace(in_warmup=True)
+    monkeypatch.setattr(cudagraph_trees, "get_manager", lambda index, create_if_none_exists: manager)
+    assert choose.replays_graphs(device)
+    manager.in_warmup = False  # recording or replaying: not a first call the choice sees
+    assert not choose.replays_graphs(device)
+
+    def moved(index, create_if_none_exists):
+        raise AttributeError("internals moved")
+
+    monkeypatch.setattr(cudagraph_trees, "get_manager", moved)
+    assert not choose.replays_graphs(device)  # eager timing, as without graphs

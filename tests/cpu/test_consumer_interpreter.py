@@ -124,9 +124,10 @@ def test_tma_loads_match_torch(world, shard_shape, gather_dim, ns):
     [
         ((40, 8, 8), (True, False, True), ()),  # Q, K, V in one launch, mixed biases
         ((24, 16, 8), False, (1,)),  # one [K, N] matrix: a launch of its own beside Q and V's
+        ((8, 16, 24, 8, 16, 8), (False, True) * 3, ()),  # more than MAX_B: two launches
         ((8, 56), True, (0, 1)),  # both [K, N]
     ],
-    ids=["qkv-one-launch", "mixed-layouts", "row-major"],
+    ids=["qkv-one-launch", "mixed-layouts", "six-mats", "row-major"],
 )
 def test_tma_several_mat2s_in_one_launch(ns, bias, row_major):
     """Several B matrices in one TMA launch: each tile picks its B, bias, output and N."""
