@@ -226,13 +226,14 @@ def choose(key: str, variants: dict, args: tuple, group, device) -> str:
         return BASELINE
     from .symm import outside_graph_pool
 
-    with outside_graph_pool(device):  # a compiled model's first call may run in a graph pool
-        return _choose_collectively(key, variants, args, group, device)
+    graphs = replays_graphs(device)  # graph trees keep their state per thread: asked here
+    # a compiled model's first call may run with allocations routed to a CUDA graph pool
+    return outside_graph_pool(device, _choose_collectively, key, variants, args, group, device, graphs)
 
 
-def _choose_collectively(key: str, variants: dict, args: tuple, group, device) -> str:
-    """choose's collective part: the cached choice, rank 0's, or a measurement now."""
-    graphs = replays_graphs(device)
+def _choose_collectively(key: str, variants: dict, args: tuple, group, device, graphs: bool) -> str:
+    """choose's collective part: the cached choice, rank 0's, or a measurement now (timing
+    replayed CUDA graphs if ``graphs``)."""
     decided_key = key
     if graphs:  # timed apart and cached apart: host time does not count
         key += " | cudagraphs"

@@ -31,6 +31,7 @@ a sync and raises ChunkTimeout at a later call, or at once through ``check_timeo
 import contextlib
 import dataclasses
 import logging
+import threading
 
 import torch
 import torch.distributed as dist
@@ -68,7 +69,7 @@ def new_stream(device: torch.device) -> torch.cuda.Stream:
     """A CUDA stream no other code holds. torch.cuda.Stream() hands out a pool's 32 streams per
     device in turn, so two holders can share one: a side stream could be the very stream it is
     meant to run beside (CUDA graph trees run on a pool stream), and a setup stream the one graph
-    trees allocate from. Falls back to the pool where the driver cannot be reached."""
+    trees warm a model up on. Falls back to the pool where the driver cannot be reached."""
     import ctypes
 
     try:
@@ -84,27 +85,40 @@ def new_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.ExternalStream(handle.value, device=device)
 
 
-@contextlib.contextmanager
-def outside_graph_pool(device: torch.device):
-    """One-time setup (a rendezvous, a first call's measurements) on a stream of its own, after
-    and before the caller's work. CUDA graph trees run a compiled model's first call with the
-    caller's stream allocating from their private pool and then require that nothing but the
-    model's outputs stays alive there; a rendezvous keeps device arrays of peer addresses, and
-    NCCL's barrier a tensor, so they must come from the default pool, which any other stream
-    allocates from."""
-    if getattr(device, "type", None) != "cuda":
-        yield
-        return
+_SETUP_THREAD = "overlap-setup"
+
+
+def outside_graph_pool(device: torch.device, setup, *args):
+    """``setup(*args)`` (a rendezvous, a first call's measurements) on a thread and a stream of
+    its own, after the caller's queued work and before its next. CUDA graph trees warm a
+    compiled model up with every allocation of the calling thread routed to their private pool,
+    and then require that nothing but the model's outputs stays alive there; a rendezvous keeps
+    device arrays of peer addresses, and NCCL's barrier a tensor, so they must come from the
+    default pool, which another thread allocates from."""
+    if getattr(device, "type", None) != "cuda" or threading.current_thread().name == _SETUP_THREAD:
+        return setup(*args)
     caller = torch.cuda.current_stream(device)
-    stream = _SETUP_STREAMS.get(device.index)
-    if stream is None:
-        stream = _SETUP_STREAMS[device.index] = new_stream(device)
-    stream.wait_stream(caller)
-    try:
-        with torch.cuda.stream(stream):
-            yield
-    finally:
-        caller.wait_stream(stream)
+    outcome = {}
+
+    def run():
+        try:
+            torch.cuda.set_device(device)
+            stream = _SETUP_STREAMS.get(device.index)
+            if stream is None:
+                stream = _SETUP_STREAMS[device.index] = new_stream(device)
+            stream.wait_stream(caller)
+            with torch.cuda.stream(stream), torch.no_grad():
+                outcome["value"] = setup(*args)
+            caller.wait_stream(stream)
+        except BaseException as error:  # raised again on the caller's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, name=_SETUP_THREAD)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 @dataclasses.dataclass
@@ -166,8 +180,7 @@ class Workspace:
             self._retired.append(self._alloc)
         self._alloc = None
         self._views.clear()
-        with outside_graph_pool(self.device):
-            self._allocate(size)
+        outside_graph_pool(self.device, self._allocate, size)
 
     def _allocate(self, size: int) -> None:
         import torch.distributed._symmetric_memory as symm_mem
