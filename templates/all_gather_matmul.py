@@ -166,11 +166,10 @@ def all_gather_matmul_tma_kernel(
     descriptors (Triton 3.6 takes descriptors as arguments of their own, not inside tuples;
     b_desc0 stands in for the ones not used), and tuples of bias and output pointers, N and
     output row strides, one entry per B; bit i of BIAS_MASK: B i has a bias; outputs have unit
-    column stride. Same chunk order, waits and
-    output remap as all_gather_matmul_consumer_kernel; inside a chunk, B 0's tiles, then B 1's,
-    and so on, so Q, K and V share one persistent launch (K's and V's few tiles alone would
-    leave most SMs idle). Rows past a chunk's end that a tile loads are the next chunk's (or
-    TMA's zeros): they only feed rows that the masked store drops."""
+    column stride. Same chunk order, waits and output remap as all_gather_matmul_consumer_kernel;
+    inside a chunk, B 0's tiles, then B 1's, and so on, so Q, K and V share one persistent launch
+    (K's and V's few tiles alone would leave most SMs idle). Rows past a chunk's end that a tile
+    loads are the next chunk's (or TMA's zeros): they only feed rows that the masked store drops."""
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
     tiles_m = tl.cdiv(rows_per_chunk, BLOCK_M)

@@ -17,6 +17,7 @@ import torch
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
+
 def specialization(args) -> tuple:
     """What Triton compiles separate kernels for, per runtime argument (see module docstring).
     Exact types first: this runs on every launch."""
@@ -25,8 +26,10 @@ def specialization(args) -> tuple:
         kind = type(arg)
         if kind is int:
             key.append((arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31, arg >= 2**63))
-        elif kind is bool or arg is None:
-            key.append(arg is None or bool)
+        elif arg is None:
+            key.append(None)
+        elif kind is bool:
+            key.append(bool)
         elif isinstance(arg, torch.Tensor):
             key.append((arg.dtype, arg.data_ptr() % 16 == 0))
         elif kind is tuple:  # specialized element by element

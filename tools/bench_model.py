@@ -253,6 +253,9 @@ def main() -> None:
     if dist.get_rank() == 0:
         print(json.dumps(meta))
         print(table(rows))
+    # CUDA graphs that captured NCCL collectives (reduce-overhead) must go before the
+    # communicators, or destroying them waits forever (pytorch/pytorch#115388)
+    torch._dynamo.reset()
     dist.destroy_process_group()
 
 
