@@ -1,0 +1,52 @@
+"""lowering/symm.outside_graph_pool without GPUs (CUDA calls stubbed): one-time setup runs on a
+thread of its own, because CUDA graph trees route the calling thread's allocations to their pool;
+its result and its errors come back to the caller, and setup nested in setup runs in place."""
+
+import contextlib
+import threading
+
+import pytest
+import torch
+
+from overlap_pass.lowering import symm
+
+
+class _Stream:
+    def wait_stream(self, other):
+        pass
+
+
+@pytest.fixture
+def stubbed_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(symm, "new_stream", lambda device: _Stream())
+    monkeypatch.setattr(symm, "_SETUP_STREAMS", {})
+
+
+def test_setup_runs_on_a_thread_of_its_own(stubbed_cuda):
+    cuda = torch.device("cuda", 0)
+
+    def setup(x):
+        # nested setup (a rendezvous inside a measurement) stays on the setup thread
+        inner = symm.outside_graph_pool(cuda, threading.current_thread)
+        return x + 1, threading.current_thread(), inner
+
+    value, thread, inner = symm.outside_graph_pool(cuda, setup, 41)
+    assert value == 42
+    assert thread is not threading.current_thread() and thread.name == "overlap-setup"
+    assert inner is thread
+
+
+def test_a_setup_error_reaches_the_caller(stubbed_cuda):
+    def setup():
+        raise ValueError("rendezvous failed")
+
+    with pytest.raises(ValueError, match="rendezvous failed"):
+        symm.outside_graph_pool(torch.device("cuda", 0), setup)
+
+
+def test_without_cuda_setup_runs_in_place():
+    assert symm.outside_graph_pool(torch.device("cpu"), threading.current_thread) is threading.current_thread()
+    assert symm.outside_graph_pool(None, lambda: 7) == 7
