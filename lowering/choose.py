@@ -32,6 +32,7 @@ from overlap_pass import config
 log = logging.getLogger("overlap_pass")
 
 BASELINE = "nccl_cublas"
+GRAPHS_KEY = " | cudagraphs"  # appended to the key of a choice timed as CUDA graph replays
 ROUNDS = 10
 WARMUP = 2
 # back-to-back calls per sample, each sample started on an idle GPU, so that a variant's host
@@ -236,7 +237,7 @@ def _choose_collectively(key: str, variants: dict, args: tuple, group, device, g
     replayed CUDA graphs if ``graphs``)."""
     decided_key = key
     if graphs:  # timed apart and cached apart: host time does not count
-        key += " | cudagraphs"
+        key += GRAPHS_KEY
     names = list(variants)
     rank = group.rank()
     found = load_cache().get(key, {}).get("choice") if rank == 0 else None

@@ -82,9 +82,14 @@ def choose_implementation(match: Match) -> str:
     if config.implementation != "auto":
         return config.implementation
     try:
+        from torch._inductor import config as inductor_config
+
         from overlap_pass.lowering import choose
 
-        cached = choose.cached_choice(_choice_key(match))
+        key = _choice_key(match)
+        if inductor_config.triton.cudagraphs:  # reduce-overhead: the choice timed as replays
+            key += choose.GRAPHS_KEY
+        cached = choose.cached_choice(key)
     except Exception as e:  # the choice is only shown here; never fail compilation over it
         return f"auto (no cached choice: {e})"
     return f"auto: {cached} (cached)" if cached else "auto: measured at the first call"

@@ -10,3 +10,24 @@ from overlap_pass import decide
 def test_groups_that_span_hosts(monkeypatch, local_world_size, ranks, spans):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
     assert decide._spans_hosts(ranks) == spans
+
+
+def test_decisions_show_the_choice_of_the_mode_compiled_for(monkeypatch, tmp_path):
+    """Under reduce-overhead the op will run the choice timed as graph replays, cached apart."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch._inductor import config as inductor_config
+
+    from overlap_pass import config
+    from overlap_pass.lowering import choose
+
+    monkeypatch.setattr(decide, "meta_val", lambda node: SimpleNamespace(device=torch.device("cuda", 0)))
+    monkeypatch.setattr(decide, "_choice_key", lambda match: "shape")
+    match = SimpleNamespace(scattered=None)
+    with config.patch(choice_cache=str(tmp_path / "choices.json")):
+        choose._store("shape", {"choice": "nccl_cublas"})
+        choose._store("shape" + choose.GRAPHS_KEY, {"choice": "copy_engine_cublas"})
+        assert decide.choose_implementation(match) == "auto: nccl_cublas (cached)"
+        with inductor_config.patch({"triton.cudagraphs": True}):
+            assert decide.choose_implementation(match) == "auto: copy_engine_cublas (cached)"
