@@ -161,9 +161,11 @@ def _measure(variants: dict, args: tuple, group, device, graphs: bool = False) -
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=group)
     usable = {n: bool(v) for n, v in zip(names, agreed.tolist())}
     runs = {n: (lambda v=variants[n]: [v(*args) for _ in range(SAMPLE_CALLS)]) for n in names if usable[n]}
-    if graphs:
-        runs = _capture_all(variants, runs, args, group, device)
-        usable = {n: n in runs for n in names}
+    captured = _capture_all(variants, runs, args, group, device) if graphs else {}
+    if BASELINE in captured:  # (the same on every rank) else eager times, the baseline among them
+        runs, usable = captured, {n: n in captured for n in names}
+    elif graphs:
+        log.warning("overlap: %s cannot be captured in a CUDA graph here; timing eager calls", BASELINE)
     samples = {name: [] for name in names}
     order = list(names)
     shuffle = random.Random(0)  # the same order on every rank
