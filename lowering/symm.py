@@ -159,7 +159,8 @@ class Workspace:
         self._forked = False  # whether the call in progress queued work on the side stream
         # reused every call: waiting on an event takes its state when the wait is queued
         self._fork_event, self._join_event = torch.cuda.Event(), torch.cuda.Event()
-        # one per chunk: "chunk j's partial is computed", recorded on the caller's stream
+        # one per chunk, "chunk j's data is ready": a reduce-scatter's partial (recorded on the
+        # caller's stream), an all-gather's own chunk copied into the data (on the side stream)
         self.chunk_ready = [torch.cuda.Event() for _ in range(self.world_size)]
 
     # -- allocation ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .launch import DirectKernel
 from .signals import wait_flag
@@ -246,6 +247,14 @@ def _tma_a(a: torch.Tensor) -> bool:
     return a.dtype in (torch.float16, torch.bfloat16) and _tma_operand(a)
 
 
+def b_descriptor(mat2: torch.Tensor, config: GemmConfig) -> TensorDescriptor:
+    """B's TMA descriptor: a linear's weight (``mat2`` an [N, K] transposed) as [N, K] rows in
+    [BLOCK_N, BLOCK_K] blocks, else [K, N] rows in [BLOCK_K, BLOCK_N] blocks (see B_NK)."""
+    if mat2.stride(0) == 1:
+        return TensorDescriptor.from_tensor(mat2.t(), [config.block_n, config.block_k])
+    return TensorDescriptor.from_tensor(mat2, [config.block_k, config.block_n])
+
+
 def tma_fits(a: torch.Tensor, mat2: torch.Tensor) -> bool:
     """Whether A @ mat2 can load both through TMA."""
     return _tma_a(a) and _tma_operand(_row_major(mat2))
@@ -254,11 +263,8 @@ def tma_fits(a: torch.Tensor, mat2: torch.Tensor) -> bool:
 def _launch_tma(a_descs, group, flags, epoch, timeouts, rows_per_chunk, k, *, rank, world_size, inner, config, num_programs, spin_limit):
     """One TMA consumer launch over ``group``, [(mat2, bias, out)] sharing one B layout;
     ``a_descs``: the descriptors of A and of the local chunk, shared by a call's launches."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    bn, bk = config.block_n, config.block_k
-    b_nk = group[0][0].stride(0) == 1
-    b_descs = [TensorDescriptor.from_tensor(_row_major(m), [bn, bk] if b_nk else [bk, bn]) for m, _, _ in group]
+    bn = config.block_n
+    b_descs = [b_descriptor(m, config) for m, _, _ in group]
     b_descs += b_descs[:1] * (MAX_B - len(group))
     tiles = world_size * triton.cdiv(rows_per_chunk, config.block_m) * sum(triton.cdiv(m.shape[1], bn) for m, _, _ in group)
     programs = min(num_programs, tiles)
@@ -267,9 +273,9 @@ def _launch_tma(a_descs, group, flags, epoch, timeouts, rows_per_chunk, k, *, ra
         tuple(out for _, _, out in group), tuple(m.shape[1] for m, _, _ in group),
         tuple(out.stride(0) for _, _, out in group), flags, epoch, timeouts, rows_per_chunk, k,
         inner, rank, world_size, programs,
-        BIAS_MASK=sum(1 << i for i, (_, bias, _) in enumerate(group) if bias is not None), B_NK=b_nk,
-        PROXY_FENCE=group[0][2].is_cuda, SPIN_LIMIT=spin_limit, BLOCK_M=config.block_m, BLOCK_N=bn,
-        BLOCK_K=bk, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
+        BIAS_MASK=sum(1 << i for i, (_, bias, _) in enumerate(group) if bias is not None),
+        B_NK=group[0][0].stride(0) == 1, PROXY_FENCE=group[0][2].is_cuda, SPIN_LIMIT=spin_limit,
+        BLOCK_M=config.block_m, BLOCK_N=bn, BLOCK_K=config.block_k, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
 
 
@@ -383,8 +389,6 @@ def all_gather_matmul_consumer(
             num_stages=pointer_config.num_stages,
         )  # fmt: skip
     if tma_groups:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
         block = [config.block_m, config.block_k]
         a_descs = (TensorDescriptor.from_tensor(a_stacked, block), TensorDescriptor.from_tensor(a_local, block))
         for layout in tma_groups.values():

@@ -25,8 +25,9 @@ fp32, in rank order (the same order on every call, so results repeat bit for bit
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .all_gather_matmul import GemmConfig, _sm_count, _tma_mainloop, pointer_fallback, tma_fits
+from .all_gather_matmul import GemmConfig, _sm_count, _tma_mainloop, b_descriptor, pointer_fallback, tma_fits
 from .launch import DirectKernel
 from .signals import wait_flag
 from .tiles import chunk_tile, pointer_mainloop, tile_counts
@@ -164,17 +165,11 @@ def matmul_reduce_scatter_producer(
     programs = min(num_programs or _sm_count(a.device), tiles)
     bias_arg = bias if bias is not None else a
     if use_tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        bm, bn, bk = config.block_m, config.block_n, config.block_k
-        b_nk = mat2.stride(0) == 1
-        b_desc = (
-            TensorDescriptor.from_tensor(mat2.t(), [bn, bk]) if b_nk else TensorDescriptor.from_tensor(mat2, [bk, bn])
-        )
+        bm, bk = config.block_m, config.block_k
         _TMA_KERNEL[(programs,)](
-            TensorDescriptor.from_tensor(a, [bm, bk]), b_desc, bias_arg, dest_ptrs, flag_ptrs,
-            counters, epoch, rows, n, k, rank, world_size, programs,
-            HAS_BIAS=bias is not None, B_NK=b_nk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+            TensorDescriptor.from_tensor(a, [bm, bk]), b_descriptor(mat2, config), bias_arg, dest_ptrs,
+            flag_ptrs, counters, epoch, rows, n, k, rank, world_size, programs,
+            HAS_BIAS=bias is not None, B_NK=mat2.stride(0) == 1, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=bk,
             GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
         return
