@@ -8,7 +8,8 @@
   chunk, each behind a one-program kernel that waits for that chunk's flag.
 - nccl_cublas: NCCL all-gather, then cuBLAS. The baseline, and the fallback.
 
-All take the op's arguments and return what the op returns: (gathered or None, outputs). The
+All take the op's arguments and return what the op returns: (gathered or None, outputs); the
+symmetric-memory ones write into ``outputs=allocate(...)`` when given (replay.py). The
 contractions over the gathered rows (weight gradients, ops.py) run per chunk as it arrives in
 copy_engine_cublas, accumulating in the output (cuBLAS beta = 1: one rounding per chunk); the fused
 variant runs them after its kernel, as one matmul each over the workspace when the chunks stack
@@ -30,22 +31,31 @@ from . import symm
 KIND = "all_gather_matmul"
 
 
-def _prepare(shard, mat2s, gather_dim, world_size, contract_with=(), gathered_left=()):
-    """The shard as [rows, K] (contiguous), the inner size of the output row remap, and
-    empty outputs in the op's (contiguous) layout: one per mat2, then one per contraction."""
-    shard = shard.contiguous()
-    k = shard.shape[-1]
-    flat = shard.view(-1, k)
-    inner = 1
-    for size in shard.shape[gather_dim:-1]:
-        inner *= size
+def allocate(
+    shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
+    contract_with=(), gathered_left=(),
+):  # fmt: skip
+    """The op's outputs for these arguments, empty, in its (contiguous) layout: the gathered
+    tensor if asked for (else None), and one output per mat2, then one per contraction. Made
+    apart from the call so that a call replayed from a CUDA graph (replay.py) writes new ones."""
     gathered_shape = ops._gathered_shape(shard, gather_dim, world_size)
+    k = shard.shape[-1]
     outs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]]) for m in mat2s]
     outs += [
         shard.new_empty((k, other.shape[-1]) if left else (other.shape[-1], k))
         for other, left in zip(contract_with, gathered_left)
     ]
-    return shard, flat, inner, gathered_shape, outs
+    return (shard.new_empty(gathered_shape) if return_gathered else None), outs
+
+
+def _prepare(shard, gather_dim, world_size):
+    """The shard (contiguous) and as [rows, K], the inner size of the output row remap, and the
+    gathered shape."""
+    shard = shard.contiguous()
+    inner = 1
+    for size in shard.shape[gather_dim:-1]:
+        inner *= size
+    return shard, shard.view(-1, shard.shape[-1]), inner, ops._gathered_shape(shard, gather_dim, world_size)
 
 
 def _stacks_whole_chunks(shape, gather_dim: int) -> bool:
@@ -65,14 +75,12 @@ def _push_chunks(ws: symm.Workspace, flat: torch.Tensor, stacked_shape) -> None:
         ws.signal_peer(peer)
 
 
-def _start(shard, mat2s, gather_dim, world_size, group_name, contract_with, gathered_left, own_too=False):
+def _start(shard, gather_dim, world_size, group_name, own_too=False):
     """Steps 1 and 2 of the protocol (symm.py): barrier on the caller's stream, then the pushes
     on the side stream; with ``own_too``, then the own shard into its slot of the own data too,
     marked by ``ws.chunk_ready[rank]``. Returns the workspace, the stacked view of its data, and
     _prepare's."""
-    shard, flat, inner, gathered_shape, outs = _prepare(
-        shard, mat2s, gather_dim, world_size, contract_with, gathered_left
-    )
+    shard, flat, inner, gathered_shape = _prepare(shard, gather_dim, world_size)
     ws = symm.workspace(KIND, group_name, shard.device)
     stacked_shape = (world_size * flat.shape[0], flat.shape[1])
     ws.enter(stacked_shape[0] * stacked_shape[1] * flat.element_size(), config.spin_limit)
@@ -83,33 +91,34 @@ def _start(shard, mat2s, gather_dim, world_size, group_name, contract_with, gath
             rows = flat.shape[0]
             ws.peer_rows(ws.rank, stacked_shape, flat.dtype, ws.rank * rows, (ws.rank + 1) * rows).copy_(flat)
             ws.chunk_ready[ws.rank].record(ws.side_stream)
-    return ws, ws.data(stacked_shape, flat.dtype), shard, flat, inner, gathered_shape, outs
+    return ws, ws.data(stacked_shape, flat.dtype), shard, flat, inner, gathered_shape
 
 
-def _finish(ws, shard, stacked, flat, gather_dim, gathered_shape, return_gathered):
+def _finish(ws, shard, stacked, flat, gather_dim, gathered):
     """Step 3's end: join the side stream; the gathered tensor, if asked for, is copied out of
-    the workspace (the next call overwrites it)."""
+    the workspace (the next call overwrites it) into ``gathered``."""
     ws.leave()
-    if not return_gathered:
-        return None
+    if gathered is None:
+        return
     world, rows = ws.world_size, flat.shape[0]
     chunks = [
         (flat if j == ws.rank else stacked[j * rows : (j + 1) * rows]).view(shard.shape)
         for j in range(world)
     ]
-    return torch.cat(chunks, dim=gather_dim).view(gathered_shape)
+    torch.cat(chunks, dim=gather_dim, out=gathered)
 
 
 def fused(
     shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
-    contract_with=(), gathered_left=(), *, gemm_config=None,
+    contract_with=(), gathered_left=(), *, gemm_config=None, outputs=None,
 ):  # fmt: skip
+    gathered, outs = outputs or allocate(
+        shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered, contract_with, gathered_left
+    )
     # contractions over whole stacked chunks run as one matmul each over the workspace, which
     # then needs the own chunk too (copied on the side stream while the kernel runs)
     whole = bool(contract_with) and _stacks_whole_chunks(shard.shape, gather_dim)
-    ws, stacked, shard, flat, inner, gathered_shape, outs = _start(
-        shard, mat2s, gather_dim, world_size, group_name, contract_with, gathered_left, own_too=whole
-    )
+    ws, stacked, shard, flat, inner, gathered_shape = _start(shard, gather_dim, world_size, group_name, whole)
     try:
         consumer.all_gather_matmul_consumer(
             stacked, list(mat2s), [None if b is None else b.contiguous() for b in biases],
@@ -131,17 +140,18 @@ def fused(
                 a, chunk, contract_with, gathered_left, outs[len(mat2s) :], gathered_shape, gather_dim, ws
             )
     finally:  # joined even when the launch fails: the next call must not overtake the pushes
-        gathered = _finish(ws, shard, stacked, flat, gather_dim, gathered_shape, return_gathered)
+        _finish(ws, shard, stacked, flat, gather_dim, gathered)
     return gathered, outs
 
 
 def copy_engine_cublas(
     shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
-    contract_with=(), gathered_left=(),
+    contract_with=(), gathered_left=(), *, outputs=None,
 ):  # fmt: skip
-    ws, stacked, shard, flat, inner, gathered_shape, outs = _start(
-        shard, mat2s, gather_dim, world_size, group_name, contract_with, gathered_left
+    gathered, outs = outputs or allocate(
+        shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered, contract_with, gathered_left
     )
+    ws, stacked, shard, flat, inner, gathered_shape = _start(shard, gather_dim, world_size, group_name)
     try:
         for chunk in schedule.all_gather_order(ws.rank, world_size):
             a = _chunk_rows(ws, stacked, flat, chunk, wait=True)
@@ -150,7 +160,7 @@ def copy_engine_cublas(
                 a, chunk, contract_with, gathered_left, outs[len(mat2s) :], gathered_shape, gather_dim, ws
             )
     finally:  # joined even when a matmul fails: the next call must not overtake the pushes
-        gathered = _finish(ws, shard, stacked, flat, gather_dim, gathered_shape, return_gathered)
+        _finish(ws, shard, stacked, flat, gather_dim, gathered)
     return gathered, outs
 
 

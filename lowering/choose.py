@@ -11,9 +11,11 @@ baseline is always a candidate, so the pick is never slower than it, as measured
 The choice is written to ``config.choice_cache`` (rank 0), read back by later runs (rank 0 reads
 and broadcasts), and shown in decisions.json by the pass when the cache already knows the shape.
 
-A first call made while CUDA graph trees warm a model up (mode="reduce-overhead") times each
-variant's calls replayed from a CUDA graph instead, since that is how they will run: host time
-does not count there, and such choices are cached under a key of their own (" | cudagraphs").
+Samples run the calls as the model will: through dispatch's wrappers, so calls that replay
+per-call CUDA graphs (replay.py) are timed replaying them. A first call made while CUDA graph
+trees warm a model up (mode="reduce-overhead") times each variant's calls replayed from a CUDA
+graph of the whole sample instead, since that is how they will run: host time does not count
+there, and such choices are cached under a key of their own (" | cudagraphs").
 """
 
 import functools
@@ -134,12 +136,19 @@ def _outputs(result) -> list[torch.Tensor]:
     return list(result[1]) if isinstance(result, tuple) else [result]
 
 
+def _calls(variant, args: tuple) -> None:
+    """A sample: SAMPLE_CALLS calls, each one's outputs dropped before the next, as a model's
+    steps drop theirs (so the allocator hands the same addresses out again, and calls that
+    replay per-call graphs do so here too)."""
+    for _ in range(SAMPLE_CALLS):
+        variant(*args)
+
+
 def _captured(variant, args: tuple):
     """SAMPLE_CALLS calls of ``variant`` captured into one CUDA graph: replaying it is a sample."""
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(SAMPLE_CALLS):
-            variant(*args)
+        _calls(variant, args)
     return graph.replay
 
 
@@ -160,7 +169,7 @@ def _measure(variants: dict, args: tuple, group, device, graphs: bool = False) -
     agreed = torch.tensor([float(usable[n]) for n in names], device=device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=group)
     usable = {n: bool(v) for n, v in zip(names, agreed.tolist())}
-    runs = {n: (lambda v=variants[n]: [v(*args) for _ in range(SAMPLE_CALLS)]) for n in names if usable[n]}
+    runs = {n: functools.partial(_calls, variants[n], args) for n in names if usable[n]}
     captured = _capture_all(variants, runs, args, group, device) if graphs else {}
     if BASELINE in captured:  # (the same on every rank) else eager times, the baseline among them
         runs, usable = captured, {n: n in captured for n in names}

@@ -11,6 +11,7 @@ from overlap_pass import config, ops
 from . import all_gather_matmul as agm
 from . import choose
 from . import matmul_reduce_scatter as mrs
+from . import replay, symm
 
 
 @functools.cache
@@ -67,9 +68,35 @@ def _signature(t: torch.Tensor | None):
 _RESOLVED: dict[tuple, object] = {}
 
 
+def _ag_call(run, graphed: bool, fast_key: tuple, *args):
+    """One all_gather_matmul call of the variant ``run``, through replay.py if ``graphed``."""
+    if not graphed:
+        return run(*args)
+    shard, mat2s, biases, _, _, group_name, _, contract_with, _ = args
+    outputs = agm.allocate(*args)
+    gathered, outs = outputs
+    tensors = (shard, *mat2s, *biases, *contract_with, gathered, *outs)
+    replay.call(fast_key, run, args, outputs, tensors, symm.workspace(agm.KIND, group_name, shard.device))
+    return outputs
+
+
+def _rs_call(run, graphed: bool, fast_key: tuple, *args):
+    """One matmul_reduce_scatter call of the variant ``run``, through replay.py if ``graphed``
+    and the output can be written in place."""
+    outputs = mrs.allocate(*args) if graphed else None
+    if outputs is None:
+        return run(*args)
+    inputs, mat2s, bias, _, _, _, group_name = args
+    tensors = (*inputs, *mat2s, bias, outputs)
+    replay.call(fast_key, run, args, outputs, tensors, symm.workspace(mrs.KIND, group_name, inputs[0].device))
+    return outputs
+
+
 def _resolve(kind, fast_key, group_name, world_size, variants, shapes, dtype, device, args):
-    """The variant for a call seen the first time: None for the reference decomposition (forced,
-    or a group without symmetric memory), else choose.py's pick."""
+    """The variant for a call seen the first time, wrapped to run through replay.py (every
+    variant but the baseline runs the symmetric-memory protocol, which a graph can hold): None
+    for the reference decomposition (forced, or a group without symmetric memory), else
+    choose.py's pick, made on the calls it will run."""
     group = _resolve_process_group(group_name)
     torch._check(
         group.size() == world_size,
@@ -77,11 +104,13 @@ def _resolve(kind, fast_key, group_name, world_size, variants, shapes, dtype, de
     )
     if config.implementation == "reference" or not _symmetric_memory_usable(group):
         return None
+    wrap = _ag_call if kind == agm.KIND else _rs_call
+    calls = {name: functools.partial(wrap, v, name != choose.BASELINE, fast_key) for name, v in variants.items()}
     key = choose.shape_key(kind, world_size, shapes, dtype)
-    name = choose.choose(key, variants, args, group, device)
+    name = choose.choose(key, calls, args, group, device)
     if not torch.cuda.is_current_stream_capturing():  # a capture's fallback is not a choice
-        _RESOLVED[fast_key] = variants[name]
-    return variants[name]
+        _RESOLVED[fast_key] = calls[name]
+    return calls[name]
 
 
 def all_gather_matmul(

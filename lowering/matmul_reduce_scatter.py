@@ -17,7 +17,8 @@ Variants differ in how a partial reaches its owner:
 - nccl_cublas: cuBLAS over all rows, then NCCL's reduce-scatter. The baseline, and the fallback.
 
 Workspace data: [recv: W x rows x N | staging: W x rows x N], recv slot p holding rank p's
-partial of this rank's chunk. All take the op's arguments and return its output.
+partial of this rank's chunk. All take the op's arguments and return its output; the
+symmetric-memory ones write into ``outputs=allocate(...)`` when given (replay.py).
 """
 
 import functools
@@ -26,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from overlap_pass import config, schedule
+from overlap_pass import config, ops, schedule
 from overlap_pass.templates import all_gather_matmul as gemm_configs
 from overlap_pass.templates import matmul_reduce_scatter as producer
 
@@ -48,6 +49,16 @@ def _flatten(inputs, mat2s, scatter_dim, world_size):
 
 def _unflatten(out_flat, out_shape, scatter_dim):
     return out_flat.view(out_shape).movedim(0, scatter_dim).contiguous()
+
+
+def allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name):
+    """The op's output for these arguments, empty, when the variants can write it in place (its
+    rows along ``scatter_dim`` are contiguous rows of the flat output: dims before it of size 1,
+    as for a sequence-parallel [1, S, D]); else None. Made apart from the call so that a call
+    replayed from a CUDA graph (replay.py) writes a new one."""
+    full = [*inputs[0].shape[:-1], mat2s[0].shape[1]]
+    out = inputs[0].new_empty(ops._scattered_shape(full, scatter_dim, world_size))
+    return out if out.movedim(scatter_dim, 0).is_contiguous() else None
 
 
 def _chunk_partial(flats, mat2s, bias, chunk, rows, out):
@@ -83,8 +94,7 @@ class _Call:
         start = (self.world + chunk) * self.rows
         return self.ws.peer_rows(self.rank, (2 * self.world * self.rows, self.n), self.dtype, start, start + self.rows)
 
-    def reduce(self, reduce_op: str) -> torch.Tensor:
-        out = torch.empty(self.rows, self.n, dtype=self.dtype, device=self.recv.device)
+    def reduce(self, reduce_op: str, out: torch.Tensor) -> torch.Tensor:
         return producer.reduce_partials(
             self.recv, out, self.ws.flags, self.ws.epoch, self.ws.chunk_timeouts, rank=self.rank,
             world_size=self.world, scale=1.0 / self.world if reduce_op == "avg" else 1.0,
@@ -92,18 +102,22 @@ class _Call:
         )  # fmt: skip
 
 
-def _overlapped(produce, inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name):
+def _overlapped(produce, inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, outputs=None):
     """What every symmetric-memory variant does around its own step, ``produce(call, flats,
     mat2s, bias)``, which gets every partial into its owner's slot and flags it: enter (barrier),
-    produce, the owner's reduction, leave."""
+    produce, the owner's reduction (into ``outputs``, from allocate, if given), leave."""
     flats, rows, n, out_shape = _flatten(inputs, mat2s, scatter_dim, world_size)
     call = _Call(flats, rows, n, group_name)
+    if outputs is None:
+        out = flats[0].new_empty(rows, n)
+    else:
+        out = outputs.movedim(scatter_dim, 0).view(rows, n)
     try:
         produce(call, flats, mat2s, bias)
-        out = call.reduce(reduce_op)
+        call.reduce(reduce_op, out)
     finally:  # joined even when a launch fails: the next call must not overtake the pushes
         call.ws.leave()
-    return _unflatten(out, out_shape, scatter_dim)
+    return _unflatten(out, out_shape, scatter_dim) if outputs is None else outputs
 
 
 def _produce_fused(call, flats, mat2s, bias, *, gemm_config):
@@ -142,19 +156,19 @@ def _produce_cublas_push(call, flats, mat2s, bias):
             call.ws.signal_peer(chunk)  # stream order: after the matmul's stores
 
 
-def fused(inputs, *args, gemm_config=None):
+def fused(inputs, *args, gemm_config=None, outputs=None):
     if len(inputs) != 1:  # before the barrier: every rank refuses alike, nobody waits
         raise NotImplementedError("the fused producer takes one matmul (use a cuBLAS variant for sums)")
     produce = functools.partial(_produce_fused, gemm_config=gemm_config or gemm_configs.CONFIGS[0])
-    return _overlapped(produce, inputs, *args)
+    return _overlapped(produce, inputs, *args, outputs=outputs)
 
 
-def copy_engine_cublas(*args):
-    return _overlapped(_produce_copy_engine, *args)
+def copy_engine_cublas(*args, outputs=None):
+    return _overlapped(_produce_copy_engine, *args, outputs=outputs)
 
 
-def cublas_push(*args):
-    return _overlapped(_produce_cublas_push, *args)
+def cublas_push(*args, outputs=None):
+    return _overlapped(_produce_cublas_push, *args, outputs=outputs)
 
 
 def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name):

@@ -151,6 +151,7 @@ class Workspace:
         self._timeouts_host = torch.zeros(2, world, dtype=torch.int32).pin_memory()
         self._timeouts_copied: torch.cuda.Event | None = None
         self._alloc: _Allocation | None = None
+        self.generation = 0  # counts allocations: a CUDA graph of a call holds one's addresses
         # allocations outgrown, kept: a captured CUDA graph may still hold their addresses
         self._retired: list[_Allocation] = []
         self._views: dict[tuple, torch.Tensor] = {}  # get_buffer views, made once (host time)
@@ -202,6 +203,7 @@ class Workspace:
             self.device,
         )
         self._alloc = _Allocation(buffer, handle, size, pad_ptrs)
+        self.generation += 1
         # nobody may signal into a peer's control words before that peer has zeroed them
         torch.cuda.synchronize(self.device)
         dist.barrier(group=self.group, device_ids=[self.device.index])
@@ -296,6 +298,13 @@ class Workspace:
             self._join_event.record(self.side_stream)
             self.main.wait_event(self._join_event)
             self._forked = False
+        self.finish()
+
+    def replay(self, graph: torch.cuda.CUDAGraph) -> None:
+        """A whole call replayed from a CUDA graph of it (replay.py), with the host steps that a
+        graph cannot hold: the timeout checks of enter and leave."""
+        self._raise_on_earlier_timeouts()
+        graph.replay()
         self.finish()
 
     def barrier(self, spin_limit: int) -> None:

@@ -29,6 +29,11 @@ matmul_reduce_scatter: bool = Config(
 # CUDA variant where the op has it (else the op measures as with "auto").
 implementation: str = Config(default="auto", env_name_default="OVERLAP_PASS_IMPLEMENTATION")
 
+# Replay the symmetric-memory variants' calls from per-call CUDA graphs where a call's tensors sit
+# at addresses seen before (lowering/replay.py): one launch instead of the protocol's dozen host
+# steps. Off: every call queues its steps eagerly.
+op_graphs: bool = Config(default=True, env_name_default="OVERLAP_PASS_OP_GRAPHS")
+
 # Polls before a wait on a peer gives up (barrier, chunk flags). It then records which rank or
 # chunk it missed and the op raises ChunkTimeout (at the latest 16 calls later). Each poll is a
 # system-scope atomic read, about a microsecond: the default gives up after some ten minutes,

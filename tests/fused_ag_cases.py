@@ -10,7 +10,10 @@ import torch.distributed as dist
 from overlap_pass import config
 from overlap_pass.lowering import all_gather_matmul as agm
 from overlap_pass.lowering import symm
-from tests.gpu_common import REL_TOL, error, group_name, message_of_a_late_peer, poison_workspace
+from tests.gpu_common import (
+    REL_TOL, assert_all_close, calls_that_replay, error, group_name, message_of_a_late_peer,
+    poison_workspace,
+)  # fmt: skip
 
 # (shard shape, gather_dim, Ns, bias per N): odd rows, K and N, QKV-like lists, 3-D shards,
 # a sequence-parallel [1, seq, dim] shard gathered along the sequence (whole chunks of rows)
@@ -50,14 +53,15 @@ def _reference(shard, mat2s, biases, gather_dim):
 
 
 def _local_reference(shape, gather_dim, ns, bias, dtype, seed):
-    """The reference outputs without a collective: every rank's shard regenerated from its seed,
-    so that calls under test are not re-synchronized by a reference all-gather in between."""
+    """The reference gathered tensor and outputs without a collective: every rank's shard
+    regenerated from its seed, so that calls under test are not re-synchronized by a reference
+    all-gather in between."""
     shards = [_shard_of(r, shape, dtype, seed) for r in range(dist.get_world_size())]
     _, mat2s, biases = _problem(shape, gather_dim, ns, bias, dtype, seed)
     gathered = torch.cat(shards, dim=gather_dim)
     flat = gathered.reshape(-1, shape[-1]).float()
     outs = [flat @ m.float() + (b.float() if b is not None else 0) for m, b in zip(mat2s, biases)]
-    return [o.view(list(gathered.shape[:-1]) + [o.shape[-1]]) for o in outs]
+    return gathered, [o.view(list(gathered.shape[:-1]) + [o.shape[-1]]) for o in outs]
 
 
 def _check(name, result, expected, dtype):
@@ -95,16 +99,39 @@ def back_to_back(calls: int, seed=0) -> int:
     for call in range(calls):
         shape, gather_dim, ns, bias = SHAPES[call % len(SHAPES)]
         shard, mat2s, biases = _problem(shape, gather_dim, ns, bias, torch.bfloat16, seed + call)
-        refs = _local_reference(shape, gather_dim, ns, bias, torch.bfloat16, seed + call)
+        _, refs = _local_reference(shape, gather_dim, ns, bias, torch.bfloat16, seed + call)
         name = names[(call // len(SHAPES)) % len(names)]
         _, outs = agm.variants()[name](shard, mat2s, biases, gather_dim, world, group_name())
         errors += [error(o, r) for o, r in zip(outs, refs)]
         labels += [(call, name)] * len(outs)
-    errors = torch.stack(errors).cpu()
-    symm.check_all_timeouts()
-    bad = [(labels[i], float(errors[i])) for i in range(len(labels)) if not errors[i] <= REL_TOL[torch.bfloat16]]
-    assert not bad, f"rank {dist.get_rank()}: {len(bad)} bad calls, first {bad[:3]}"
+    assert_all_close(errors, labels)
     return calls
+
+
+def replayed_calls(calls: int, seed=0) -> int:
+    """The op through calls_that_replay, on Q/K/V-like weights with biases and on a
+    sequence-parallel [1, S, D] shard, returning the gathered tensor too (checked exactly as
+    an output). Returns the graphs this rank captured."""
+    world, captured = dist.get_world_size(), 0
+    for shape, gather_dim, ns, bias in (SHAPES[1], SHAPES[6]):
+
+        def problem(s, shape=shape, gather_dim=gather_dim, ns=ns, bias=bias):
+            shard, mat2s, biases = _problem(shape, gather_dim, ns, bias, torch.bfloat16, seed + s)
+            return [shard, *mat2s, *biases]
+
+        def run(tensors, gather_dim=gather_dim, count=len(ns)):
+            shard, mat2s, biases = tensors[0], tensors[1 : 1 + count], tensors[1 + count :]
+            gathered, outs = torch.ops.overlap.all_gather_matmul(
+                shard, mat2s, biases, gather_dim, world, group_name(), True
+            )
+            return [gathered, *outs]
+
+        def reference(s, shape=shape, gather_dim=gather_dim, ns=ns, bias=bias):
+            gathered, outs = _local_reference(shape, gather_dim, ns, bias, torch.bfloat16, seed + s)
+            return [gathered.float(), *outs]
+
+        captured += calls_that_replay(calls, ("fused", "copy_engine_cublas"), problem, run, reference)
+    return captured
 
 
 def through_the_op(seed=0) -> list[str]:

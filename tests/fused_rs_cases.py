@@ -9,11 +9,14 @@ import torch.distributed as dist
 from overlap_pass import config
 from overlap_pass.lowering import matmul_reduce_scatter as mrs
 from overlap_pass.lowering import symm
-from tests.gpu_common import REL_TOL, error, group_name, message_of_a_late_peer, poison_workspace
+from tests.gpu_common import (
+    REL_TOL, assert_all_close, calls_that_replay, error, group_name, message_of_a_late_peer,
+    poison_workspace,
+)  # fmt: skip
 
 # (input shape with "W" for the world size in the scattered dim, scatter_dim, K per input, N,
 # bias, reduce_op): odd rows per chunk, odd K and N, 3-D inputs scattered along dim 0 and 1,
-# a sum of two matmuls (the backward's input gradient)
+# a sum of two matmuls (the backward's input gradient), a sequence-parallel [1, S, D]
 SHAPES = [
     (("W83",), 0, (520,), 1000, True, "sum"),
     (("W64",), 0, (256,), 130, False, "avg"),
@@ -22,6 +25,7 @@ SHAPES = [
     (("W50",), 0, (96, 40), 72, True, "sum"),
     (("W256",), 0, (1024,), 1536, False, "sum"),
     (("W17",), 0, (40,), 24, True, "avg"),
+    ((1, "W45"), 1, (96,), 64, False, "sum"),  # sequence parallel: the output written in place
 ]
 
 
@@ -102,11 +106,31 @@ def back_to_back(calls: int, seed=0) -> int:
         out = _call(_variants(index)[name], index, torch.bfloat16, seed + call)
         errors.append(error(out, _reference(index, torch.bfloat16, seed + call)))
         labels.append((call, name))
-    errors = torch.stack(errors).cpu()
-    symm.check_all_timeouts()
-    bad = [(labels[i], float(errors[i])) for i in range(calls) if not errors[i] <= REL_TOL[torch.bfloat16]]
-    assert not bad, f"rank {dist.get_rank()}: {len(bad)} bad calls, first {bad[:3]}"
+    assert_all_close(errors, labels)
     return calls
+
+
+def replayed_calls(calls: int, seed=0) -> int:
+    """The op through calls_that_replay on the shapes whose output the variants write in place
+    (scattered along dim 0, or along dim 1 of a [1, S, D]), a sum of two matmuls among them.
+    Returns the graphs this rank captured."""
+    world, captured = dist.get_world_size(), 0
+    for index in (0, 4, 7):
+        lead, scatter_dim, ks, n, bias, reduce_op = SHAPES[index]
+        implementations = ("fused", "copy_engine_cublas", "cublas_push")[len(ks) > 1 :]
+
+        def problem(s, index=index):
+            inputs, mat2s, b, _, _ = _problem(index, torch.bfloat16, seed + s)
+            return [*inputs, *mat2s, b]
+
+        def run(tensors, count=len(ks), reduce_op=reduce_op, scatter_dim=scatter_dim):
+            inputs, mat2s, b = tensors[:count], tensors[count : 2 * count], tensors[-1]
+            return [torch.ops.overlap.matmul_reduce_scatter(inputs, mat2s, b, reduce_op, scatter_dim, world, group_name())]
+
+        captured += calls_that_replay(
+            calls, implementations, problem, run, lambda s, index=index: [_reference(index, torch.bfloat16, seed + s)]
+        )
+    return captured
 
 
 def through_the_op(seed=0) -> list[str]:

@@ -4,7 +4,7 @@ import torch
 import torch.distributed as dist
 
 from overlap_pass import config
-from overlap_pass.lowering import symm
+from overlap_pass.lowering import replay, symm
 
 REL_TOL = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
@@ -48,3 +48,38 @@ def message_of_a_late_peer(kind: str, data_bytes: int, call) -> str:
     dist.barrier()
     del symm._WORKSPACES[(kind, group.group_name, device.index)]
     return message
+
+
+def assert_all_close(errors: list, labels: list) -> None:
+    """Checks a run of calls' output errors (device scalars, one sync) after its timeouts."""
+    errors = torch.stack(errors).cpu()
+    symm.check_all_timeouts()
+    bad = [(labels[i], float(errors[i])) for i in range(len(labels)) if not errors[i] <= REL_TOL[torch.bfloat16]]
+    assert not bad, f"rank {dist.get_rank()}: {len(bad)} bad calls, first {bad[:3]}"
+
+
+def calls_that_replay(calls: int, implementations, problem, run, reference) -> int:
+    """The op forced to each of ``implementations``, called ``calls`` times on two sets of input
+    tensors in turn, each refilled in place with a new problem per call, so that calls replay
+    per-call CUDA graphs (lowering/replay.py) and every replay computes on new values. Rank 0
+    runs its calls eagerly (op_graphs off): replays and eager calls meet in one protocol.
+    ``problem(seed)``: the op's input tensors as a list (None where absent); ``run(tensors)``:
+    the op's outputs, ``reference(seed)``: the expected ones (bf16). Returns the graphs this
+    rank captured."""
+    sets = [problem(0), problem(0)]
+    captured, errors, labels = 0, [], []
+    for implementation in implementations:
+        replay._SIGNATURES.clear()
+        with config.patch(implementation=implementation, op_graphs=dist.get_rank() != 0):
+            for call in range(calls):
+                tensors = sets[call % 2]
+                for old, new in zip(tensors, problem(call + 1)):
+                    if old is not None:
+                        old.copy_(new)  # in place: the addresses repeat, the values do not
+                outs = run(tensors)
+                errors += [error(o, r) for o, r in zip(outs, reference(call + 1))]
+                labels += [(implementation, call)] * len(outs)
+                del outs  # as a model's step drops its outputs, so their addresses repeat too
+        captured += sum(len(s.graphs) for s in replay._SIGNATURES.values())
+    assert_all_close(errors, labels)
+    return captured

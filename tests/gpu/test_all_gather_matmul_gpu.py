@@ -1,6 +1,7 @@
 """The CUDA all_gather_matmul variants on NCCL ranks (world 2, and 4 where there are 4 GPUs):
 every variant against an fp32 reference on odd shapes, back-to-back calls, the op's per-shape
-choice, CUDA-graph replay, and a late peer that is named instead of hanging the GPU.
+choice, CUDA-graph replay (whole, and the op's per-call graphs), and a late peer that is named
+instead of hanging the GPU.
 
 Run on a GPU machine: python3 -m pytest tests/gpu -q
 """
@@ -31,6 +32,12 @@ def test_op_choice_is_the_same_on_every_rank(pool):
 
 def test_cuda_graph_replay(pool):
     assert pool.run(cases.cuda_graph_replay, 20) == [20] * pool.world_size
+
+
+def test_calls_replay_per_call_graphs(pool):
+    # rank 0 runs eagerly; the others capture one graph per input set, variant and shape at best
+    captured = pool.run(cases.replayed_calls, 12)
+    assert captured[0] == 0 and all(c >= 4 for c in captured[1:]), captured
 
 
 def test_a_late_peer_is_named(pool):

@@ -1,6 +1,7 @@
 """The CUDA matmul_reduce_scatter variants on NCCL ranks (world 2, and 4 where there are 4 GPUs):
 every variant against an fp32 reference on odd shapes, bit-identical reruns, back-to-back calls,
-the op's per-shape choice, CUDA-graph replay, and a late peer that is named instead of hanging.
+the op's per-shape choice, CUDA-graph replay (whole, and the op's per-call graphs), and a late
+peer that is named instead of hanging.
 
 Run on a GPU machine: python3 -m pytest tests/gpu -q
 """
@@ -32,6 +33,12 @@ def test_op_choice_is_the_same_on_every_rank(pool):
 def test_cuda_graph_replay(pool):
     replays = pool.run(cases.cuda_graph_replay, 10)
     assert replays[0] > 0 and all(r == replays[0] for r in replays)
+
+
+def test_calls_replay_per_call_graphs(pool):
+    # rank 0 runs eagerly; the others capture one graph per input set, variant and shape at best
+    captured = pool.run(cases.replayed_calls, 12)
+    assert captured[0] == 0 and all(c >= 7 for c in captured[1:]), captured
 
 
 def test_a_late_peer_is_named(pool):

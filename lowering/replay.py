@@ -1,0 +1,110 @@
+"""Per-call CUDA graphs of the symmetric-memory variants: host time.
+
+An eager call of a variant queues a dozen host steps or more (barrier, fork, W - 1 copies and
+flags, the GEMM launch with its descriptors, join), 150–300 µs of Python per call on the H200
+hosts: at 8B sizes that, not the GPU, sets the pace of a compiled model. In a model's steady
+state each op call finds its tensors at the addresses it found them at in the step before (the
+caching allocator serves the same pattern of requests the same way), so the second call of a
+signature with a given set of addresses is captured into a CUDA graph, and every later one with
+those addresses replays it: one launch.
+
+A replay is the eager call's exact work, because a graph is keyed by everything it bakes in:
+the call's signature (shapes, strides, dtypes, group: dispatch's fast key), the address of
+every tensor it reads or writes (outputs are allocated before each call, outside the graph),
+the workspace's allocation and the spin limit. The protocol's state (epoch, flags) lives on the
+device and advances on replay, so one rank may replay while a peer runs the same call eagerly.
+Off inside a capture (CUDA graph trees record the op into their own graph then) and while graph
+trees warm a model up (their allocations would mix with the capture's).
+"""
+
+import collections
+import dataclasses
+import logging
+
+import torch
+
+from overlap_pass import config
+
+log = logging.getLogger("overlap_pass")
+
+MAX_GRAPHS = 256  # per signature (a model's layers each call it at addresses of their own)
+_SIGHTINGS_KEPT = 4 * MAX_GRAPHS  # address sets seen once, remembered for a second sighting
+
+
+@dataclasses.dataclass
+class _Signature:
+    graphs: dict = dataclasses.field(default_factory=dict)  # addresses -> graph
+    seen: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict)
+    failed: bool = False  # a capture failed: calls of this signature run eagerly from then on
+
+
+_SIGNATURES: dict[tuple, _Signature] = {}
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> None:
+    """``run(*args, outputs=outputs)``, from a graph where this call's addresses were seen
+    before. ``tensors``: every tensor the call reads or writes (None entries skipped);
+    ``workspace``: the symm.Workspace it runs on."""
+    if not config.op_graphs or torch.cuda.is_current_stream_capturing():
+        run(*args, outputs=outputs)
+        return
+    state = _SIGNATURES.get(signature)
+    if state is None:
+        state = _SIGNATURES[signature] = _Signature()
+    addresses = (workspace.generation, config.spin_limit, *(t.data_ptr() for t in tensors if t is not None))
+    graph = state.graphs.get(addresses)
+    if graph is not None:
+        workspace.replay(graph)
+        return
+    if state.failed or len(state.graphs) >= MAX_GRAPHS or not state.seen.pop(addresses, False):
+        state.seen[addresses] = True
+        if len(state.seen) > _SIGHTINGS_KEPT:
+            state.seen.popitem(last=False)
+        run(*args, outputs=outputs)
+        return
+    graph = _capture(run, args, outputs, workspace.device)
+    if graph is None:
+        state.failed = True
+        run(*args, outputs=outputs)
+        return
+    state.graphs[addresses] = graph
+    workspace.replay(graph)
+
+
+def _capture(run, args: tuple, outputs, device: torch.device):
+    """One call of ``run`` captured into a CUDA graph (nothing runs), or None where it cannot be."""
+    from . import choose
+
+    if choose.replays_graphs(device):  # graph trees route this thread's allocations to their pool
+        return None
+    stream = _CAPTURE_STREAMS.get(device.index)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[device.index] = _capture_stream(device)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(stream):
+            # thread-local: other threads (NCCL's watchdog) may use CUDA meanwhile
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                run(*args, outputs=outputs)
+            finally:
+                graph.capture_end()
+    except Exception as error:  # an eager call then runs it (and raises what it raises)
+        log.warning("overlap: a call cannot be captured in a CUDA graph, running it eagerly from now on: %s", error)
+        return None
+    return graph
+
+
+def _capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """A stream of its own to capture on (the caller's may be the legacy default stream, which
+    cannot capture), with cuBLAS already set up on it: its workspace for the stream is then
+    made here, from the caching allocator, not inside the first graph's private pool."""
+    from .symm import new_stream
+
+    stream = new_stream(device)
+    with torch.cuda.stream(stream):
+        probe = torch.ones(16, 16, device=device)
+        torch.mm(probe, probe)
+    stream.synchronize()
+    return stream

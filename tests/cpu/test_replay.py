@@ -1,0 +1,118 @@
+"""lowering/replay.py on CPU, with the CUDA graph stubbed: which calls run eagerly, which are
+captured, and which replay, as the addresses, the workspace and the config change."""
+
+import pytest
+import torch
+
+from overlap_pass import config
+from overlap_pass.lowering import replay
+
+
+class _Graph:
+    def __init__(self, log):
+        self.log = log
+
+    def replay(self):
+        self.log.append("replay")
+
+
+class _Workspace:
+    device = torch.device("cpu")
+
+    def __init__(self, log):
+        self.log, self.generation = log, 1
+
+    def replay(self, graph):
+        graph.replay()
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """(call(tensors), log): log gets "eager", "capture", "replay" per step; the capture runs
+    nothing, as a real one queues nothing."""
+    log = []
+    monkeypatch.setattr(replay, "_SIGNATURES", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+    def capture(run, args, outputs, device):
+        log.append("capture")
+        return _Graph(log)
+
+    monkeypatch.setattr(replay, "_capture", capture)
+    workspace = _Workspace(log)
+
+    def run(*args, outputs):
+        log.append("eager")
+        outputs.fill_(args[0])
+
+    def call(tensors, value=1.0, signature=("sig",)):
+        out = tensors[-1]
+        replay.call(signature, run, (value,), out, tensors, workspace)
+        return out
+
+    return call, log, workspace
+
+
+def test_second_sighting_is_captured_then_replayed(calls):
+    call, log, _ = calls
+    a, out = torch.randn(4), torch.empty(4)
+    for _ in range(4):
+        call((a, None, out))
+    assert log == ["eager", "capture", "replay", "replay", "replay"]
+
+
+def test_other_addresses_or_workspace_run_eagerly_first(calls):
+    call, log, workspace = calls
+    a, out, other_out = torch.randn(4), torch.empty(4), torch.empty(4)
+    call((a, out))
+    call((a, other_out))  # an output elsewhere: a first sighting
+    assert log == ["eager", "eager"]
+    call((a, out))
+    assert log[-2:] == ["capture", "replay"]
+    workspace.generation += 1  # the workspace grew: its old graphs hold the old addresses
+    log.clear()
+    call((a, out))
+    call((a, out))
+    assert log == ["eager", "capture", "replay"]
+
+
+def test_signatures_and_spin_limits_keep_graphs_apart(calls):
+    call, log, _ = calls
+    a, out = torch.randn(4), torch.empty(4)
+    call((a, out))
+    call((a, out), signature=("other",))
+    with config.patch(spin_limit=config.spin_limit + 1):
+        call((a, out))
+    assert log == ["eager", "eager", "eager"]
+
+
+def test_a_failed_capture_runs_eagerly_for_good(calls, monkeypatch):
+    call, log, _ = calls
+    monkeypatch.setattr(replay, "_capture", lambda *a: log.append("capture failed"))
+    a, out = torch.randn(4), torch.empty(4)
+    for _ in range(4):
+        assert torch.equal(call((a, out), value=2.0), torch.full((4,), 2.0))
+    assert log == ["eager", "capture failed", "eager", "eager", "eager"]
+
+
+def test_off_in_config_and_inside_a_capture(calls, monkeypatch):
+    call, log, _ = calls
+    a, out = torch.randn(4), torch.empty(4)
+    with config.patch(op_graphs=False):
+        for _ in range(3):
+            call((a, out))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    for _ in range(3):
+        call((a, out))
+    assert log == ["eager"] * 6
+
+
+def test_graphs_per_signature_are_bounded(calls, monkeypatch):
+    call, log, _ = calls
+    monkeypatch.setattr(replay, "MAX_GRAPHS", 2)
+    outs = [torch.empty(4) for _ in range(3)]
+    a = torch.randn(4)
+    for out in outs:
+        call((a, out))
+        call((a, out))
+    assert log == ["eager", "capture", "replay", "eager", "capture", "replay", "eager", "eager"]
