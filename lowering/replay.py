@@ -63,6 +63,10 @@ def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> Non
             state.seen.popitem(last=False)
         run(*args, outputs=outputs)
         return
+    if _graph_trees_warming_up(workspace.device):  # not now; a capture may come later
+        state.seen[addresses] = True
+        run(*args, outputs=outputs)
+        return
     graph = _capture(run, args, outputs, workspace.device)
     if graph is None:
         state.failed = True
@@ -74,10 +78,6 @@ def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> Non
 
 def _capture(run, args: tuple, outputs, device: torch.device):
     """One call of ``run`` captured into a CUDA graph (nothing runs), or None where it cannot be."""
-    from . import choose
-
-    if choose.replays_graphs(device):  # graph trees route this thread's allocations to their pool
-        return None
     stream = _CAPTURE_STREAMS.get(device.index)
     if stream is None:
         stream = _CAPTURE_STREAMS[device.index] = _capture_stream(device)
@@ -94,6 +94,14 @@ def _capture(run, args: tuple, outputs, device: torch.device):
         log.warning("overlap: a call cannot be captured in a CUDA graph, running it eagerly from now on: %s", error)
         return None
     return graph
+
+
+def _graph_trees_warming_up(device: torch.device) -> bool:
+    """Whether CUDA graph trees warm a model up on this thread: they route its allocations to
+    their own pool then, which a capture's must not mix with."""
+    from . import choose
+
+    return choose.replays_graphs(device)
 
 
 def _capture_stream(device: torch.device) -> torch.cuda.Stream:

@@ -1,7 +1,7 @@
 """The TP/SP transformer block compiled with backend="overlap" on NCCL ranks, bf16: forward and
 backward (output, input grad, every weight grad) against eager, within what plain Inductor's
-own bf16 rounding allows; every collective of both graphs rewritten; also under CUDA graph
-trees (mode="reduce-overhead").
+own bf16 rounding allows; every collective of both graphs rewritten; op calls replayed from
+per-call CUDA graphs in default mode; also under CUDA graph trees (mode="reduce-overhead").
 
 Run on a GPU machine: python3 -m pytest tests/gpu -q
 """
@@ -27,3 +27,5 @@ def test_block_forward_and_backward_match_eager(pool, bias, mode):
         assert errors["overlap"] <= max(3e-2, 2 * errors["inductor"]), (rank, errors)
     # forward and backward graphs: each all-gather and reduce-scatter rewritten
     assert results[0]["decisions"] == [(AGM, True, None)] * 4 + [(MRS, True, None)] * 4
+    if mode is None:  # the op calls' tensors repeat their addresses from step to step
+        assert all(r["op_graphs"] > 0 for r in results), [r["op_graphs"] for r in results]
