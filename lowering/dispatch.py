@@ -68,19 +68,20 @@ def _signature(t: torch.Tensor | None):
 _RESOLVED: dict[tuple, object] = {}
 
 
-def _ag_call(run, graphed: bool, fast_key: tuple, *args):
-    """One all_gather_matmul call of the variant ``run``, through replay.py if ``graphed``."""
+def _ag_call(run, graphed: bool, signature: tuple, *args):
+    """One all_gather_matmul call of the variant ``run``, through replay.py if ``graphed``
+    (``signature``: the call's fast key and the variant's name)."""
     if not graphed:
         return run(*args)
     shard, mat2s, biases, _, _, group_name, _, contract_with, _ = args
     outputs = agm.allocate(*args)
     gathered, outs = outputs
     tensors = (shard, *mat2s, *biases, *contract_with, gathered, *outs)
-    replay.call(fast_key, run, args, outputs, tensors, symm.workspace(agm.KIND, group_name, shard.device))
+    replay.call(signature, run, args, outputs, tensors, symm.workspace(agm.KIND, group_name, shard.device))
     return outputs
 
 
-def _rs_call(run, graphed: bool, fast_key: tuple, *args):
+def _rs_call(run, graphed: bool, signature: tuple, *args):
     """One matmul_reduce_scatter call of the variant ``run``, through replay.py if ``graphed``
     and the output can be written in place."""
     outputs = mrs.allocate(*args) if graphed else None
@@ -88,15 +89,22 @@ def _rs_call(run, graphed: bool, fast_key: tuple, *args):
         return run(*args)
     inputs, mat2s, bias, _, _, _, group_name = args
     tensors = (*inputs, *mat2s, bias, outputs)
-    replay.call(fast_key, run, args, outputs, tensors, symm.workspace(mrs.KIND, group_name, inputs[0].device))
+    replay.call(signature, run, args, outputs, tensors, symm.workspace(mrs.KIND, group_name, inputs[0].device))
     return outputs
 
 
+def variant_calls(kind: str, fast_key: tuple, variants: dict) -> dict:
+    """Name -> the variant wrapped as a call of ``fast_key`` (_ag_call, _rs_call): every variant
+    but the baseline runs the symmetric-memory protocol, which a per-call graph can hold, each
+    variant's graphs apart (the choice runs them all on the same tensors)."""
+    wrap = _ag_call if kind == agm.KIND else _rs_call
+    return {name: functools.partial(wrap, v, name != choose.BASELINE, (fast_key, name)) for name, v in variants.items()}
+
+
 def _resolve(kind, fast_key, group_name, world_size, variants, shapes, dtype, device, args):
-    """The variant for a call seen the first time, wrapped to run through replay.py (every
-    variant but the baseline runs the symmetric-memory protocol, which a graph can hold): None
-    for the reference decomposition (forced, or a group without symmetric memory), else
-    choose.py's pick, made on the calls it will run."""
+    """The variant for a call seen the first time, as variant_calls wraps it: None for the
+    reference decomposition (forced, or a group without symmetric memory), else choose.py's
+    pick, made on the calls it will run."""
     group = _resolve_process_group(group_name)
     torch._check(
         group.size() == world_size,
@@ -104,8 +112,7 @@ def _resolve(kind, fast_key, group_name, world_size, variants, shapes, dtype, de
     )
     if config.implementation == "reference" or not _symmetric_memory_usable(group):
         return None
-    wrap = _ag_call if kind == agm.KIND else _rs_call
-    calls = {name: functools.partial(wrap, v, name != choose.BASELINE, fast_key) for name, v in variants.items()}
+    calls = variant_calls(kind, fast_key, variants)
     key = choose.shape_key(kind, world_size, shapes, dtype)
     name = choose.choose(key, calls, args, group, device)
     if not torch.cuda.is_current_stream_capturing():  # a capture's fallback is not a choice

@@ -9,9 +9,10 @@ signature with a given set of addresses is captured into a CUDA graph, and every
 those addresses replays it: one launch.
 
 A replay is the eager call's exact work, because a graph is keyed by everything it bakes in:
-the call's signature (shapes, strides, dtypes, group: dispatch's fast key), the address of
-every tensor it reads or writes (outputs are allocated before each call, outside the graph),
-the workspace's allocation and the spin limit. The protocol's state (epoch, flags) lives on the
+the call's signature (shapes, strides, dtypes, group: dispatch's fast key; and the variant,
+since a first call's choice runs every variant on the same tensors), the address of every
+tensor it reads or writes (outputs are allocated before each call, outside the graph), the
+workspace's allocation and the spin limit. The protocol's state (epoch, flags) lives on the
 device and advances on replay, so one rank may replay while a peer runs the same call eagerly.
 Off inside a capture (CUDA graph trees record the op into their own graph then) and while graph
 trees warm a model up (their allocations would mix with the capture's).

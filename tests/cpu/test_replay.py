@@ -128,3 +128,16 @@ def test_no_capture_while_graph_trees_warm_up(calls, monkeypatch):
     monkeypatch.setattr(replay, "_graph_trees_warming_up", lambda device: False)
     call((a, out))
     assert log == ["eager"] * 3 + ["capture", "replay"]
+
+
+def test_each_variant_of_a_call_has_graphs_of_its_own():
+    # the first call's choice runs every variant on the same tensors: one variant's graph
+    # replayed for another would time (and run) the wrong one
+    from overlap_pass.lowering import all_gather_matmul as agm
+    from overlap_pass.lowering import dispatch
+
+    calls = dispatch.variant_calls(agm.KIND, ("fast key",), agm.variants(3))
+    signatures = {name: call.args[2] for name, call in calls.items()}
+    assert len(set(signatures.values())) == len(calls)
+    graphed = {name for name, call in calls.items() if call.args[1]}
+    assert graphed == set(calls) - {"nccl_cublas"}
