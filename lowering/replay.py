@@ -68,7 +68,7 @@ def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> Non
         state.seen[addresses] = True
         run(*args, outputs=outputs)
         return
-    graph = _capture(run, args, outputs, workspace.device)
+    graph = _capture(run, args, outputs, workspace)
     if graph is None:
         state.failed = True
         run(*args, outputs=outputs)
@@ -77,16 +77,22 @@ def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> Non
     workspace.replay(graph)
 
 
-def _capture(run, args: tuple, outputs, device: torch.device):
-    """One call of ``run`` captured into a CUDA graph (nothing runs), or None where it cannot be."""
+def _capture(run, args: tuple, outputs, workspace):
+    """One call of ``run`` captured into a CUDA graph (nothing runs), or None where it cannot be.
+    The graphs of one workspace share a memory pool for what a call allocates inside (a
+    contiguous copy, a cuBLAS variant's temporaries): its calls never run concurrently (the
+    protocol serializes them), so one pool serves them all instead of one pool per graph."""
+    device = workspace.device
     stream = _CAPTURE_STREAMS.get(device.index)
     if stream is None:
         stream = _CAPTURE_STREAMS[device.index] = _capture_stream(device)
+    if workspace.graph_pool is None:
+        workspace.graph_pool = torch.cuda.graph_pool_handle()
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.stream(stream):
             # thread-local: other threads (NCCL's watchdog) may use CUDA meanwhile
-            graph.capture_begin(capture_error_mode="thread_local")
+            graph.capture_begin(pool=workspace.graph_pool, capture_error_mode="thread_local")
             try:
                 run(*args, outputs=outputs)
             finally:

@@ -152,6 +152,7 @@ class Workspace:
         self._timeouts_copied: torch.cuda.Event | None = None
         self._alloc: _Allocation | None = None
         self.generation = 0  # counts allocations: a CUDA graph of a call holds one's addresses
+        self.graph_pool = None  # the memory pool of the per-call CUDA graphs (replay.py)
         # allocations outgrown, kept: a captured CUDA graph may still hold their addresses
         self._retired: list[_Allocation] = []
         self._views: dict[tuple, torch.Tensor] = {}  # get_buffer views, made once (host time)
