@@ -77,6 +77,13 @@ def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> Non
     workspace.replay(graph)
 
 
+def forget(signatures) -> None:
+    """Drops the graphs of these signatures (the variants a first-call choice timed and did
+    not pick: their calls will not come again)."""
+    for signature in signatures:
+        _SIGNATURES.pop(signature, None)
+
+
 def _capture(run, args: tuple, outputs, workspace):
     """One call of ``run`` captured into a CUDA graph (nothing runs), or None where it cannot be.
     The graphs of one workspace share a memory pool for what a call allocates inside (a

@@ -141,3 +141,13 @@ def test_each_variant_of_a_call_has_graphs_of_its_own():
     assert len(set(signatures.values())) == len(calls)
     graphed = {name for name, call in calls.items() if call.args[1]}
     assert graphed == set(calls) - {"nccl_cublas"}
+
+
+def test_forgotten_signatures_start_over(calls):
+    call, log, _ = calls
+    a, out = torch.randn(4), torch.empty(4)
+    call((a, out))
+    call((a, out))
+    replay.forget([("sig",), ("never seen",)])
+    call((a, out))
+    assert log == ["eager", "capture", "replay", "eager"]
