@@ -151,3 +151,20 @@ def test_forgotten_signatures_start_over(calls):
     replay.forget([("sig",), ("never seen",)])
     call((a, out))
     assert log == ["eager", "capture", "replay", "eager"]
+
+
+def test_outputs_are_allocated_apart_from_the_call():
+    from overlap_pass.lowering import all_gather_matmul as agm
+    from overlap_pass.lowering import matmul_reduce_scatter as mrs
+
+    shard, w = torch.randn(1, 6, 8), torch.randn(8, 5)
+    gathered, outs = agm.allocate(shard, [w, w[:, :3]], [None, None], 1, 4, "g", True, [torch.randn(24, 7)], [True])
+    assert gathered.shape == (1, 24, 8)
+    assert [o.shape for o in outs] == [(1, 24, 5), (1, 24, 3), (8, 7)]
+    assert agm.allocate(shard, [w], [None], 1, 4, "g")[0] is None
+    # the reduce-scatter's output is written in place only where its scattered rows are whole
+    # rows of the flat output (no longer dim before the scattered one)
+    a = torch.randn(1, 16, 8)
+    assert mrs.allocate([a], [w], None, "sum", 1, 4, "g").shape == (1, 4, 5)
+    assert mrs.allocate([torch.randn(2, 16, 8)], [w], None, "sum", 1, 4, "g") is None
+    assert mrs.allocate([torch.randn(16, 8)], [w], None, "sum", 0, 4, "g").shape == (4, 5)
