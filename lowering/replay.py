@@ -21,10 +21,13 @@ trees warm a model up (their allocations would mix with the capture's).
 import collections
 import dataclasses
 import logging
+import threading
 
 import torch
 
 from overlap_pass import config
+
+from .symm import new_stream
 
 log = logging.getLogger("overlap_pass")
 
@@ -41,6 +44,9 @@ class _Signature:
 
 _SIGNATURES: dict[tuple, _Signature] = {}
 _CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+_CUBLAS_READY: set[tuple[int, int]] = set()  # (thread, device) whose cuBLAS ran on the capture stream
+# calls per path since the process started: "eager", "captured", "replayed" (tests, tools)
+stats: collections.Counter = collections.Counter()
 
 
 def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> None:
@@ -56,24 +62,23 @@ def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> Non
     addresses = (workspace.generation, config.spin_limit, *(t.data_ptr() for t in tensors if t is not None))
     graph = state.graphs.get(addresses)
     if graph is not None:
+        stats["replayed"] += 1
         workspace.replay(graph)
         return
-    if state.failed or len(state.graphs) >= MAX_GRAPHS or not state.seen.pop(addresses, False):
+    capture = not (state.failed or len(state.graphs) >= MAX_GRAPHS) and state.seen.pop(addresses, False)
+    if capture and _graph_trees_warming_up(workspace.device):  # not now; a capture may come later
+        capture = False
+    graph = _capture(run, args, outputs, workspace) if capture else None
+    if graph is None:
+        state.failed |= capture  # a capture was tried and failed: eager from now on
         state.seen[addresses] = True
         if len(state.seen) > _SIGHTINGS_KEPT:
             state.seen.popitem(last=False)
-        run(*args, outputs=outputs)
-        return
-    if _graph_trees_warming_up(workspace.device):  # not now; a capture may come later
-        state.seen[addresses] = True
-        run(*args, outputs=outputs)
-        return
-    graph = _capture(run, args, outputs, workspace)
-    if graph is None:
-        state.failed = True
+        stats["eager"] += 1
         run(*args, outputs=outputs)
         return
     state.graphs[addresses] = graph
+    stats["captured"] += 1
     workspace.replay(graph)
 
 
@@ -88,11 +93,15 @@ def _capture(run, args: tuple, outputs, workspace):
     """One call of ``run`` captured into a CUDA graph (nothing runs), or None where it cannot be.
     The graphs of one workspace share a memory pool for what a call allocates inside (a
     contiguous copy, a cuBLAS variant's temporaries): its calls never run concurrently (the
-    protocol serializes them), so one pool serves them all instead of one pool per graph."""
+    protocol serializes them), so one pool serves them all instead of one pool per graph. The
+    workspace keeps its first graph, which keeps that pool alive: a pool whose graphs are all
+    gone cannot take another capture (forget() may drop them all)."""
     device = workspace.device
     stream = _CAPTURE_STREAMS.get(device.index)
     if stream is None:
-        stream = _CAPTURE_STREAMS[device.index] = _capture_stream(device)
+        stream = _CAPTURE_STREAMS[device.index] = new_stream(device)
+    if (threading.get_ident(), device.index) not in _CUBLAS_READY:
+        _set_up_cublas(stream, device)
     if workspace.graph_pool is None:
         workspace.graph_pool = torch.cuda.graph_pool_handle()
     graph = torch.cuda.CUDAGraph()
@@ -107,7 +116,21 @@ def _capture(run, args: tuple, outputs, workspace):
     except Exception as error:  # an eager call then runs it (and raises what it raises)
         log.warning("overlap: a call cannot be captured in a CUDA graph, running it eagerly from now on: %s", error)
         return None
+    if workspace.graph_pool_keeper is None:
+        workspace.graph_pool_keeper = graph
     return graph
+
+
+def _set_up_cublas(stream: torch.cuda.Stream, device: torch.device) -> None:
+    """cuBLAS (and cuBLASLt, bf16 with a bias) run once on the capture stream by this thread
+    (cuBLAS handles are per thread), so that their workspaces for the stream come from the
+    caching allocator here, not from inside the first capture's pool."""
+    with torch.cuda.stream(stream):
+        a = torch.ones(16, 16, device=device, dtype=torch.bfloat16)
+        torch.mm(a.float(), a.float())
+        torch.addmm(a[0], a, a)
+    stream.synchronize()
+    _CUBLAS_READY.add((threading.get_ident(), device.index))
 
 
 def _graph_trees_warming_up(device: torch.device) -> bool:
@@ -116,17 +139,3 @@ def _graph_trees_warming_up(device: torch.device) -> bool:
     from . import choose
 
     return choose.replays_graphs(device)
-
-
-def _capture_stream(device: torch.device) -> torch.cuda.Stream:
-    """A stream of its own to capture on (the caller's may be the legacy default stream, which
-    cannot capture), with cuBLAS already set up on it: its workspace for the stream is then
-    made here, from the caching allocator, not inside the first graph's private pool."""
-    from .symm import new_stream
-
-    stream = new_stream(device)
-    with torch.cuda.stream(stream):
-        probe = torch.ones(16, 16, device=device)
-        torch.mm(probe, probe)
-    stream.synchronize()
-    return stream

@@ -30,6 +30,7 @@ a sync and raises ChunkTimeout at a later call, or at once through ``check_timeo
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import threading
 
@@ -63,6 +64,7 @@ def _lasting(values: list, dtype: torch.dtype, device: torch.device) -> torch.Te
 
 
 _SETUP_STREAMS: dict[int, torch.cuda.Stream] = {}
+_GENERATIONS = itertools.count(1)
 
 
 def new_stream(device: torch.device) -> torch.cuda.Stream:
@@ -151,8 +153,11 @@ class Workspace:
         self._timeouts_host = torch.zeros(2, world, dtype=torch.int32).pin_memory()
         self._timeouts_copied: torch.cuda.Event | None = None
         self._alloc: _Allocation | None = None
-        self.generation = 0  # counts allocations: a CUDA graph of a call holds one's addresses
+        # which allocation: a CUDA graph of a call holds one's addresses (replay.py); unique in
+        # the process, so that a workspace made again for a group never matches older graphs
+        self.generation = next(_GENERATIONS)
         self.graph_pool = None  # the memory pool of the per-call CUDA graphs (replay.py)
+        self.graph_pool_keeper = None  # the first of those graphs: it keeps the pool alive
         # allocations outgrown, kept: a captured CUDA graph may still hold their addresses
         self._retired: list[_Allocation] = []
         self._views: dict[tuple, torch.Tensor] = {}  # get_buffer views, made once (host time)
@@ -204,7 +209,7 @@ class Workspace:
             self.device,
         )
         self._alloc = _Allocation(buffer, handle, size, pad_ptrs)
-        self.generation += 1
+        self.generation = next(_GENERATIONS)
         # nobody may signal into a peer's control words before that peer has zeroed them
         torch.cuda.synchronize(self.device)
         dist.barrier(group=self.group, device_ids=[self.device.index])

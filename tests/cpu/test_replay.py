@@ -54,12 +54,14 @@ def calls(monkeypatch):
     return call, log, workspace
 
 
-def test_second_sighting_is_captured_then_replayed(calls):
+def test_second_sighting_is_captured_then_replayed(calls, monkeypatch):
     call, log, _ = calls
+    monkeypatch.setattr(replay, "stats", replay.collections.Counter())
     a, out = torch.randn(4), torch.empty(4)
     for _ in range(4):
         call((a, None, out))
     assert log == ["eager", "capture", "replay", "replay", "replay"]
+    assert replay.stats == {"eager": 1, "captured": 1, "replayed": 2}
 
 
 def test_other_addresses_or_workspace_run_eagerly_first(calls):

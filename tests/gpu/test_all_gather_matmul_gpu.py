@@ -35,9 +35,10 @@ def test_cuda_graph_replay(pool):
 
 
 def test_calls_replay_per_call_graphs(pool):
-    # rank 0 runs eagerly; the others capture one graph per input set, variant and shape at best
+    # rank 0 runs eagerly; the others capture a graph per input set, variant and shape, at least
+    # (after the earlier tests' graphs were dropped: the workspace's pool still takes captures)
     captured = pool.run(cases.replayed_calls, 12)
-    assert captured[0] == 0 and all(c >= 4 for c in captured[1:]), captured
+    assert captured[0] == 0 and all(c >= 8 for c in captured[1:]), captured
 
 
 def test_a_late_peer_is_named(pool):

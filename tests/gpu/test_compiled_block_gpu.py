@@ -28,4 +28,4 @@ def test_block_forward_and_backward_match_eager(pool, bias, mode):
     # forward and backward graphs: each all-gather and reduce-scatter rewritten
     assert results[0]["decisions"] == [(AGM, True, None)] * 4 + [(MRS, True, None)] * 4
     if mode is None:  # the op calls' tensors repeat their addresses from step to step
-        assert all(r["op_graphs"] > 0 for r in results), [r["op_graphs"] for r in results]
+        assert all(r["op_replays"] > 0 for r in results), [r["op_replays"] for r in results]
