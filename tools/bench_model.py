@@ -168,10 +168,13 @@ def bench_size(name, args, device, mesh) -> dict:
         f"{c} {mode}": slowest(statistics.median(h * 1e6 / args.calls for _, _, h in runs), device)
         for (c, mode), runs in samples.items()
     }
+    from overlap_pass.lowering import replay
+
     return {
         "model": args.model, "size": name, "dim": dim, "heads": heads, "kv_heads": kv_heads, "hidden": hidden,
         "tokens": args.tokens, "world": world, "us": us, "host_us": host_us, "errors": errors,
         "overlap_pass": _rewrites(),
+        "op_calls": dict(replay.stats),  # rank 0's, since the process started: eager, captured, replayed
     }  # fmt: skip
 
 
@@ -262,6 +265,7 @@ def main() -> None:
             row = rows[-1]
             print(f"{name}: {json.dumps(row['us'])}\n  host {json.dumps(row['host_us'])}", flush=True)
             print(f"  errors {json.dumps(row['errors'])}\n  {json.dumps(row['overlap_pass'])}", flush=True)
+            print(f"  op calls {json.dumps(row['op_calls'])}", flush=True)
             with open(args.out, "w") as f:
                 json.dump({"meta": meta, "rows": rows}, f, indent=1)
     if dist.get_rank() == 0:
