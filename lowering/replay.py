@@ -33,6 +33,7 @@ log = logging.getLogger("overlap_pass")
 
 MAX_GRAPHS = 256  # per signature (a model's layers each call it at addresses of their own)
 _SIGHTINGS_KEPT = 4 * MAX_GRAPHS  # address sets seen once, remembered for a second sighting
+EAGER_CALLS_NOTED = 64  # eager calls of a signature with no graph yet, after which the log says so
 
 
 @dataclasses.dataclass
@@ -40,6 +41,7 @@ class _Signature:
     graphs: dict = dataclasses.field(default_factory=dict)  # addresses -> graph
     seen: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict)
     failed: bool = False  # a capture failed: calls of this signature run eagerly from then on
+    eager_calls: int = 0
 
 
 _SIGNATURES: dict[tuple, _Signature] = {}
@@ -75,6 +77,12 @@ def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> Non
         if len(state.seen) > _SIGHTINGS_KEPT:
             state.seen.popitem(last=False)
         stats["eager"] += 1
+        state.eager_calls += 1
+        if state.eager_calls == EAGER_CALLS_NOTED and not state.graphs:
+            log.info(
+                "overlap: %d calls of %s found their tensors at new addresses each time: no per-call "
+                "CUDA graph to replay, every call queues its host steps", state.eager_calls, signature,
+            )  # fmt: skip
         run(*args, outputs=outputs)
         return
     state.graphs[addresses] = graph

@@ -170,3 +170,15 @@ def test_outputs_are_allocated_apart_from_the_call():
     assert mrs.allocate([a], [w], None, "sum", 1, 4, "g").shape == (1, 4, 5)
     assert mrs.allocate([torch.randn(2, 16, 8)], [w], None, "sum", 1, 4, "g") is None
     assert mrs.allocate([torch.randn(16, 8)], [w], None, "sum", 0, 4, "g").shape == (4, 5)
+
+
+def test_calls_that_never_repeat_their_addresses_are_logged_once(calls, monkeypatch, caplog):
+    call, log, _ = calls
+    monkeypatch.setattr(replay, "EAGER_CALLS_NOTED", 3)
+    a = torch.randn(4)
+    outs = [torch.empty(4) for _ in range(5)]  # kept alive: every call at a new address
+    with caplog.at_level("INFO", logger="overlap_pass"):
+        for out in outs:
+            call((a, out))
+    assert log == ["eager"] * 5
+    assert caplog.text.count("found their tensors at new addresses each time") == 1
