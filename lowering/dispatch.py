@@ -115,7 +115,7 @@ def _resolve(kind, fast_key, group_name, world_size, variants, shapes, dtype, de
     calls = variant_calls(kind, fast_key, variants)
     key = choose.shape_key(kind, world_size, shapes, dtype)
     name = choose.choose(key, calls, args, group, device)
-    replay.forget(call.args[2] for other, call in calls.items() if other != name)
+    replay.forget((fast_key, other) for other in calls if other != name)
     if not torch.cuda.is_current_stream_capturing():  # a capture's fallback is not a choice
         _RESOLVED[fast_key] = calls[name]
     return calls[name]

@@ -27,6 +27,7 @@ import torch
 
 from overlap_pass import config
 
+from . import choose
 from .symm import new_stream
 
 log = logging.getLogger("overlap_pass")
@@ -68,8 +69,8 @@ def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> Non
         workspace.replay(graph)
         return
     capture = not (state.failed or len(state.graphs) >= MAX_GRAPHS) and state.seen.pop(addresses, False)
-    if capture and _graph_trees_warming_up(workspace.device):  # not now; a capture may come later
-        capture = False
+    if capture and choose.replays_graphs(workspace.device):
+        capture = False  # graph trees warm a model up: their pool takes this thread's allocations
     graph = _capture(run, args, outputs, workspace) if capture else None
     if graph is None:
         state.failed |= capture  # a capture was tried and failed: eager from now on
@@ -101,22 +102,21 @@ def _capture(run, args: tuple, outputs, workspace):
     """One call of ``run`` captured into a CUDA graph (nothing runs), or None where it cannot be.
     The graphs of one workspace share a memory pool for what a call allocates inside (a
     contiguous copy, a cuBLAS variant's temporaries): its calls never run concurrently (the
-    protocol serializes them), so one pool serves them all instead of one pool per graph. The
-    workspace keeps its first graph, which keeps that pool alive: a pool whose graphs are all
-    gone cannot take another capture (forget() may drop them all)."""
+    protocol serializes them), so one pool serves them all instead of one pool per graph: the
+    first graph's, which the workspace keeps, since a pool whose graphs are all gone cannot take
+    another capture (forget() may drop them all)."""
     device = workspace.device
     stream = _CAPTURE_STREAMS.get(device.index)
     if stream is None:
         stream = _CAPTURE_STREAMS[device.index] = new_stream(device)
     if (threading.get_ident(), device.index) not in _CUBLAS_READY:
         _set_up_cublas(stream, device)
-    if workspace.graph_pool is None:
-        workspace.graph_pool = torch.cuda.graph_pool_handle()
+    first = workspace.first_graph
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.stream(stream):
             # thread-local: other threads (NCCL's watchdog) may use CUDA meanwhile
-            graph.capture_begin(pool=workspace.graph_pool, capture_error_mode="thread_local")
+            graph.capture_begin(pool=None if first is None else first.pool(), capture_error_mode="thread_local")
             try:
                 run(*args, outputs=outputs)
             finally:
@@ -124,8 +124,8 @@ def _capture(run, args: tuple, outputs, workspace):
     except Exception as error:  # an eager call then runs it (and raises what it raises)
         log.warning("overlap: a call cannot be captured in a CUDA graph, running it eagerly from now on: %s", error)
         return None
-    if workspace.graph_pool_keeper is None:
-        workspace.graph_pool_keeper = graph
+    if first is None:
+        workspace.first_graph = graph
     return graph
 
 
@@ -139,11 +139,3 @@ def _set_up_cublas(stream: torch.cuda.Stream, device: torch.device) -> None:
         torch.addmm(a[0], a, a)
     stream.synchronize()
     _CUBLAS_READY.add((threading.get_ident(), device.index))
-
-
-def _graph_trees_warming_up(device: torch.device) -> bool:
-    """Whether CUDA graph trees warm a model up on this thread: they route its allocations to
-    their own pool then, which a capture's must not mix with."""
-    from . import choose
-
-    return choose.replays_graphs(device)

@@ -156,8 +156,8 @@ class Workspace:
         # which allocation: a CUDA graph of a call holds one's addresses (replay.py); unique in
         # the process, so that a workspace made again for a group never matches older graphs
         self.generation = next(_GENERATIONS)
-        self.graph_pool = None  # the memory pool of the per-call CUDA graphs (replay.py)
-        self.graph_pool_keeper = None  # the first of those graphs: it keeps the pool alive
+        # the first per-call CUDA graph (replay.py): its memory pool serves them all
+        self.first_graph: torch.cuda.CUDAGraph | None = None
         # allocations outgrown, kept: a captured CUDA graph may still hold their addresses
         self._retired: list[_Allocation] = []
         self._views: dict[tuple, torch.Tensor] = {}  # get_buffer views, made once (host time)

@@ -39,7 +39,7 @@ def calls(monkeypatch):
         return _Graph(log)
 
     monkeypatch.setattr(replay, "_capture", capture)
-    monkeypatch.setattr(replay, "_graph_trees_warming_up", lambda device: False)
+    monkeypatch.setattr(replay.choose, "replays_graphs", lambda device: False)
     workspace = _Workspace(log)
 
     def run(*args, outputs):
@@ -124,10 +124,10 @@ def test_graphs_per_signature_are_bounded(calls, monkeypatch):
 def test_no_capture_while_graph_trees_warm_up(calls, monkeypatch):
     call, log, _ = calls
     a, out = torch.randn(4), torch.empty(4)
-    monkeypatch.setattr(replay, "_graph_trees_warming_up", lambda device: True)
+    monkeypatch.setattr(replay.choose, "replays_graphs", lambda device: True)
     for _ in range(3):
         call((a, out))
-    monkeypatch.setattr(replay, "_graph_trees_warming_up", lambda device: False)
+    monkeypatch.setattr(replay.choose, "replays_graphs", lambda device: False)
     call((a, out))
     assert log == ["eager"] * 3 + ["capture", "replay"]
 
