@@ -94,18 +94,22 @@ class _Call:
         start = (self.world + chunk) * self.rows
         return self.ws.peer_rows(self.rank, (2 * self.world * self.rows, self.n), self.dtype, start, start + self.rows)
 
-    def reduce(self, reduce_op: str, out: torch.Tensor) -> torch.Tensor:
+    def reduce(self, reduce_op: str, out: torch.Tensor, parts: int = 1) -> torch.Tensor:
+        """The owner's reduction into ``out``; the partial that arrives last (rank + 1's) came
+        in ``parts`` pieces."""
+        last = schedule.reduce_scatter_peers(self.rank, self.world, self.world - 1)[1]
         return producer.reduce_partials(
             self.recv, out, self.ws.flags, self.ws.epoch, self.ws.chunk_timeouts, rank=self.rank,
             world_size=self.world, scale=1.0 / self.world if reduce_op == "avg" else 1.0,
-            spin_limit=config.spin_limit,
+            spin_limit=config.spin_limit, last_peer=last, last_parts=self.ws.part_flags(last), parts=parts,
         )  # fmt: skip
 
 
 def _overlapped(produce, inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, outputs=None):
     """What every symmetric-memory variant does around its own step, ``produce(call, flats,
-    mat2s, bias)``, which gets every partial into its owner's slot and flags it: enter (barrier),
-    produce, the owner's reduction (into ``outputs``, from allocate, if given), leave."""
+    mat2s, bias)``, which gets every partial into its owner's slot and flags it (and returns in
+    how many pieces the last one travels): enter (barrier), produce, the owner's reduction
+    (into ``outputs``, from allocate, if given), leave."""
     flats, rows, n, out_shape = _flatten(inputs, mat2s, scatter_dim, world_size)
     call = _Call(flats, rows, n, group_name)
     if outputs is None:
@@ -113,8 +117,8 @@ def _overlapped(produce, inputs, mat2s, bias, reduce_op, scatter_dim, world_size
     else:
         out = outputs.movedim(scatter_dim, 0).view(rows, n)
     try:
-        produce(call, flats, mat2s, bias)
-        call.reduce(reduce_op, out)
+        parts = produce(call, flats, mat2s, bias)
+        call.reduce(reduce_op, out, parts or 1)
     finally:  # joined even when a launch fails: the next call must not overtake the pushes
         call.ws.leave()
     return _unflatten(out, out_shape, scatter_dim) if outputs is None else outputs
@@ -130,10 +134,11 @@ def _produce_fused(call, flats, mat2s, bias, *, gemm_config):
     )  # fmt: skip
 
 
-def _produce_copy_engine(call, flats, mat2s, bias):
-    """cuBLAS per chunk into staging; the copy engine pushes each to its owner, flag behind it.
-    Every matmul is queued first, each marking its chunk ready, then every push behind its
-    mark: the GPU runs the same schedule, and the host switches streams once, not per chunk."""
+def _produce_copy_engine(call, flats, mat2s, bias) -> int:
+    """cuBLAS per chunk into staging; the copy engine pushes each to its owner, flag behind it,
+    the last push (each owner's last arrival) in config.last_chunk_parts pieces. Every matmul is
+    queued first, each marking its chunk ready, then every push behind its mark: the GPU runs
+    the same schedule, and the host switches streams once, not per chunk."""
     ws = call.ws
     order = schedule.reduce_scatter_order(call.rank, call.world)
     ws.fork()  # the pushes come after the barrier; each waits only for its own matmul
@@ -141,11 +146,12 @@ def _produce_copy_engine(call, flats, mat2s, bias):
         own = chunk == call.rank  # last: straight into the own slot, no copy
         _chunk_partial(flats, mat2s, bias, chunk, call.rows, call.owner_slot(chunk) if own else call.staging(chunk))
         ws.chunk_ready[chunk].record(ws.main)
+    parts = min(config.last_chunk_parts, symm.MAX_PARTS)
     with ws.on_side_stream():
         for chunk in order[:-1]:
             ws.side_stream.wait_event(ws.chunk_ready[chunk])
-            call.owner_slot(chunk).copy_(call.staging(chunk))
-            ws.signal_peer(chunk)
+            ws.push(call.staging(chunk), call.owner_slot(chunk), chunk, parts if chunk == order[-2] else 1)
+    return parts
 
 
 def _produce_cublas_push(call, flats, mat2s, bias):
