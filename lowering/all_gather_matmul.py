@@ -5,7 +5,10 @@
   of templates/all_gather_matmul.py starts on the local shard in place and takes the peers'
   chunks as their flags arrive.
 - copy_engine_cublas: the same pushes and flags; the caller's stream runs one cuBLAS matmul per
-  chunk, each behind a one-program kernel that waits for that chunk's flag.
+  chunk, each behind a one-program kernel that waits for that chunk's flag. Its ":4pieces" form
+  sends the chunk every rank takes last in pieces and multiplies each as it lands, for shapes
+  the transfer bounds (a quarter of the matmul is left after the last byte lands, not all of
+  the last chunk's).
 - nccl_cublas: NCCL all-gather, then cuBLAS. The baseline, and the fallback.
 
 All take the op's arguments and return what the op returns: (gathered or None, outputs); the
@@ -148,15 +151,15 @@ def fused(
 
 def copy_engine_cublas(
     shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
-    contract_with=(), gathered_left=(), *, outputs=None,
+    contract_with=(), gathered_left=(), *, outputs=None, parts=1,
 ):  # fmt: skip
     gathered, outs = outputs or allocate(
         shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered, contract_with, gathered_left
     )
-    # the chunk taken last arrives in pieces, each multiplied as it lands, where the outputs'
-    # rows of a chunk are contiguous (so a piece's are too)
-    whole_rows = bool(mat2s) and _stacks_whole_chunks(shard.shape, gather_dim)
-    parts = min(config.last_chunk_parts, symm.MAX_PARTS) if whole_rows else 1
+    # with parts > 1 the chunk taken last arrives in pieces, each multiplied as it lands, where
+    # the outputs' rows of a chunk are contiguous (so a piece's are too)
+    if not (mat2s and _stacks_whole_chunks(shard.shape, gather_dim)):
+        parts = 1
     ws, stacked, shard, flat, inner, gathered_shape = _start(shard, gather_dim, world_size, group_name, parts=parts)
     try:
         order = schedule.all_gather_order(ws.rank, world_size)
@@ -267,5 +270,7 @@ def variants(num_mat2s: int = 1) -> dict:
     if num_mat2s:
         table = {f"fused:{cfg}": functools.partial(fused, gemm_config=cfg) for cfg in consumer.CONFIGS}
     table["copy_engine_cublas"] = copy_engine_cublas
+    if num_mat2s:  # the last chunk in pieces: less of the matmul left once the transfer ends
+        table[f"copy_engine_cublas:{symm.PIECES}pieces"] = functools.partial(copy_engine_cublas, parts=symm.PIECES)
     table["nccl_cublas"] = nccl_cublas
     return table

@@ -11,7 +11,8 @@ Variants differ in how a partial reaches its owner:
 - fused: the persistent Triton producer GEMM stores each tile straight into the owner's
   workspace over NVLink and publishes each chunk from its last tile (no copy, no host steps).
 - copy_engine_cublas: a cuBLAS matmul per chunk into a local staging slot, then the copy engine
-  pushes it to the owner on a side stream (no SMs), followed by its flag.
+  pushes it to the owner on a side stream (no SMs), followed by its flag. Its ":4pieces" form
+  pushes each owner's last partial in pieces, and the owner sums each piece as it lands.
 - cublas_push: a cuBLAS matmul per chunk whose output is the owner's slot itself (a peer
   mapping); its flag follows on the same stream.
 - nccl_cublas: cuBLAS over all rows, then NCCL's reduce-scatter. The baseline, and the fallback.
@@ -134,11 +135,11 @@ def _produce_fused(call, flats, mat2s, bias, *, gemm_config):
     )  # fmt: skip
 
 
-def _produce_copy_engine(call, flats, mat2s, bias) -> int:
+def _produce_copy_engine(call, flats, mat2s, bias, parts=1) -> int:
     """cuBLAS per chunk into staging; the copy engine pushes each to its owner, flag behind it,
-    the last push (each owner's last arrival) in config.last_chunk_parts pieces. Every matmul is
-    queued first, each marking its chunk ready, then every push behind its mark: the GPU runs
-    the same schedule, and the host switches streams once, not per chunk."""
+    the last push (each owner's last arrival) in ``parts`` pieces. Every matmul is queued
+    first, each marking its chunk ready, then every push behind its mark: the GPU runs the same
+    schedule, and the host switches streams once, not per chunk."""
     ws = call.ws
     order = schedule.reduce_scatter_order(call.rank, call.world)
     ws.fork()  # the pushes come after the barrier; each waits only for its own matmul
@@ -146,7 +147,6 @@ def _produce_copy_engine(call, flats, mat2s, bias) -> int:
         own = chunk == call.rank  # last: straight into the own slot, no copy
         _chunk_partial(flats, mat2s, bias, chunk, call.rows, call.owner_slot(chunk) if own else call.staging(chunk))
         ws.chunk_ready[chunk].record(ws.main)
-    parts = min(config.last_chunk_parts, symm.MAX_PARTS)
     with ws.on_side_stream():
         for chunk in order[:-1]:
             ws.side_stream.wait_event(ws.chunk_ready[chunk])
@@ -169,8 +169,8 @@ def fused(inputs, *args, gemm_config=None, outputs=None):
     return _overlapped(produce, inputs, *args, outputs=outputs)
 
 
-def copy_engine_cublas(*args, outputs=None):
-    return _overlapped(_produce_copy_engine, *args, outputs=outputs)
+def copy_engine_cublas(*args, outputs=None, parts=1):
+    return _overlapped(functools.partial(_produce_copy_engine, parts=parts), *args, outputs=outputs)
 
 
 def cublas_push(*args, outputs=None):
@@ -193,6 +193,8 @@ def variants(num_inputs: int = 1) -> dict:
     if num_inputs == 1:
         table = {f"fused:{c}": functools.partial(fused, gemm_config=c) for c in gemm_configs.CONFIGS}
     table["copy_engine_cublas"] = copy_engine_cublas
+    # the last push in pieces: the owner sums its first rows while the rest travel
+    table[f"copy_engine_cublas:{symm.PIECES}pieces"] = functools.partial(copy_engine_cublas, parts=symm.PIECES)
     table["cublas_push"] = cublas_push
     table["nccl_cublas"] = nccl_cublas
     return table

@@ -12,9 +12,8 @@ A replay is the eager call's exact work, because a graph is keyed by everything 
 the call's signature (shapes, strides, dtypes, group: dispatch's fast key; and the variant,
 since a first call's choice runs every variant on the same tensors), the address of every
 tensor it reads or writes (outputs are allocated before each call, outside the graph), the
-workspace's allocation, the spin limit and the pieces of the last chunk. The protocol's state
-(epoch, flags) lives on the device and advances on replay, so one rank may replay while a peer
-runs the same call eagerly.
+workspace's allocation and the spin limit. The protocol's state (epoch, flags) lives on the
+device and advances on replay, so one rank may replay while a peer runs the same call eagerly.
 Off inside a capture (CUDA graph trees record the op into their own graph then) and while graph
 trees warm a model up (their allocations would mix with the capture's).
 """
@@ -63,8 +62,7 @@ def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> Non
     state = _SIGNATURES.get(signature)
     if state is None:
         state = _SIGNATURES[signature] = _Signature()
-    baked = (workspace.generation, config.spin_limit, config.last_chunk_parts)
-    addresses = (*baked, *(t.data_ptr() for t in tensors if t is not None))
+    addresses = (workspace.generation, config.spin_limit, *(t.data_ptr() for t in tensors if t is not None))
     graph = state.graphs.get(addresses)
     if graph is not None:
         stats["replayed"] += 1

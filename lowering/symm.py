@@ -20,11 +20,11 @@ Protocol of one call, on the caller's stream unless said otherwise:
    has then finished, so nobody still reads the data a peer is about to overwrite (entry and
    exit handshake in one, since each call ends by joining its side stream).
 2. side stream (copy engine, no SMs): chunk copies into peers' data, back to back. Each flag is
-   a 4-byte copy of the epoch into the peer's flag word on a flag stream of its own, queued
-   behind an event recorded after the data copy (signal_peer): the peer sees the data once it
-   sees the flag, and the next data copy does not wait for the flag's (a flag copy between two
-   data copies on one stream cost some 6 µs per chunk on H200). Or a kernel stores into
-   peers' data and release-writes their flags itself.
+   written by a one-thread kernel on a flag stream of its own, queued behind an event recorded
+   after the data copy (signal_peer): the peer sees the data once it sees the flag, and the
+   copy engine never waits for a flag (4-byte flag copies, which it runs in queue order with
+   the data, cost some 6 µs per chunk on H200). Or a kernel stores into peers' data and
+   release-writes their flags itself.
 3. the consumer (a GEMM, or the owner's reduction) waits per chunk on its flags, with acquire
    loads; then the caller's stream joins the side and flag streams.
 
@@ -50,6 +50,7 @@ log = logging.getLogger("overlap_pass")
 
 CONTROL_BYTES = 4096  # flags, pads and part flags, padded so that data starts 4 KiB-aligned
 MAX_PARTS = 8  # pieces a chunk may be sent in, each with a flag (parts)
+PIECES = 4  # pieces of the last chunk in the variants that send it so
 MIN_DATA_BYTES = 1 << 20
 CHECK_EVERY = 16  # calls between two host reads of the timeout words
 
@@ -350,15 +351,15 @@ class Workspace:
     def signal_peer(self, peer: int, part: int | None = None) -> None:
         """After the work queued so far on the current stream (a chunk's data copy, a matmul
         storing into ``peer``): flags[rank] of ``peer`` = epoch, or parts[rank, part] for a
-        piece. A copy-engine write on the flag stream, behind an event, so the peer sees the
-        data once it sees the flag and the current stream goes on at once."""
+        piece. A kernel on the flag stream, behind an event, so the peer sees the data once it
+        sees the flag and the current stream goes on at once."""
         current = torch.cuda.current_stream(self.device)
         self._signal_event.record(current)
         self.flag_stream.wait_event(self._signal_event)
         flag = self.peer_flag(peer, self.rank) if part is None else self.peer_part_flag(peer, part)
         torch.cuda.set_stream(self.flag_stream)
         try:
-            flag.copy_(self.epoch)
+            signals.SIGNAL[(1,)](flag, self.epoch, num_warps=1)
         finally:
             torch.cuda.set_stream(current)
         self._signaled = True

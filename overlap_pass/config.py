@@ -42,12 +42,6 @@ op_graphs: bool = Config(default=True, env_name_default="OVERLAP_PASS_OP_GRAPHS"
 # (Config's env vars take only booleans and strings, hence the plain read.)
 spin_limit: int = int(os.environ.get("OVERLAP_PASS_SPIN_LIMIT", 1 << 30))
 
-# Pieces the chunk each rank receives last travels in (copy-engine variants; at most
-# lowering/symm.MAX_PARTS), each flagged as it lands: its consumer, a cuBLAS matmul or the
-# reduce-scatter's reduction, starts on its first rows while the rest travel, so less of it is
-# left once the transfer ends. 1: whole.
-last_chunk_parts: int = int(os.environ.get("OVERLAP_PASS_LAST_CHUNK_PARTS", 4))
-
 # JSON file of the per-shape choices (rank 0 writes it, later runs read it).
 choice_cache: str = Config(
     default="~/.cache/overlap_pass/choices.json", env_name_default="OVERLAP_PASS_CHOICE_CACHE"

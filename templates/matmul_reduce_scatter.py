@@ -237,7 +237,7 @@ def reduce_partials(
     scale: float = 1.0,
     spin_limit: int = 1 << 30,
     block: int = 4096,
-    num_warps: int = 8,
+    num_warps: int = 4,
     last_peer: int = 0,
     last_parts: torch.Tensor | None = None,
     parts: int = 1,

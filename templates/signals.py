@@ -78,5 +78,15 @@ def wait_kernel(flags_ptr, epoch_ptr, timeouts_ptr, slot, chunk, SPIN_LIMIT: tl.
     wait_flag(flags_ptr + slot, timeouts_ptr + chunk, tl.load(epoch_ptr), SPIN_LIMIT)
 
 
+@triton.jit
+def signal_kernel(flag_ptr, epoch_ptr):
+    """One program: *flag_ptr = the call's epoch (release, system scope), a peer's flag word
+    written after the data it covers was copied (stream order). A kernel, not a 4-byte copy:
+    the copy engine runs copies in the order queued, whatever their streams, so a flag copy
+    waits behind every data copy queued before it, and the next data copy behind it."""
+    tl.atomic_xchg(flag_ptr, tl.load(epoch_ptr), sem="release", scope="sys")
+
+
 BARRIER = DirectKernel(barrier_kernel)
+SIGNAL = DirectKernel(signal_kernel)
 WAIT = DirectKernel(wait_kernel)
