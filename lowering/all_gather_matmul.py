@@ -5,10 +5,7 @@
   of templates/all_gather_matmul.py starts on the local shard in place and takes the peers'
   chunks as their flags arrive.
 - copy_engine_cublas: the same pushes and flags; the caller's stream runs one cuBLAS matmul per
-  chunk, each behind a one-program kernel that waits for that chunk's flag. Its ":4pieces" form
-  sends the chunk every rank takes last in pieces and multiplies each as it lands, for shapes
-  the transfer bounds (a quarter of the matmul is left after the last byte lands, not all of
-  the last chunk's).
+  chunk, each behind a one-program kernel that waits for that chunk's flag.
 - nccl_cublas: NCCL all-gather, then cuBLAS. The baseline, and the fallback.
 
 All take the op's arguments and return what the op returns: (gathered or None, outputs); the
@@ -67,31 +64,29 @@ def _stacks_whole_chunks(shape, gather_dim: int) -> bool:
     return all(size == 1 for size in shape[:gather_dim])
 
 
-def _push_chunks(ws: symm.Workspace, flat: torch.Tensor, stacked_shape, parts: int = 1) -> None:
+def _push_chunks(ws: symm.Workspace, flat: torch.Tensor, stacked_shape) -> None:
     """Side stream: copy this rank's shard into every peer's data, rank-rotated (at step s to
     rank - s, so each rank receives rank + 1, rank + 2, ... in the order its consumer takes
-    them), each copy followed by that peer's flag. The last push, the chunk every peer takes
-    last, goes in ``parts`` pieces (schedule.pieces), each flagged as it lands, so the peer's
-    consumer starts on its first rows while the rest travel; its chunk flag follows them."""
-    rows, start = flat.shape[0], ws.rank * flat.shape[0]
+    them), each copy followed by that peer's flag."""
+    rows = flat.shape[0]
     for step in range(1, ws.world_size):
         peer, _ = schedule.all_gather_peers(ws.rank, ws.world_size, step)
-        target = ws.peer_rows(peer, stacked_shape, flat.dtype, start, start + rows)
-        ws.push(flat, target, peer, parts if step == ws.world_size - 1 else 1)
+        ws.peer_rows(peer, stacked_shape, flat.dtype, ws.rank * rows, (ws.rank + 1) * rows).copy_(flat)
+        ws.signal_peer(peer)
 
 
-def _start(shard, gather_dim, world_size, group_name, own_too=False, parts=1):
+def _start(shard, gather_dim, world_size, group_name, own_too=False):
     """Steps 1 and 2 of the protocol (symm.py): barrier on the caller's stream, then the pushes
-    on the side stream (the last in ``parts`` pieces); with ``own_too``, then the own shard
-    into its slot of the own data too, marked by ``ws.chunk_ready[rank]``. Returns the
-    workspace, the stacked view of its data, and _prepare's."""
+    on the side stream; with ``own_too``, then the own shard into its slot of the own data too,
+    marked by ``ws.chunk_ready[rank]``. Returns the workspace, the stacked view of its data, and
+    _prepare's."""
     shard, flat, inner, gathered_shape = _prepare(shard, gather_dim, world_size)
     ws = symm.workspace(KIND, group_name, shard.device)
     stacked_shape = (world_size * flat.shape[0], flat.shape[1])
     ws.enter(stacked_shape[0] * stacked_shape[1] * flat.element_size(), config.spin_limit)
     ws.fork()
     with ws.on_side_stream():
-        _push_chunks(ws, flat, stacked_shape, parts)
+        _push_chunks(ws, flat, stacked_shape)
         if own_too:  # after the pushes: the peers wait for those
             rows = flat.shape[0]
             ws.peer_rows(ws.rank, stacked_shape, flat.dtype, ws.rank * rows, (ws.rank + 1) * rows).copy_(flat)
@@ -151,25 +146,16 @@ def fused(
 
 def copy_engine_cublas(
     shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
-    contract_with=(), gathered_left=(), *, outputs=None, parts=1,
+    contract_with=(), gathered_left=(), *, outputs=None,
 ):  # fmt: skip
     gathered, outs = outputs or allocate(
         shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered, contract_with, gathered_left
     )
-    # with parts > 1 the chunk taken last arrives in pieces, each multiplied as it lands, where
-    # the outputs' rows of a chunk are contiguous (so a piece's are too)
-    if not (mat2s and _stacks_whole_chunks(shard.shape, gather_dim)):
-        parts = 1
-    ws, stacked, shard, flat, inner, gathered_shape = _start(shard, gather_dim, world_size, group_name, parts=parts)
+    ws, stacked, shard, flat, inner, gathered_shape = _start(shard, gather_dim, world_size, group_name)
     try:
-        order = schedule.all_gather_order(ws.rank, world_size)
-        for chunk in order:
-            if parts > 1 and chunk == order[-1] and chunk != ws.rank:
-                _matmul_pieces(ws, stacked, flat, chunk, parts, mat2s, biases, outs)
-                a = _chunk_rows(ws, stacked, flat, chunk, wait=bool(contract_with))
-            else:
-                a = _chunk_rows(ws, stacked, flat, chunk, wait=True)
-                _matmul_chunk(a, chunk, mat2s, biases, outs, gather_dim, world_size)
+        for chunk in schedule.all_gather_order(ws.rank, world_size):
+            a = _chunk_rows(ws, stacked, flat, chunk, wait=True)
+            _matmul_chunk(a, chunk, mat2s, biases, outs, gather_dim, world_size)
             _contract_chunk(
                 a, chunk, contract_with, gathered_left, outs[len(mat2s) :], gathered_shape, gather_dim, ws
             )
@@ -184,35 +170,11 @@ def _chunk_rows(ws, stacked, flat, chunk, wait: bool) -> torch.Tensor:
     if chunk == ws.rank:
         return flat
     if wait:
-        _wait(ws, ws.flags, chunk, chunk)
+        signals.WAIT[(1,)](
+            ws.flags, ws.epoch, ws.chunk_timeouts, chunk, SPIN_LIMIT=config.spin_limit, num_warps=1
+        )
     rows = flat.shape[0]
     return stacked[chunk * rows : (chunk + 1) * rows]
-
-
-def _wait(ws, flags, slot, chunk) -> None:
-    """A one-program kernel on the caller's stream that holds it until flags[slot] is set."""
-    signals.WAIT[(1,)](flags, ws.epoch, ws.chunk_timeouts, slot, chunk, SPIN_LIMIT=config.spin_limit, num_warps=1)
-
-
-def _matmul_pieces(ws, stacked, flat, chunk, parts, mat2s, biases, outs):
-    """cuBLAS: chunk ``chunk``'s rows of each output piece by piece, each behind its part flag
-    (the outputs' chunk rows are contiguous)."""
-    rows = flat.shape[0]
-    a = stacked[chunk * rows : (chunk + 1) * rows]
-    targets = [out.view(-1, out.shape[-1])[chunk * rows : (chunk + 1) * rows] for out in outs[: len(mat2s)]]
-    part_flags = ws.part_flags(chunk)
-    for part, (lo, hi) in enumerate(schedule.pieces(rows, parts)):
-        _wait(ws, part_flags, part, chunk)
-        for target, mat2, bias in zip(targets, mat2s, biases):
-            _mm_into(a[lo:hi], mat2, bias, target[lo:hi])
-
-
-def _mm_into(a, mat2, bias, target) -> None:
-    """target = a @ mat2 (+ bias), cuBLAS writing in place (target: contiguous rows)."""
-    if bias is None:
-        torch.mm(a, mat2, out=target)
-    else:
-        torch.addmm(bias, a, mat2, out=target)
 
 
 def _matmul_chunk(a, chunk, mat2s, biases, outs, gather_dim, world):
@@ -222,7 +184,11 @@ def _matmul_chunk(a, chunk, mat2s, biases, outs, gather_dim, world):
     for out, mat2, bias in zip(outs, mat2s, biases):
         target = schedule.chunk(out, gather_dim, chunk, world)
         if in_place:
-            _mm_into(a, mat2, bias, target.view(rows, -1))  # contiguous rows: cuBLAS writes in place
+            target = target.view(rows, -1)  # contiguous rows: cuBLAS writes in place
+            if bias is None:
+                torch.mm(a, mat2, out=target)
+            else:
+                torch.addmm(bias, a, mat2, out=target)
         else:
             target.copy_((a @ mat2 if bias is None else torch.addmm(bias, a, mat2)).view(target.shape))
 
@@ -270,7 +236,5 @@ def variants(num_mat2s: int = 1) -> dict:
     if num_mat2s:
         table = {f"fused:{cfg}": functools.partial(fused, gemm_config=cfg) for cfg in consumer.CONFIGS}
     table["copy_engine_cublas"] = copy_engine_cublas
-    if num_mat2s:  # the last chunk in pieces: less of the matmul left once the transfer ends
-        table[f"copy_engine_cublas:{symm.PIECES}pieces"] = functools.partial(copy_engine_cublas, parts=symm.PIECES)
     table["nccl_cublas"] = nccl_cublas
     return table

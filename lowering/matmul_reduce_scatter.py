@@ -11,8 +11,7 @@ Variants differ in how a partial reaches its owner:
 - fused: the persistent Triton producer GEMM stores each tile straight into the owner's
   workspace over NVLink and publishes each chunk from its last tile (no copy, no host steps).
 - copy_engine_cublas: a cuBLAS matmul per chunk into a local staging slot, then the copy engine
-  pushes it to the owner on a side stream (no SMs), followed by its flag. Its ":4pieces" form
-  pushes each owner's last partial in pieces, and the owner sums each piece as it lands.
+  pushes it to the owner on a side stream (no SMs), followed by its flag.
 - cublas_push: a cuBLAS matmul per chunk whose output is the owner's slot itself (a peer
   mapping); its flag follows on the same stream.
 - nccl_cublas: cuBLAS over all rows, then NCCL's reduce-scatter. The baseline, and the fallback.
@@ -95,22 +94,18 @@ class _Call:
         start = (self.world + chunk) * self.rows
         return self.ws.peer_rows(self.rank, (2 * self.world * self.rows, self.n), self.dtype, start, start + self.rows)
 
-    def reduce(self, reduce_op: str, out: torch.Tensor, parts: int = 1) -> torch.Tensor:
-        """The owner's reduction into ``out``; the partial that arrives last (rank + 1's) came
-        in ``parts`` pieces."""
-        last = schedule.reduce_scatter_peers(self.rank, self.world, self.world - 1)[1]
+    def reduce(self, reduce_op: str, out: torch.Tensor) -> torch.Tensor:
         return producer.reduce_partials(
             self.recv, out, self.ws.flags, self.ws.epoch, self.ws.chunk_timeouts, rank=self.rank,
             world_size=self.world, scale=1.0 / self.world if reduce_op == "avg" else 1.0,
-            spin_limit=config.spin_limit, last_peer=last, last_parts=self.ws.part_flags(last), parts=parts,
+            spin_limit=config.spin_limit,
         )  # fmt: skip
 
 
 def _overlapped(produce, inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, outputs=None):
     """What every symmetric-memory variant does around its own step, ``produce(call, flats,
-    mat2s, bias)``, which gets every partial into its owner's slot and flags it (and returns in
-    how many pieces the last one travels): enter (barrier), produce, the owner's reduction
-    (into ``outputs``, from allocate, if given), leave."""
+    mat2s, bias)``, which gets every partial into its owner's slot and flags it: enter (barrier),
+    produce, the owner's reduction (into ``outputs``, from allocate, if given), leave."""
     flats, rows, n, out_shape = _flatten(inputs, mat2s, scatter_dim, world_size)
     call = _Call(flats, rows, n, group_name)
     if outputs is None:
@@ -118,8 +113,8 @@ def _overlapped(produce, inputs, mat2s, bias, reduce_op, scatter_dim, world_size
     else:
         out = outputs.movedim(scatter_dim, 0).view(rows, n)
     try:
-        parts = produce(call, flats, mat2s, bias)
-        call.reduce(reduce_op, out, parts or 1)
+        produce(call, flats, mat2s, bias)
+        call.reduce(reduce_op, out)
     finally:  # joined even when a launch fails: the next call must not overtake the pushes
         call.ws.leave()
     return _unflatten(out, out_shape, scatter_dim) if outputs is None else outputs
@@ -135,11 +130,10 @@ def _produce_fused(call, flats, mat2s, bias, *, gemm_config):
     )  # fmt: skip
 
 
-def _produce_copy_engine(call, flats, mat2s, bias, parts=1) -> int:
-    """cuBLAS per chunk into staging; the copy engine pushes each to its owner, flag behind it,
-    the last push (each owner's last arrival) in ``parts`` pieces. Every matmul is queued
-    first, each marking its chunk ready, then every push behind its mark: the GPU runs the same
-    schedule, and the host switches streams once, not per chunk."""
+def _produce_copy_engine(call, flats, mat2s, bias):
+    """cuBLAS per chunk into staging; the copy engine pushes each to its owner, flag behind it.
+    Every matmul is queued first, each marking its chunk ready, then every push behind its
+    mark: the GPU runs the same schedule, and the host switches streams once, not per chunk."""
     ws = call.ws
     order = schedule.reduce_scatter_order(call.rank, call.world)
     ws.fork()  # the pushes come after the barrier; each waits only for its own matmul
@@ -150,8 +144,8 @@ def _produce_copy_engine(call, flats, mat2s, bias, parts=1) -> int:
     with ws.on_side_stream():
         for chunk in order[:-1]:
             ws.side_stream.wait_event(ws.chunk_ready[chunk])
-            ws.push(call.staging(chunk), call.owner_slot(chunk), chunk, parts if chunk == order[-2] else 1)
-    return parts
+            call.owner_slot(chunk).copy_(call.staging(chunk))
+            ws.signal_peer(chunk)
 
 
 def _produce_cublas_push(call, flats, mat2s, bias):
@@ -169,8 +163,8 @@ def fused(inputs, *args, gemm_config=None, outputs=None):
     return _overlapped(produce, inputs, *args, outputs=outputs)
 
 
-def copy_engine_cublas(*args, outputs=None, parts=1):
-    return _overlapped(functools.partial(_produce_copy_engine, parts=parts), *args, outputs=outputs)
+def copy_engine_cublas(*args, outputs=None):
+    return _overlapped(_produce_copy_engine, *args, outputs=outputs)
 
 
 def cublas_push(*args, outputs=None):
@@ -193,8 +187,6 @@ def variants(num_inputs: int = 1) -> dict:
     if num_inputs == 1:
         table = {f"fused:{c}": functools.partial(fused, gemm_config=c) for c in gemm_configs.CONFIGS}
     table["copy_engine_cublas"] = copy_engine_cublas
-    # the last push in pieces: the owner sums its first rows while the rest travel
-    table[f"copy_engine_cublas:{symm.PIECES}pieces"] = functools.partial(copy_engine_cublas, parts=symm.PIECES)
     table["cublas_push"] = cublas_push
     table["nccl_cublas"] = nccl_cublas
     return table

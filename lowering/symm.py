@@ -2,15 +2,13 @@
 
 One symmetric allocation per workspace, the same size on every rank:
 
-    [ flags: W int32 | pads: W int32 | parts: W x MAX_PARTS int32 | ... control, CONTROL_BYTES ][ data ... ]
+    [ flags: W int32 | pads: W int32 | ... control, CONTROL_BYTES ][ data ... ]
 
 - data: where peers push their chunks (all-gather) or their partials of this rank's chunk
   (reduce-scatter, which also stages its outgoing partials there); grown only when a call needs
   more, rounded up to a power of two, always on every rank in the same call.
 - flags[p]: rank p's progress word for its chunk in this rank's data, written by p.
 - pads[p]: rank p's barrier word, written by p's barrier kernel.
-- parts[p, s]: rank p's progress word for piece s of its chunk, where p sends the chunk in
-  pieces (schedule.pieces) so that the consumer starts on its first rows before the last land.
 - epoch: this rank's call counter, a one-word device tensor. The barrier kernel advances it at
   the start of each call and every flag and pad is written with it, so values only grow: nothing
   is reset between calls and a CUDA-graph replay advances them exactly as an eager call does.
@@ -19,14 +17,11 @@ Protocol of one call, on the caller's stream unless said otherwise:
 1. barrier: epoch += 1; wait until every rank reached the same epoch. Every rank's previous call
    has then finished, so nobody still reads the data a peer is about to overwrite (entry and
    exit handshake in one, since each call ends by joining its side stream).
-2. side stream (copy engine, no SMs): chunk copies into peers' data, back to back. Each flag is
-   written by a one-thread kernel on a flag stream of its own, queued behind an event recorded
-   after the data copy (signal_peer): the peer sees the data once it sees the flag, and the
-   copy engine never waits for a flag (4-byte flag copies, which it runs in queue order with
-   the data, cost some 6 µs per chunk on H200). Or a kernel stores into peers' data and
-   release-writes their flags itself.
+2. side stream (copy engine, no SMs): chunk copies into peers' data, each followed by a 4-byte
+   copy of the epoch into the peer's flag, in stream order after the data (or a kernel stores
+   into peers' data and release-writes their flags itself).
 3. the consumer (a GEMM, or the owner's reduction) waits per chunk on its flags, with acquire
-   loads; then the caller's stream joins the side and flag streams.
+   loads; then the caller's stream joins the side stream.
 
 Every wait is bounded. A wait that gives up writes the call's epoch into a device ``timeouts``
 word of the rank or chunk it missed; the host reads those words every CHECK_EVERY calls without
@@ -42,15 +37,12 @@ import threading
 import torch
 import torch.distributed as dist
 
-from overlap_pass import schedule
 from overlap_pass.templates import signals
 from overlap_pass.templates.all_gather_matmul import ChunkTimeout
 
 log = logging.getLogger("overlap_pass")
 
-CONTROL_BYTES = 4096  # flags, pads and part flags, padded so that data starts 4 KiB-aligned
-MAX_PARTS = 8  # pieces a chunk may be sent in, each with a flag (parts)
-PIECES = 4  # pieces of the last chunk in the variants that send it so
+CONTROL_BYTES = 4096  # flags and pads, padded so that data starts 4 KiB-aligned
 MIN_DATA_BYTES = 1 << 20
 CHECK_EVERY = 16  # calls between two host reads of the timeout words
 
@@ -149,10 +141,7 @@ class Workspace:
         self.group = _resolve_process_group(group_name)
         self.rank, self.world_size = self.group.rank(), self.group.size()
         self.side_stream = new_stream(device)
-        self.flag_stream = new_stream(device)  # flag copies, so data copies run back to back
         world = self.world_size
-        if (2 + MAX_PARTS) * world * 4 > CONTROL_BYTES:
-            raise ValueError(f"overlap: a workspace holds the flags of at most {CONTROL_BYTES // 4 // (2 + MAX_PARTS)} ranks")
         # epoch; barrier (one word per rank) and consumer (one per chunk) timeouts, see
         # check_timeouts; per-chunk tile counters of the reduce-scatter producer (it leaves
         # them zero). One lasting allocation (_lasting), sliced.
@@ -175,11 +164,8 @@ class Workspace:
         self._calls = 0
         self.main = torch.cuda.current_stream(device)  # the caller's stream, per call (enter)
         self._forked = False  # whether the call in progress queued work on the side stream
-        self._signaled = False  # whether it queued flags on the flag stream
-        # reused every call (and within one): waiting on an event takes its state when the
-        # wait is queued
+        # reused every call: waiting on an event takes its state when the wait is queued
         self._fork_event, self._join_event = torch.cuda.Event(), torch.cuda.Event()
-        self._signal_event = torch.cuda.Event()
         # one per chunk, "chunk j's data is ready": a reduce-scatter's partial (recorded on the
         # caller's stream), an all-gather's own chunk copied into the data (on the side stream)
         self.chunk_ready = [torch.cuda.Event() for _ in range(self.world_size)]
@@ -216,8 +202,7 @@ class Workspace:
         # captured before this growth keeps counting from it) and comparisons are wrap-safe
         # only between values less than 2**31 apart
         handle.get_buffer(self.rank, (CONTROL_BYTES,), torch.uint8).zero_()
-        words = (2 + MAX_PARTS) * world
-        handle.get_buffer(self.rank, (words,), torch.int32).copy_(self.epoch.expand(words))
+        handle.get_buffer(self.rank, (2 * world,), torch.int32).copy_(self.epoch.expand(2 * world))
         pad_ptrs = _lasting(
             [handle.get_buffer(p, (world,), torch.int32, storage_offset=world).data_ptr() for p in range(world)],
             torch.int64,
@@ -259,15 +244,6 @@ class Workspace:
     def peer_flag(self, peer: int, slot: int, count: int = 1) -> torch.Tensor:
         """Words ``slot`` to ``slot + count`` of rank ``peer``'s flags (int32)."""
         return self._view(peer, (count,), torch.int32, slot)
-
-    def part_flags(self, sender: int) -> torch.Tensor:
-        """This rank's MAX_PARTS part flags that ``sender`` writes, one per piece of its
-        chunk (int32)."""
-        return self._view(self.rank, (MAX_PARTS,), torch.int32, 2 * self.world_size + MAX_PARTS * sender)
-
-    def peer_part_flag(self, peer: int, part: int) -> torch.Tensor:
-        """The word of rank ``peer``'s part flags where this rank marks piece ``part``."""
-        return self._view(peer, (1,), torch.int32, 2 * self.world_size + MAX_PARTS * self.rank + part)
 
     def peer_data_addresses(self, shape, dtype: torch.dtype) -> torch.Tensor:
         """int64 device tensor: every rank's data region (viewed as ``shape``) as this rank
@@ -321,15 +297,13 @@ class Workspace:
             torch.cuda.set_stream(self.main)
 
     def leave(self) -> None:
-        """A call's end, also on error paths: the caller's stream joins the side and flag
-        streams where the call used them (joining a stream a capture never forked would
-        invalidate the capture), so the next call's barrier comes after every copy and flag of
-        this one; then the timeout check."""
-        for used, stream in ((self._forked, self.side_stream), (self._signaled, self.flag_stream)):
-            if used:
-                self._join_event.record(stream)
-                self.main.wait_event(self._join_event)
-        self._forked = self._signaled = False
+        """A call's end, also on error paths: the caller's stream joins the side stream if the
+        call used it (joining a stream a capture never forked would invalidate the capture), so
+        the next call's barrier comes after every copy of this one; then the timeout check."""
+        if self._forked:
+            self._join_event.record(self.side_stream)
+            self.main.wait_event(self._join_event)
+            self._forked = False
         self.finish()
 
     def replay(self, graph: torch.cuda.CUDAGraph) -> None:
@@ -348,34 +322,11 @@ class Workspace:
             SPIN_LIMIT=spin_limit, BLOCK_W=block, num_warps=1,
         )  # fmt: skip
 
-    def signal_peer(self, peer: int, part: int | None = None) -> None:
-        """After the work queued so far on the current stream (a chunk's data copy, a matmul
-        storing into ``peer``): flags[rank] of ``peer`` = epoch, or parts[rank, part] for a
-        piece. A kernel on the flag stream, behind an event, so the peer sees the data once it
-        sees the flag and the current stream goes on at once."""
-        current = torch.cuda.current_stream(self.device)
-        self._signal_event.record(current)
-        self.flag_stream.wait_event(self._signal_event)
-        flag = self.peer_flag(peer, self.rank) if part is None else self.peer_part_flag(peer, part)
-        torch.cuda.set_stream(self.flag_stream)
-        try:
-            signals.SIGNAL[(1,)](flag, self.epoch, num_warps=1)
-        finally:
-            torch.cuda.set_stream(current)
-        self._signaled = True
-
-    def push(self, source: torch.Tensor, target: torch.Tensor, peer: int, parts: int = 1) -> None:
-        """On the current stream (the side stream): ``target`` (rows of ``peer``'s data) =
-        ``source``, with the copy engine, then the chunk's flag. In ``parts`` pieces
-        (schedule.pieces) each followed by its part flag, then the chunk flag: the peer's
-        consumer may start on the first rows while the others travel."""
-        if parts > 1:
-            for part, (lo, hi) in enumerate(schedule.pieces(source.shape[0], parts)):
-                target[lo:hi].copy_(source[lo:hi])
-                self.signal_peer(peer, part)
-        else:
-            target.copy_(source)
-        self.signal_peer(peer)
+    def signal_peer(self, peer: int) -> None:
+        """On the side stream, after a chunk's data copy: flags[rank] of ``peer`` = epoch.
+        A copy-engine write queued after the data, so the peer sees the data once it sees
+        the flag."""
+        self.peer_flag(peer, self.rank).copy_(self.epoch)
 
     def finish(self) -> None:
         """After the consumer, every CHECK_EVERY calls: queue a copy of the timeout words to the

@@ -36,13 +36,3 @@ def chunk(tensor: torch.Tensor, dim: int, index: int, world_size: int) -> torch.
     """Rank ``index``'s slice of ``tensor`` along ``dim`` (a view)."""
     size = tensor.shape[dim] // world_size
     return tensor.narrow(dim, index * size, size)
-
-
-def pieces(rows: int, parts: int) -> list[tuple[int, int]]:
-    """Row ranges [start, stop) of a chunk of ``rows`` rows sent in ``parts`` pieces (fewer when
-    the rows are fewer), each flagged on arrival: equal, the last one shorter. Sender and
-    consumer split alike."""
-    if rows <= 0:
-        return [(0, 0)]
-    size = -(-rows // max(1, min(parts, rows)))
-    return [(start, min(rows, start + size)) for start in range(0, rows, size)]

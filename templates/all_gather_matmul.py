@@ -103,7 +103,7 @@ def all_gather_matmul_consumer_kernel(
 
         # wait: a peer's chunk must have landed before any load from it
         if chunk != rank:
-            wait_flag(flags_ptr + chunk, timeouts_ptr + chunk, epoch, SPIN_LIMIT)
+            wait_flag(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT)
         if LOG_TILES:
             tl.store(tile_log_ptr + tile, tl.atomic_add(tile_log_ptr + world_size * tiles_per_chunk, 1))
 
@@ -206,7 +206,7 @@ def all_gather_matmul_tma_kernel(
             a_source = a_local_desc
             row0 = tile_m * BLOCK_M
         else:
-            wait_flag(flags_ptr + chunk, timeouts_ptr + chunk, epoch, SPIN_LIMIT)
+            wait_flag(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT)
             if PROXY_FENCE:
                 _proxy_fence(epoch)
             a_source = a_desc

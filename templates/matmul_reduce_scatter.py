@@ -27,8 +27,6 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from overlap_pass import schedule
-
 from .all_gather_matmul import GemmConfig, _sm_count, _tma_mainloop, b_descriptor, pointer_fallback, tma_fits
 from .launch import DirectKernel
 from .signals import wait_flag
@@ -194,27 +192,18 @@ def matmul_reduce_scatter_producer(
 
 @triton.jit
 def reduce_partials_kernel(
-    partials_ptr, out_ptr, flags_ptr, last_parts_ptr, epoch_ptr, timeouts_ptr, chunk_numel, piece_numel,
-    scale, rank, world_size, last_peer,
-    IN_PIECES: tl.constexpr, SPIN_LIMIT: tl.constexpr, BLOCK: tl.constexpr,
+    partials_ptr, out_ptr, flags_ptr, epoch_ptr, timeouts_ptr, chunk_numel, scale, rank, world_size,
+    SPIN_LIMIT: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """out = scale * sum_p partials[p] (p = 0, 1, ..., W - 1, in fp32), after waiting for the
     flag of every peer's partial. ``partials``: [W, chunk_numel] contiguous; the own slot is
-    written before this kernel on the same stream and needs no flag. With IN_PIECES, the
-    partial of ``last_peer`` arrives in pieces of ``piece_numel`` elements (the last shorter),
-    piece s flagged by last_parts[s]: a block waits for the piece holding its last element,
-    whose flag also covers the pieces before it (one stream copies them in order)."""
+    written before this kernel on the same stream and needs no flag."""
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
-    first = pid.to(tl.int64) * BLOCK
     for peer in range(0, world_size):
         if peer != rank:
-            flag_ptr = flags_ptr + peer
-            if IN_PIECES:
-                if peer == last_peer:
-                    flag_ptr = last_parts_ptr + (tl.minimum(first + BLOCK, chunk_numel) - 1) // piece_numel
-            wait_flag(flag_ptr, timeouts_ptr + peer, epoch, SPIN_LIMIT)
-    offs = first + tl.arange(0, BLOCK)
+            wait_flag(flags_ptr, timeouts_ptr, peer, epoch, SPIN_LIMIT)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < chunk_numel
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for peer in range(0, world_size):
@@ -236,28 +225,17 @@ def reduce_partials(
     world_size: int,
     scale: float = 1.0,
     spin_limit: int = 1 << 30,
-    block: int = 4096,
-    num_warps: int = 4,
-    last_peer: int = 0,
-    last_parts: torch.Tensor | None = None,
-    parts: int = 1,
+    block: int = 2048,
 ) -> torch.Tensor:
     """Launches the owner's reduction: ``out`` ([rows, N], contiguous) = scale * the fp32 sum in
     rank order of the W slots of ``partials`` ([W * rows, N], contiguous), each peer's slot read
-    once its flag (``flags[p]``) holds the call's epoch; with ``parts`` > 1, ``last_peer``'s
-    slot block by block as its pieces (schedule.pieces of the rows) land, flagged in
-    ``last_parts``. A wait that gives up writes the epoch into ``timeouts[p]``."""
+    once its flag (``flags[p]``) holds the call's epoch. A wait that gives up writes the epoch
+    into ``timeouts[p]``."""
     numel = out.numel()
     if not (partials.is_contiguous() and out.is_contiguous() and partials.numel() == world_size * numel):
         raise ValueError(f"partials {list(partials.shape)} do not hold {world_size} of out {list(out.shape)}")
-    rows = out.shape[0]
-    pieces = schedule.pieces(rows, parts)
-    in_pieces = len(pieces) > 1
-    if in_pieces and last_parts is None:
-        raise ValueError("a partial in pieces needs the flags of its pieces (last_parts)")
     _REDUCE_KERNEL[(triton.cdiv(numel, block),)](
-        partials, out, flags, last_parts if in_pieces else flags, epoch, timeouts, numel,
-        pieces[0][1] * (numel // max(rows, 1)), scale, rank, world_size, last_peer,
-        IN_PIECES=in_pieces, SPIN_LIMIT=spin_limit, BLOCK=block, num_warps=num_warps,
+        partials, out, flags, epoch, timeouts, numel, scale, rank, world_size,
+        SPIN_LIMIT=spin_limit, BLOCK=block, num_warps=8,
     )  # fmt: skip
     return out

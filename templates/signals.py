@@ -21,22 +21,21 @@ def _behind(value, epoch):
 
 
 @triton.jit
-def wait_flag(flag_ptr, timeout_ptr, epoch, SPIN_LIMIT: tl.constexpr):
-    """wait(*flag_ptr >= epoch, scope=sys, sem=acquire), at most SPIN_LIMIT polls.
+def wait_flag(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT: tl.constexpr):
+    """wait(flags[chunk] >= epoch, scope=sys, sem=acquire), at most SPIN_LIMIT polls.
 
-    An acquire read (atomic add of 0), so that every load after it sees the data the flag
-    covers; on giving up, *timeout_ptr = epoch (relaxed) and the caller goes on. A chunk given
+    An acquire read (atomic add of 0), so that every load after it sees the chunk's
+    data; on giving up, timeouts[chunk] = epoch (relaxed) and the caller goes on. A chunk given
     up on in this call is not waited for again by later tiles, so a lost peer costs one spin per
-    call, not one per tile; the next call waits afresh. The timeout word is the chunk's (or
-    peer's) even when the flag is one of its parts' (symm.py), so the host names the chunk."""
-    given_up = tl.load(timeout_ptr, volatile=True) == epoch
+    call, not one per tile; the next call waits afresh."""
+    given_up = tl.load(timeouts_ptr + chunk, volatile=True) == epoch
     polls = given_up.to(tl.int32) * SPIN_LIMIT
-    value = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+    value = tl.atomic_add(flags_ptr + chunk, 0, sem="acquire", scope="sys")
     while _behind(value, epoch) & (polls < SPIN_LIMIT):
-        value = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+        value = tl.atomic_add(flags_ptr + chunk, 0, sem="acquire", scope="sys")
         polls += 1
     if _behind(value, epoch):
-        tl.atomic_xchg(timeout_ptr, epoch, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(timeouts_ptr + chunk, epoch, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -70,23 +69,11 @@ def barrier_kernel(
 
 
 @triton.jit
-def wait_kernel(flags_ptr, epoch_ptr, timeouts_ptr, slot, chunk, SPIN_LIMIT: tl.constexpr):
-    """One program that holds its stream until flags[slot] reaches the call's epoch, so that
-    stream work queued after it (a cuBLAS matmul of that chunk or piece) reads its data. On
-    giving up it marks timeouts[chunk]: ``flags`` is the chunk flags (slot = chunk) or one
-    chunk's part flags (slot = the piece)."""
-    wait_flag(flags_ptr + slot, timeouts_ptr + chunk, tl.load(epoch_ptr), SPIN_LIMIT)
-
-
-@triton.jit
-def signal_kernel(flag_ptr, epoch_ptr):
-    """One program: *flag_ptr = the call's epoch (release, system scope), a peer's flag word
-    written after the data it covers was copied (stream order). A kernel, not a 4-byte copy:
-    the copy engine runs copies in the order queued, whatever their streams, so a flag copy
-    waits behind every data copy queued before it, and the next data copy behind it."""
-    tl.atomic_xchg(flag_ptr, tl.load(epoch_ptr), sem="release", scope="sys")
+def wait_kernel(flags_ptr, epoch_ptr, timeouts_ptr, chunk, SPIN_LIMIT: tl.constexpr):
+    """One program that holds its stream until flags[chunk] reaches the call's epoch, so that
+    stream work queued after it (a cuBLAS matmul of that chunk) reads the chunk's data."""
+    wait_flag(flags_ptr, timeouts_ptr, chunk, tl.load(epoch_ptr), SPIN_LIMIT)
 
 
 BARRIER = DirectKernel(barrier_kernel)
-SIGNAL = DirectKernel(signal_kernel)
 WAIT = DirectKernel(wait_kernel)

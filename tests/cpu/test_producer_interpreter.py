@@ -111,23 +111,15 @@ def test_tma_producer_matches_pointer_semantics(world, rows, k, n, bias):
     assert (flags == EPOCH).all() and all(not c.any() for c in counters)
 
 
-def _reduce(partials, flags, world, rank, scale, spin_limit=1000, **pieces):
+def _reduce(partials, flags, world, rank, scale, spin_limit=1000):
     rows_n = partials.shape[0] // world, partials.shape[1]
     out = torch.full(rows_n, float("nan"), dtype=partials.dtype)
     timeouts = torch.zeros(world, dtype=torch.int32)
     mrs.reduce_partials(
         partials, out, flags, torch.tensor([EPOCH], dtype=torch.int32), timeouts, rank=rank,
-        world_size=world, scale=scale, spin_limit=spin_limit, block=64, **pieces,
+        world_size=world, scale=scale, spin_limit=spin_limit, block=64,
     )  # fmt: skip
     return out, timeouts
-
-
-def _rank_order_sum(partials, world):
-    rows, n = partials.shape[0] // world, partials.shape[1]
-    want = torch.zeros(rows, n)
-    for slot in partials.view(world, rows, n):  # rank order, fp32: the kernel's exact sum
-        want += slot
-    return want
 
 
 @pytest.mark.parametrize("world, rank, scale", [(2, 0, 1.0), (3, 2, 1.0 / 3), (4, 1, 1.0)])
@@ -137,40 +129,11 @@ def test_reduction_sums_every_slot_in_fp32_and_scales(world, rank, scale):
     flags = torch.full((world,), EPOCH, dtype=torch.int32)
     flags[rank] = 0  # the own slot needs no flag
     out, timeouts = _reduce(partials, flags, world, rank, scale)
-    torch.testing.assert_close(out, _rank_order_sum(partials, world) * scale, atol=0, rtol=0)
+    want = torch.zeros(rows, n)
+    for slot in partials.view(world, rows, n):  # rank order, fp32: the kernel's exact sum
+        want += slot
+    torch.testing.assert_close(out, want * scale, atol=0, rtol=0)
     assert not timeouts.any()
-
-
-@pytest.mark.parametrize("world, rank, parts", [(2, 1, 4), (4, 1, 3), (4, 3, 8)])
-def test_reduction_takes_the_last_partial_piece_by_piece(world, rank, parts):
-    """The last peer's partial came in pieces: its chunk flag is a call behind, its part flags
-    are set, and the sum is whole (every block waited on its pieces, none on the chunk flag)."""
-    rows, n = 7, 45
-    last = (rank + 1) % world
-    partials = torch.randn(world * rows, n)
-    flags = torch.full((world,), EPOCH, dtype=torch.int32)
-    flags[rank], flags[last] = 0, EPOCH - 1
-    part_flags = torch.full((8,), EPOCH, dtype=torch.int32)
-    out, timeouts = _reduce(
-        partials, flags, world, rank, 1.0, last_peer=last, last_parts=part_flags, parts=parts
-    )  # fmt: skip
-    torch.testing.assert_close(out, _rank_order_sum(partials, world), atol=0, rtol=0)
-    assert not timeouts.any()
-
-
-def test_reduction_names_the_last_peer_when_a_piece_never_came():
-    """Pieces 0 and 1 of 3 landed, piece 2 did not: the blocks that end before it (rows 0-5)
-    are summed whole, and the timeout names the peer whose piece is missing."""
-    world, rank, rows, n = 4, 2, 9, 32  # pieces of 3 rows: 96 elements, blocks of 64
-    last = (rank + 1) % world
-    partials = torch.randn(world * rows, n)
-    flags = torch.full((world,), EPOCH, dtype=torch.int32)
-    part_flags = torch.tensor([EPOCH, EPOCH, EPOCH - 1] + [0] * 5, dtype=torch.int32)
-    out, timeouts = _reduce(
-        partials, flags, world, rank, 1.0, spin_limit=50, last_peer=last, last_parts=part_flags, parts=3
-    )  # fmt: skip
-    assert timeouts.tolist() == [0] * last + [EPOCH] + [0] * (world - last - 1)
-    torch.testing.assert_close(out[:6], _rank_order_sum(partials, world)[:6], atol=0, rtol=0)
 
 
 def test_reduction_names_a_peer_whose_partial_never_came():

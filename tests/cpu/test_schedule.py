@@ -33,13 +33,3 @@ def test_all_gather_peer_sends_the_chunk_it_owns():
         for rank in range(4):
             _, recv_from = schedule.all_gather_peers(rank, 4, step)
             assert recv_from == schedule.all_gather_order(rank, 4)[step]
-
-
-@pytest.mark.parametrize("rows, parts", [(7, 4), (8, 4), (3, 8), (1, 1), (2048, 4), (5, 1)])
-def test_pieces_cover_the_rows_in_order(rows, parts):
-    pieces = schedule.pieces(rows, parts)
-    assert pieces[0][0] == 0 and pieces[-1][1] == rows
-    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
-    assert 1 <= len(pieces) <= min(parts, rows)
-    sizes = [hi - lo for lo, hi in pieces]
-    assert all(size == sizes[0] for size in sizes[:-1]) and 0 < sizes[-1] <= sizes[0]
