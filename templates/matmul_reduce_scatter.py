@@ -225,7 +225,8 @@ def reduce_partials(
     world_size: int,
     scale: float = 1.0,
     spin_limit: int = 1 << 30,
-    block: int = 2048,
+    block: int = 4096,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """Launches the owner's reduction: ``out`` ([rows, N], contiguous) = scale * the fp32 sum in
     rank order of the W slots of ``partials`` ([W * rows, N], contiguous), each peer's slot read
@@ -236,6 +237,6 @@ def reduce_partials(
         raise ValueError(f"partials {list(partials.shape)} do not hold {world_size} of out {list(out.shape)}")
     _REDUCE_KERNEL[(triton.cdiv(numel, block),)](
         partials, out, flags, epoch, timeouts, numel, scale, rank, world_size,
-        SPIN_LIMIT=spin_limit, BLOCK=block, num_warps=8,
+        SPIN_LIMIT=spin_limit, BLOCK=block, num_warps=num_warps,
     )  # fmt: skip
     return out

@@ -78,7 +78,8 @@ def _compare_module(model, make_input, seed: int) -> None:
 @_decided
 def tp_block(bias: bool, seed: int = 0) -> dict:
     torch.manual_seed(seed)  # the same full weights on every rank
-    block = parallelize_block(TransformerBlock(dim=32, heads=4, hidden=64, bias=bias), _mesh())
+    heads = max(4, dist.get_world_size())  # every rank holds whole heads
+    block = parallelize_block(TransformerBlock(dim=32, heads=heads, hidden=64, bias=bias), _mesh())
     seq = 4 * dist.get_world_size()
     _compare_module(block, lambda: torch.randn(2, seq // dist.get_world_size(), 32), seed)
 

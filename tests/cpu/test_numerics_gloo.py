@@ -7,8 +7,9 @@ from . import numerics_cases as cases
 AGM, MRS = "all_gather_matmul", "matmul_reduce_scatter"
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-@pytest.mark.parametrize("bias", [False, True])
+# W=8 (the world size of issue 6, whose GPUs are not lent) without bias only: 8 ranks compiling
+# on CI's two cores take a minute per model
+@pytest.mark.parametrize("world_size, bias", [(2, False), (2, True), (4, False), (4, True), (8, False)])
 def test_tp_transformer_block(gloo_world, world_size, bias):
     decisions = gloo_world(world_size).run(cases.tp_block, bias)
     assert all(d == decisions[0] for d in decisions), "ranks decided differently"
@@ -18,8 +19,7 @@ def test_tp_transformer_block(gloo_world, world_size, bias):
     assert decisions[0] == [(AGM, True, None)] * 4 + [(MRS, True, None)] * 4
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("world_size, bias", [(2, False), (2, True), (4, False), (4, True), (8, False)])
 def test_tp_mlp(gloo_world, world_size, bias):
     (decisions, *_) = gloo_world(world_size).run(cases.tp_mlp, bias)
     assert decisions == [(AGM, True, None)] * 2 + [(MRS, True, None)] * 2
