@@ -48,7 +48,7 @@ def test_several_mat2s_share_one_gather(ns, bias):
     _assert_all_close(outs, refs, 1e-5)
 
 
-@pytest.mark.parametrize("world, rank", [(2, 0), (4, 1), (4, 3)])
+@pytest.mark.parametrize("world, rank", [(2, 0), (4, 1), (4, 3), (8, 5)])
 def test_tiles_go_chunk_by_chunk_in_schedule_order(world, rank):
     stacked, mat2s, biases, _, inner = problem(world, (20, 16), 40, torch.float32, False, 0)
     flags = torch.full((world,), EPOCH, dtype=torch.int32)

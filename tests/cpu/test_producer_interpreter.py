@@ -63,7 +63,7 @@ def test_partials_land_in_the_owners_slots_and_sum_to_the_reduce_scatter(dtype, 
     assert all(not c.any() for c in counters), "the last tile of each chunk resets its counter"
 
 
-@pytest.mark.parametrize("world, rank", [(2, 0), (4, 1), (4, 3)])
+@pytest.mark.parametrize("world, rank", [(2, 0), (4, 1), (4, 3), (8, 5)])
 def test_tiles_go_rank_plus_one_first_and_own_chunk_last(world, rank):
     rows, k, n = 20, 16, 40
     a = torch.randn(world * rows, k)
@@ -122,7 +122,7 @@ def _reduce(partials, flags, world, rank, scale, spin_limit=1000):
     return out, timeouts
 
 
-@pytest.mark.parametrize("world, rank, scale", [(2, 0, 1.0), (3, 2, 1.0 / 3), (4, 1, 1.0)])
+@pytest.mark.parametrize("world, rank, scale", [(2, 0, 1.0), (3, 2, 1.0 / 3), (4, 1, 1.0), (8, 7, 1.0 / 8)])
 def test_reduction_sums_every_slot_in_fp32_and_scales(world, rank, scale):
     rows, n = 7, 45  # 315 elements: the last block is partial
     partials = torch.randn(world * rows, n)
