@@ -1,5 +1,9 @@
 """GPU timeline of one op call per variant (CUDA-graph replay), rank 0 printed; plus full mm vs
-per-chunk mms without comm. torchrun --nproc-per-node 4 .scratch/timeline.py"""
+per-chunk mms without comm. torchrun --nproc-per-node 4 .scratch/timeline.py
+
+As last run, at commit 15ce9ad, whose copy_engine_cublas variants took ``parts=`` (the last chunk
+in pieces; reverted in a60af8b): on later commits drop the ``parts`` loops. The baseline
+timelines (timeline_baseline_w4.log) came from an earlier form of it at 36054c0, without them."""
 
 import os
 import statistics
