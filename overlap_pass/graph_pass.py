@@ -1,4 +1,4 @@
-"""OverlapPass: find -> decide -> rewrite on each post-grad graph, forward and backward.
+"""OverlapPass: move casts -> find -> decide -> rewrite on each post-grad graph, forward and backward.
 
 The pass sits in Inductor's post_grad_custom_pre_pass slot: it runs before Inductor's own
 post-grad pattern passes and before ``_micro_pipeline_tp``, so neither can take or reshape the
@@ -15,7 +15,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch._inductor.pattern_matcher import stable_topological_sort
 from torch.fx import Graph
 
-from . import config, debug, decide, patterns, rewrite
+from . import casts, config, debug, decide, patterns, rewrite
 from .debug import describe_node, log
 from .patterns import AllGatherMatmulMatch, Candidate
 
@@ -99,13 +99,18 @@ def install() -> None:
 
 
 def overlap_graph_pass(graph: Graph) -> list[dict]:
-    """find -> decide -> rewrite on one graph; returns the decision records."""
+    """move casts (casts.py) -> find -> decide -> rewrite on one graph; returns the decision
+    records."""
     dumping = debug.dumping()
     before = debug.graph_text(graph) if dumping else ""
+    moved = _move_casts(graph, casts.plan(graph)) if config.all_gather_matmul else {}
     candidates = patterns.find_all_gather_matmuls(graph) + patterns.find_matmul_reduce_scatters(
         graph
     )
     decisions = _decide(candidates)
+    for candidate, record in decisions:
+        if candidate.collective in moved:
+            record["cast_moved_before_gather"] = moved[candidate.collective]
     if any(record["rewritten"] for _, record in decisions):
         _rewrite_all(graph, decisions)
 
@@ -154,6 +159,22 @@ def _rewrite_all(graph: Graph, decisions: list[tuple[Candidate, dict]]) -> None:
 
 
 CYCLE = "its op would read a value computed from its own result (through another rewrite)"
+
+
+def _move_casts(graph: Graph, moves: list) -> dict:
+    """Applies casts.py's moves; returns {all-gather node: "float32 -> bfloat16"}. Should one
+    fail, the graph is restored and none is kept."""
+    if not moves:
+        return {}
+    snapshot = _copy_graph(graph)
+    try:
+        casts.apply(graph, moves)
+        graph.lint()
+    except Exception as error:  # never crash compilation on a graph we did not foresee
+        log.warning("overlap_pass: moving casts before all-gathers failed, graph left as it was: %r", error)
+        _restore_graph(graph, snapshot)
+        return {}
+    return {m.gather: f"{m.source_dtype} -> {m.dtype}".replace("torch.", "") for m in moves}
 
 
 def _copy_graph(graph: Graph) -> Graph:

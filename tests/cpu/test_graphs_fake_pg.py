@@ -277,8 +277,13 @@ def k_sharded(x, w, group):
     return gather(x, 1, group) @ w
 
 
-def cast_between(x, w, group):
-    return gather(x, 0, group).to(torch.bfloat16) @ w
+def widening_cast_between(x, w, group):
+    return gather(x, 0, group).float() @ w
+
+
+def cast_and_own_dtype_use(x, w, group):
+    g = gather(x, 0, group)
+    return g.to(torch.bfloat16) @ w, g.sin()
 
 
 def no_matmul(x, w, group):
@@ -304,7 +309,8 @@ def not_a_matmul(x, w, group):
 
 SKIPS = [
     (k_sharded, lambda W: (torch.randn(8, 4), torch.randn(4 * W, 3)), "K-sharded gather"),
-    (cast_between, lambda W: (torch.randn(4, 8), torch.randn(8, 3).bfloat16()), "dtype cast"),
+    (widening_cast_between, lambda W: (torch.randn(4, 8).bfloat16(), torch.randn(8, 3)), "dtype cast"),
+    (cast_and_own_dtype_use, lambda W: (torch.randn(4, 8), torch.randn(8, 3).bfloat16()), "dtype cast"),
     (no_matmul, lambda W: (torch.randn(2, 3), None), "no matmul reads the gathered rows"),
     (
         matmul_with_other_users,
@@ -330,6 +336,49 @@ def test_skipped_with_reason(tmp_path, world_size, fn, make_args, reason):
     assert not decision["rewritten"]
     assert reason in decision["reason"], decision["reason"]
     assert decision["implementation"] is None
+
+
+# ---------------------------------------------------------------------------------------------
+# a cast that narrows the gathered tensor moves in front of the all-gather (casts.py)
+
+
+def narrowing_casts_after_gather(x, ws, dim, group):
+    """Each linear casts the gathered fp32 tensor to bf16 itself, as autocast does."""
+    g = gather(x, dim, group)
+    return tuple(g.to(torch.bfloat16) @ w for w in ws)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("shape, dim, consumers", [((4, 8), 0, 1), ((2, 3, 8), 1, 2), ((2, 3, 8), 0, 3)])
+def test_a_narrowing_cast_moves_before_the_gather(tmp_path, world_size, shape, dim, consumers):
+    with fake_world(world_size) as group:
+        weights = [torch.randn(8, 3 + i).bfloat16() for i in range(consumers)]
+        args = (torch.randn(shape), weights, dim, group)
+        _, dump = compile_and_dump(narrowing_casts_after_gather, args, tmp_path)
+    decision = _only(dump.candidates("inference"), AGM)
+    assert decision["rewritten"], decision["reason"]
+    assert decision["cast_moved_before_gather"] == "float32 -> bfloat16"
+    assert len(decision["nodes"]["matmuls"]) == consumers
+    # the op gathers the cast shard: bf16 on the wire, and no cast of a gathered tensor is left
+    after = dump.after("inference")
+    op_line = next(line for line in after.splitlines() if "overlap.all_gather_matmul" in line)
+    shard = op_line.split("all_gather_matmul.default(")[1].split(",")[0]
+    assert f"{shard}: \"bf16" in after
+    assert after.count("prims.convert_element_type.default(") == 1
+
+
+def test_autocast_block_gathers_bf16_and_fuses_every_gather(tmp_path):
+    """A TP/SP block in fp32 under autocast: forward and backward, every all-gather fused, the
+    forward's moved casts named in decisions.json."""
+    with fake_world(4):
+        block = parallelize_block(TransformerBlock(dim=32, heads=4, hidden=64), init_device_mesh("cpu", (4,)))
+        x = torch.randn(2, 3, 32, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, dump = compile_and_dump(block, (x,), tmp_path, backward=True)
+    forward = [c for c in dump.candidates("forward") if c["kind"] == AGM]
+    backward = [c for c in dump.candidates("backward") if c["kind"] == AGM]
+    assert len(forward) == 2 and all(c["rewritten"] for c in forward + backward), forward + backward
+    assert [c["cast_moved_before_gather"] for c in forward] == ["float32 -> bfloat16"] * 2
 
 
 @pytest.mark.parametrize(
