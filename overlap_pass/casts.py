@@ -47,6 +47,15 @@ def _cast_dtype(node: Node) -> torch.dtype | None:
     return None
 
 
+def _keeps_layout(cast: Node) -> bool:
+    """Whether the cast's result has its input's shape and strides, so that its users can read
+    the input itself once that holds the cast dtype."""
+    before, after = cast.args[0].meta.get("val"), cast.meta.get("val")
+    if not (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor)):
+        return False
+    return before.shape == after.shape and before.stride() == after.stride()
+
+
 def _dtype(node: Node) -> torch.dtype | None:
     val = node.meta.get("val")
     return val.dtype if isinstance(val, torch.Tensor) else None
@@ -70,7 +79,7 @@ def _plan_one(gather: Node) -> CastMove | None:
             else:
                 return None  # read in its own dtype
     dtypes = {_cast_dtype(c) for c in casts}
-    if not casts or len(dtypes) != 1:
+    if not casts or len(dtypes) != 1 or not all(_keeps_layout(c) for c in casts):
         return None
     (dtype,) = dtypes
     narrower = dtype is not None and dtype.itemsize < source_dtype.itemsize
