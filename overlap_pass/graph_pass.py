@@ -1,4 +1,5 @@
-"""OverlapPass: move casts -> find -> decide -> rewrite on each post-grad graph, forward and backward.
+"""OverlapPass: move casts -> find -> decide -> rewrite, on each post-grad graph (forward and
+backward).
 
 The pass sits in Inductor's post_grad_custom_pre_pass slot: it runs before Inductor's own
 post-grad pattern passes and before ``_micro_pipeline_tp``, so neither can take or reshape the

@@ -367,6 +367,27 @@ def test_a_narrowing_cast_moves_before_the_gather(tmp_path, world_size, shape, d
     assert after.count("prims.convert_element_type.default(") == 1
 
 
+def test_a_failed_cast_move_leaves_the_graph_as_it_was(tmp_path, monkeypatch):
+    """A move that fails halfway (here: after its first edit) restores the graph; the gather is
+    then skipped with the cast's reason, and the compiled function still runs."""
+    from overlap_pass import casts
+
+    real_apply = casts.apply
+
+    def failing_apply(graph, moves):
+        real_apply(graph, moves[:1])
+        raise RuntimeError("a graph casts.py did not foresee")
+
+    monkeypatch.setattr(casts, "apply", failing_apply)
+    with fake_world(2) as group:
+        args = (torch.randn(4, 8), [torch.randn(8, 3).bfloat16()], 0, group)
+        out, dump = compile_and_dump(narrowing_casts_after_gather, args, tmp_path)
+    assert out[0].shape == (8, 3) and out[0].dtype == torch.bfloat16
+    decision = _only(dump.candidates("inference"), AGM)
+    assert not decision["rewritten"] and "dtype cast" in decision["reason"]
+    assert "cast_moved_before_gather" not in decision
+
+
 def test_autocast_block_gathers_bf16_and_fuses_every_gather(tmp_path):
     """A TP/SP block in fp32 under autocast: forward and backward, every all-gather fused, the
     forward's moved casts named in decisions.json."""
