@@ -131,9 +131,8 @@ def fused(
         if whole:
             ws.main.wait_event(ws.chunk_ready[ws.rank])
             for out, other, left in zip(outs[len(mat2s) :], contract_with, gathered_left):
-                theirs = other.reshape(stacked.shape[0], -1)  # stacked rows are gathered rows
-                x, y = (stacked.t(), theirs) if left else (theirs.t(), stacked)
-                torch.mm(x, y, out=out)
+                # stacked rows are gathered rows
+                _contract(stacked, other.reshape(stacked.shape[0], -1), left, out, accumulate=False)
         for chunk in schedule.all_gather_order(ws.rank, world_size) if contract_with and not whole else ():
             a = _chunk_rows(ws, stacked, flat, chunk, wait=False)
             _contract_chunk(
@@ -200,11 +199,17 @@ def _contract_chunk(a, chunk, contract_with, gathered_left, outs, gathered_shape
     for out, other, left in zip(outs, contract_with, gathered_left):
         theirs = schedule.chunk(ops._as_gathered(other, gathered_shape), gather_dim, chunk, ws.world_size)
         theirs = theirs.reshape(a.shape[0], -1)  # a view unless dims before gather_dim exceed 1
-        x, y = (a.t(), theirs) if left else (theirs.t(), a)
-        if first:
-            torch.mm(x, y, out=out)
-        else:
-            out.addmm_(x, y)
+        _contract(a, theirs, left, out, accumulate=not first)
+
+
+def _contract(rows, theirs, left, out, accumulate: bool) -> None:
+    """out (+)= rows^T @ theirs if ``left`` else theirs^T @ rows: a contraction over the rows
+    both hold, with cuBLAS."""
+    x, y = (rows.t(), theirs) if left else (theirs.t(), rows)
+    if accumulate:
+        out.addmm_(x, y)
+    else:
+        torch.mm(x, y, out=out)
 
 
 def nccl_cublas(

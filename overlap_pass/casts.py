@@ -32,7 +32,7 @@ _DATA_MOVEMENT = (*VIEWS, *SPLITS, operator.getitem, aten.cat.default, aten.perm
 @dataclasses.dataclass(frozen=True)
 class CastMove:
     gather: Node
-    region: tuple[Node, ...]  # the wait and the data movement after it, in graph order
+    region: tuple[Node, ...]  # the wait and the data movement after it
     casts: tuple[Node, ...]  # the casts that end every path, all to ``dtype``
     dtype: torch.dtype
     source_dtype: torch.dtype
@@ -90,8 +90,7 @@ def _plan_one(gather: Node) -> CastMove | None:
     for node in region:
         if any(arg not in inside for arg in node.all_input_nodes):
             return None
-    order = {n: i for i, n in enumerate(gather.graph.nodes)}
-    return CastMove(gather, tuple(sorted(region, key=order.get)), tuple(casts), dtype, source_dtype)
+    return CastMove(gather, tuple(region), tuple(casts), dtype, source_dtype)
 
 
 def plan(graph: Graph) -> list[CastMove]:

@@ -78,23 +78,16 @@ def _compare_module(model, make_input, seed: int, tol: dict = TOL, autocast: boo
 
 
 @_decided
-def tp_block(bias: bool, seed: int = 0) -> dict:
+def tp_block(bias: bool, seed: int = 0, autocast: bool = False) -> dict:
+    """The TP/SP block, fp32; with ``autocast``, run under autocast to bf16 (the pass then moves
+    the gathers' casts onto the shards, casts.py) and compared to bf16 tolerance, as Inductor's
+    own fusions round differently from eager."""
     torch.manual_seed(seed)  # the same full weights on every rank
     heads = max(4, dist.get_world_size())  # every rank holds whole heads
     block = parallelize_block(TransformerBlock(dim=32, heads=heads, hidden=64, bias=bias), _mesh())
     seq = 4 * dist.get_world_size()
-    _compare_module(block, lambda: torch.randn(2, seq // dist.get_world_size(), 32), seed)
-
-
-@_decided
-def tp_block_autocast(seed: int = 0) -> dict:
-    """The block in fp32 under autocast to bf16: the pass moves the gathers' casts onto the
-    shards (casts.py); bf16 tolerance, as Inductor's own fusions round differently from eager."""
-    torch.manual_seed(seed)
-    block = parallelize_block(TransformerBlock(dim=32, heads=4, hidden=64), _mesh())
-    seq = 4 * dist.get_world_size()
-    make_input = lambda: torch.randn(2, seq // dist.get_world_size(), 32)  # noqa: E731
-    _compare_module(block, make_input, seed, dict(atol=3e-2, rtol=3e-2), autocast=True)
+    tol = dict(atol=3e-2, rtol=3e-2) if autocast else TOL
+    _compare_module(block, lambda: torch.randn(2, seq // dist.get_world_size(), 32), seed, tol, autocast)
 
 
 @_decided

@@ -23,7 +23,7 @@ def test_tp_transformer_block_under_autocast(gloo_world):
     """fp32 block, bf16 autocast: the forward's gathers carry bf16 (their casts moved onto the
     shards) and every all-gather of both graphs is fused; numerics as eager's, to bf16. (The
     backward's reduce-scatters of fp32 input grads, behind a widening cast, are not.)"""
-    decisions = gloo_world(2).run(cases.tp_block_autocast)
+    decisions = gloo_world(2).run(cases.tp_block, False, 0, True)
     assert all(d == decisions[0] for d in decisions), "ranks decided differently"
     gathers = [d for d in decisions[0] if d[0] == AGM]
     assert gathers == [(AGM, True, None)] * 4, decisions[0]
