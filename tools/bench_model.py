@@ -40,9 +40,14 @@ from tools.measure import relative_error, slowest  # noqa: E402
 # (dim, heads, K/V heads, hidden)
 SIZES = {"llama3-8b": (4096, 32, 8, 14336), "llama3-70b": (8192, 64, 8, 28672)}
 COMPILERS = ("inductor", "inductor_micro_pipeline_tp", "overlap")
-# backend="overlap" with every op call queued eagerly (config.op_graphs off): what the per-call
-# CUDA graphs of lowering/replay.py save. Measured when named in --compilers, not in the table.
-EXTRA_COMPILERS = ("overlap_eager_ops",)
+# backend="overlap" with a config knob changed, measured when named in --compilers (not in the
+# table): what it saves. overlap_eager_ops: every op call queued eagerly (the per-call CUDA
+# graphs of lowering/replay.py off); overlap_waiting_barriers: every call waits at its barrier
+# (lowering/symm.EntryProofs off).
+EXTRA_COMPILERS = {
+    "overlap_eager_ops": {"op_graphs": False},
+    "overlap_waiting_barriers": {"skip_proven_barriers": False},
+}
 
 
 def _compile(model, compiler, mode=None):
@@ -134,8 +139,8 @@ def bench_size(name, args, device, mesh) -> dict:
     for c, model in models.items():
         runners[(c, "forward")] = lambda m=model: forward(m)
         runners[(c, "forward+backward")] = lambda m=model: (step(m), zero(m))
-    for key in [k for k in runners if k[0] == "overlap_eager_ops"]:
-        runners[key] = functools.partial(_without_op_graphs, runners[key])
+    for key in [k for k in runners if k[0] in EXTRA_COMPILERS]:
+        runners[key] = functools.partial(_patched, EXTRA_COMPILERS[key[0]], runners[key])
     samples = {key: [] for key in runners}
     order = list(runners)
     shuffle = random.Random(0)  # the same order on every rank
@@ -178,10 +183,10 @@ def bench_size(name, args, device, mesh) -> dict:
     }  # fmt: skip
 
 
-def _without_op_graphs(run):
+def _patched(changes: dict, run):
     from overlap_pass import config
 
-    with config.patch(op_graphs=False):
+    with config.patch(**changes):
         run()
 
 
@@ -227,10 +232,12 @@ def main() -> None:
     parser.add_argument("--mode", choices=("reduce-overhead",), default=None, help="torch.compile mode, for all three")
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--sizes", default=",".join(SIZES))
-    known = COMPILERS + EXTRA_COMPILERS
+    known = COMPILERS + tuple(EXTRA_COMPILERS)
     parser.add_argument("--compilers", default=",".join(COMPILERS), help="a subset of " + ",".join(known))
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--calls", type=int, default=5)
+    # as PERF_REFERENCE.md measured: the median of 5 rounds of 20 calls (with a handful of calls,
+    # the start of each round, the GPU waiting for the first launch, weighs in)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--profile", type=int, default=0, help="cProfile this many overlap calls per pass (host time)")
     args = parser.parse_args()
