@@ -127,8 +127,6 @@ def fused(
             config=gemm_config or consumer.CONFIGS[0], num_programs=None,
             spin_limit=config.spin_limit, timeouts=ws.chunk_timeouts,
         )  # fmt: skip
-        if any(o.numel() for o in outs[: len(mat2s)]):  # every chunk's tiles waited for its flag
-            ws.waited_on_every_peer()
         # the kernel waited for every chunk: the contractions run on whole data, no waits
         if whole:
             ws.main.wait_event(ws.chunk_ready[ws.rank])
@@ -160,7 +158,6 @@ def copy_engine_cublas(
             _contract_chunk(
                 a, chunk, contract_with, gathered_left, outs[len(mat2s) :], gathered_shape, gather_dim, ws
             )
-        ws.waited_on_every_peer()
     finally:  # joined even when a matmul fails: the next call must not overtake the pushes
         _finish(ws, shard, stacked, flat, gather_dim, gathered)
     return gathered, outs

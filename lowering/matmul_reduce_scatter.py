@@ -115,8 +115,6 @@ def _overlapped(produce, inputs, mat2s, bias, reduce_op, scatter_dim, world_size
     try:
         produce(call, flats, mat2s, bias)
         call.reduce(reduce_op, out)
-        if out.numel():  # its programs waited for every peer's partial
-            call.ws.waited_on_every_peer()
     finally:  # joined even when a launch fails: the next call must not overtake the pushes
         call.ws.leave()
     return _unflatten(out, out_shape, scatter_dim) if outputs is None else outputs

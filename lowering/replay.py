@@ -12,8 +12,7 @@ A replay is the eager call's exact work, because a graph is keyed by everything 
 the call's signature (shapes, strides, dtypes, group: dispatch's fast key; and the variant,
 since a first call's choice runs every variant on the same tensors), the address of every
 tensor it reads or writes (outputs are allocated before each call, outside the graph), the
-workspace's allocation, the spin limit, and whether the call's barrier waits (symm.EntryProofs
-decides that per call, before it runs). The protocol's state (epoch, flags) lives on the
+workspace's allocation and the spin limit. The protocol's state (epoch, flags) lives on the
 device and advances on replay, so one rank may replay while a peer runs the same call eagerly.
 Off inside a capture (CUDA graph trees record the op into their own graph then) and while graph
 trees warm a model up (their allocations would mix with the capture's).
@@ -63,20 +62,12 @@ def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> Non
     state = _SIGNATURES.get(signature)
     if state is None:
         state = _SIGNATURES[signature] = _Signature()
-    skip = workspace.open_call()  # whether step 1 waits: a graph holds one or the other
-    addresses = (workspace.generation, config.spin_limit, skip, *(t.data_ptr() for t in tensors if t is not None))
+    addresses = (workspace.generation, config.spin_limit, *(t.data_ptr() for t in tensors if t is not None))
     graph = state.graphs.get(addresses)
     if graph is not None:
         stats["replayed"] += 1
         workspace.replay(graph)
         return
-    with workspace.decided(skip):
-        _capture_or_run(signature, state, addresses, run, args, outputs, workspace)
-
-
-def _capture_or_run(signature: tuple, state: _Signature, addresses: tuple, run, args: tuple, outputs, workspace) -> None:
-    """call's path for addresses with no graph yet: captured and replayed on their second
-    sighting, else run eagerly."""
     capture = not (state.failed or len(state.graphs) >= MAX_GRAPHS) and state.seen.pop(addresses, False)
     if capture and choose.replays_graphs(workspace.device):
         capture = False  # graph trees warm a model up: their pool takes this thread's allocations

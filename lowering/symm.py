@@ -16,8 +16,7 @@ One symmetric allocation per workspace, the same size on every rank:
 Protocol of one call, on the caller's stream unless said otherwise:
 1. barrier: epoch += 1; wait until every rank reached the same epoch. Every rank's previous call
    has then finished, so nobody still reads the data a peer is about to overwrite (entry and
-   exit handshake in one, since each call ends by joining its side stream). Where a call of
-   another kind has proven as much since (EntryProofs), epoch += 1 alone.
+   exit handshake in one, since each call ends by joining its side stream).
 2. side stream (copy engine, no SMs): chunk copies into peers' data, each followed by a 4-byte
    copy of the epoch into the peer's flag, in stream order after the data (or a kernel stores
    into peers' data and release-writes their flags itself).
@@ -29,7 +28,6 @@ word of the rank or chunk it missed; the host reads those words every CHECK_EVER
 a sync and raises ChunkTimeout at a later call, or at once through ``check_timeouts``.
 """
 
-import collections
 import contextlib
 import dataclasses
 import itertools
@@ -39,7 +37,6 @@ import threading
 import torch
 import torch.distributed as dist
 
-from overlap_pass import config
 from overlap_pass.templates import signals
 from overlap_pass.templates.all_gather_matmul import ChunkTimeout
 
@@ -167,9 +164,6 @@ class Workspace:
         self._calls = 0
         self.main = torch.cuda.current_stream(device)  # the caller's stream, per call (enter)
         self._forked = False  # whether the call in progress queued work on the side stream
-        self.proofs = _proofs(group_name, device)  # when step 1 may skip its wait
-        self._decided: bool | None = None  # step 1's choice, where the caller made it (decided)
-        self._waited = False  # the call in progress waited on every peer (waited_on_every_peer)
         # reused every call: waiting on an event takes its state when the wait is queued
         self._fork_event, self._join_event = torch.cuda.Event(), torch.cuda.Event()
         # one per chunk, "chunk j's data is ready": a reduce-scatter's partial (recorded on the
@@ -279,47 +273,12 @@ class Workspace:
 
     # -- protocol steps ---------------------------------------------------------------------------
 
-    def open_call(self) -> bool:
-        """Once per call, before it runs: whether its step 1 may skip the wait (EntryProofs),
-        judged on the caller's stream; the proof is then used up. Never inside someone else's
-        CUDA graph capture (graph trees, a user's graph), and never again for this group once
-        there has been one: their replays run calls that this bookkeeping never sees."""
-        if torch.cuda.is_current_stream_capturing():
-            self.proofs.off = True
-        skip = config.skip_proven_barriers and self.proofs.may_skip(self.kind, torch.cuda.current_stream(self.device))
-        self.proofs.called(self.kind)
-        return skip
-
-    @contextlib.contextmanager
-    def decided(self, skip: bool):
-        """A call whose open_call the caller made (replay.py: the decision is part of a per-call
-        graph's key, so capture, replay or eager fallback all follow it)."""
-        self._decided = skip
-        try:
-            yield
-        finally:
-            self._decided = None
-
     def enter(self, data_bytes: int, spin_limit: int) -> None:
-        """A call's start: reserve ``data_bytes`` (collective), then step 1: the barrier, or only
-        the epoch's advance where open_call allows. The caller's stream is looked up once here
-        (each lookup costs host time on the critical path)."""
+        """A call's start: reserve ``data_bytes`` (collective), then step 1, the barrier. The
+        caller's stream is looked up once here (each lookup costs host time on the critical path)."""
         self.main = torch.cuda.current_stream(self.device)
         self.reserve(data_bytes)
-        skip = self.open_call() if self._decided is None else self._decided
-        if skip:
-            self._raise_on_earlier_timeouts()
-            signals.ADVANCE[(1,)](self.epoch, num_warps=1)
-            stats["barriers_skipped"] += 1
-        else:
-            self.barrier(spin_limit)
-        self._waited = False
-
-    def waited_on_every_peer(self) -> None:
-        """The call in progress has queued, on the caller's stream, waits for a flag of every
-        peer (its consumer or reduction): once it leaves, the other kinds' next calls on this
-        stream may skip their barrier (EntryProofs)."""
-        self._waited = True
+        self.barrier(spin_limit)
 
     def fork(self) -> None:
         """Side-stream work queued from now on comes after everything queued so far on the
@@ -345,19 +304,13 @@ class Workspace:
             self._join_event.record(self.side_stream)
             self.main.wait_event(self._join_event)
             self._forked = False
-        # inside a capture nothing ran yet: a per-call graph's replay proves it (replay())
-        if self._waited and not torch.cuda.is_current_stream_capturing():
-            self.proofs.waited_on_every_peer(self.kind, self.main)
-        self._waited = False
         self.finish()
 
     def replay(self, graph: torch.cuda.CUDAGraph) -> None:
         """A whole call replayed from a CUDA graph of it (replay.py), with the host steps that a
-        graph cannot hold: the timeout checks of enter and leave, and the proof that the call
-        waited on every peer (every symmetric-memory variant does)."""
+        graph cannot hold: the timeout checks of enter and leave."""
         self._raise_on_earlier_timeouts()
         graph.replay()
-        self.proofs.waited_on_every_peer(self.kind, torch.cuda.current_stream(self.device))
         self.finish()
 
     def barrier(self, spin_limit: int) -> None:
@@ -418,49 +371,6 @@ def describe_timeouts(timeouts: torch.Tensor, rank: int, kind: str) -> None:
         )
 
 
-class EntryProofs:
-    """When a call may skip the wait of its barrier (protocol step 1), for the workspaces of one
-    group on one device.
-
-    The barrier keeps a rank from pushing into a peer's data of kind K while that peer still
-    reads it in its previous call of kind K. A later call of another kind that waited for a
-    flag of every peer proves the same: each peer wrote that flag after forking from its stream
-    there, so after its previous call of kind K had finished, since every rank makes the same
-    calls on a group in the same order. The next call of kind K on that stream then advances
-    its epoch without waiting. A call of kind K itself never proves it for the next one (its
-    peers' flags say they started it, not that they finished reading). All ranks follow the
-    same calls, so all decide alike: a rank that skips while a peer waits would leave the peer
-    spinning at the barrier."""
-
-    def __init__(self):
-        self._proven_on: dict[str, object] = {}  # kind -> the stream its proof holds on
-        self._kinds: set[str] = set()
-        self.off = False
-
-    def may_skip(self, kind: str, stream) -> bool:
-        return not self.off and kind in self._proven_on and self._proven_on[kind] == stream
-
-    def called(self, kind: str) -> None:
-        """A call of ``kind`` starts: it needs a new proof for the next one."""
-        self._kinds.add(kind)
-        self._proven_on.pop(kind, None)
-
-    def waited_on_every_peer(self, kind: str, stream) -> None:
-        """A call of ``kind`` on ``stream`` waited on every peer: a proof for the other kinds
-        seen so far (a kind's first call always waits: nothing is known of it)."""
-        for other in self._kinds - {kind}:
-            self._proven_on[other] = stream
-
-
-_PROOFS: dict[tuple[str, int], EntryProofs] = {}
-
-
-def _proofs(group_name: str, device: torch.device) -> EntryProofs:
-    return _PROOFS.setdefault((group_name, device.index), EntryProofs())
-
-
-# "barriers_skipped": calls whose step 1 only advanced the epoch (tests, tools)
-stats: collections.Counter = collections.Counter()
 _WORKSPACES: dict[tuple[str, str, int], Workspace] = {}
 
 

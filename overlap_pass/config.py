@@ -34,11 +34,6 @@ implementation: str = Config(default="auto", env_name_default="OVERLAP_PASS_IMPL
 # steps. Off: every call queues its steps eagerly.
 op_graphs: bool = Config(default=True, env_name_default="OVERLAP_PASS_OP_GRAPHS")
 
-# Skip the wait of a call's entry barrier where a call of the other kind on the same group and
-# stream has since waited on every peer, which proves what the barrier would (lowering/symm.py,
-# EntryProofs). Off: every call waits at its barrier.
-skip_proven_barriers: bool = Config(default=True, env_name_default="OVERLAP_PASS_SKIP_PROVEN_BARRIERS")
-
 # Polls before a wait on a peer gives up (barrier, chunk flags). It then records which rank or
 # chunk it missed and the op raises ChunkTimeout (at the latest 16 calls later). Each poll is a
 # system-scope atomic read, about a microsecond: the default gives up after some ten minutes,

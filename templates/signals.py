@@ -69,12 +69,6 @@ def barrier_kernel(
 
 
 @triton.jit
-def advance_epoch_kernel(epoch_ptr):
-    """Step 1 where no wait is needed (symm.EntryProofs): the epoch's advance alone."""
-    tl.store(epoch_ptr, tl.load(epoch_ptr) + 1)
-
-
-@triton.jit
 def wait_kernel(flags_ptr, epoch_ptr, timeouts_ptr, chunk, SPIN_LIMIT: tl.constexpr):
     """One program that holds its stream until flags[chunk] reaches the call's epoch, so that
     stream work queued after it (a cuBLAS matmul of that chunk) reads the chunk's data."""
@@ -82,5 +76,4 @@ def wait_kernel(flags_ptr, epoch_ptr, timeouts_ptr, chunk, SPIN_LIMIT: tl.conste
 
 
 BARRIER = DirectKernel(barrier_kernel)
-ADVANCE = DirectKernel(advance_epoch_kernel)
 WAIT = DirectKernel(wait_kernel)

@@ -13,7 +13,7 @@ from torch._inductor import config as inductor_config
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from overlap_pass import config
-from overlap_pass.lowering import replay, symm
+from overlap_pass.lowering import replay
 from tools.measure import relative_error
 from tools.tp_models import TransformerBlock, parallelize_block
 
@@ -73,7 +73,7 @@ def tp_block(bias: bool, mode: str | None = None, seq_per_rank: int = 48) -> dic
             # op calls whose tensors repeat their addresses replay per-call graphs from the third
             for step in range(4):
                 if step == 2:
-                    replayed, skipped = replay.stats["replayed"], symm.stats["barriers_skipped"]
+                    replayed = replay.stats["replayed"]
                 worst["overlap"] = max(worst["overlap"], *_errors((eager, overlap), make, step, mode))
                 worst["inductor"] = max(worst["inductor"], *_errors((eager, inductor), make, step, mode))
         finally:
@@ -81,10 +81,9 @@ def tp_block(bias: bool, mode: str | None = None, seq_per_rank: int = 48) -> dic
             # pool's destroy_process_group waits forever (pytorch/pytorch#115388)
             torch._dynamo.reset()
     replayed = replay.stats["replayed"] - replayed  # op calls of the last two steps replayed
-    skipped = symm.stats["barriers_skipped"] - skipped  # and their barriers that did not wait
     decisions = []
     for path in sorted(glob.glob(os.path.join(folder, "*", "*", "decisions.json"))):
         with open(path) as f:
             record = json.load(f)
         decisions += [(c["kind"], c["rewritten"], c["reason"]) for c in record["candidates"]]
-    return {"errors": worst, "decisions": sorted(decisions, key=str), "op_replays": replayed, "barriers_skipped": skipped}
+    return {"errors": worst, "decisions": sorted(decisions, key=str), "op_replays": replayed}

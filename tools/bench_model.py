@@ -42,12 +42,8 @@ SIZES = {"llama3-8b": (4096, 32, 8, 14336), "llama3-70b": (8192, 64, 8, 28672)}
 COMPILERS = ("inductor", "inductor_micro_pipeline_tp", "overlap")
 # backend="overlap" with a config knob changed, measured when named in --compilers (not in the
 # table): what it saves. overlap_eager_ops: every op call queued eagerly (the per-call CUDA
-# graphs of lowering/replay.py off); overlap_waiting_barriers: every call waits at its barrier
-# (lowering/symm.EntryProofs off).
-EXTRA_COMPILERS = {
-    "overlap_eager_ops": {"op_graphs": False},
-    "overlap_waiting_barriers": {"skip_proven_barriers": False},
-}
+# graphs of lowering/replay.py off).
+EXTRA_COMPILERS = {"overlap_eager_ops": {"op_graphs": False}}
 
 
 def _compile(model, compiler, mode=None):

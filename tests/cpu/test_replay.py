@@ -1,8 +1,6 @@
 """lowering/replay.py on CPU, with the CUDA graph stubbed: which calls run eagerly, which are
 captured, and which replay, as the addresses, the workspace and the config change."""
 
-import contextlib
-
 import pytest
 import torch
 
@@ -23,15 +21,6 @@ class _Workspace:
 
     def __init__(self, log):
         self.log, self.generation = log, 1
-        self.skip, self.decisions = False, []  # open_call's answer; what each run was told
-
-    def open_call(self):
-        return self.skip
-
-    @contextlib.contextmanager
-    def decided(self, skip):
-        self.decisions.append(skip)
-        yield
 
     def replay(self, graph):
         graph.replay()
@@ -98,20 +87,6 @@ def test_signatures_and_spin_limits_keep_graphs_apart(calls):
     with config.patch(spin_limit=config.spin_limit + 1):
         call((a, out))
     assert log == ["eager", "eager", "eager"]
-
-
-def test_a_call_whose_barrier_waits_has_graphs_apart_from_one_that_skips_it(calls):
-    # the barrier's wait or its absence is baked into a graph (symm.EntryProofs decides per call)
-    call, log, workspace = calls
-    a, out = torch.randn(4), torch.empty(4)
-    call((a, out))
-    workspace.skip = True
-    call((a, out))
-    call((a, out))
-    workspace.skip = False
-    call((a, out))
-    assert log == ["eager", "eager", "capture", "replay", "capture", "replay"]
-    assert workspace.decisions == [False, True, True, False]  # replays decide nothing anew
 
 
 def test_a_failed_capture_runs_eagerly_for_good(calls, monkeypatch):

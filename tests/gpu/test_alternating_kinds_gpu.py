@@ -1,6 +1,6 @@
-"""Calls of both kinds in turn on NCCL ranks (world 2, and 4 where there are 4 GPUs): each call
-after the first of its kind skips its barrier's wait (lowering/symm.EntryProofs), every rank
-alike, and the outputs match the reference with ranks out of step.
+"""Calls of both kinds in turn on one group of NCCL ranks (world 2, and 4 where there are 4
+GPUs), variants changing from call to call, one rank late at each step: every output matches
+the reference.
 
 Run on a GPU machine: python3 -m pytest tests/gpu -q
 """
@@ -13,7 +13,6 @@ from tests.gpu.conftest import GPUS
 pytestmark = pytest.mark.skipif(GPUS < 2, reason="needs at least two GPUs")
 
 
-def test_alternating_kinds_skip_their_barriers_and_stay_right(pool):
-    steps = 120
-    skipped = pool.run(cases.alternating_kinds, steps)
-    assert skipped == [2 * steps - 2] * pool.world_size, skipped
+def test_alternating_kinds_with_ranks_out_of_step(pool):
+    checked = pool.run(cases.alternating_kinds, 120)
+    assert checked[0] > 240 and all(c == checked[0] for c in checked), checked

@@ -29,7 +29,3 @@ def test_block_forward_and_backward_match_eager(pool, bias, mode):
     assert results[0]["decisions"] == [(AGM, True, None)] * 4 + [(MRS, True, None)] * 4
     if mode is None:  # the op calls' tensors repeat their addresses from step to step
         assert all(r["op_replays"] > 0 for r in results), [r["op_replays"] for r in results]
-    # every rank decides alike whether a barrier waits (lowering/symm.EntryProofs); in default
-    # mode the calls of a step alternate kinds on one stream, so most skip the wait
-    skipped = [r["barriers_skipped"] for r in results]
-    assert all(s == skipped[0] for s in skipped) and (skipped[0] > 0 or mode is not None), skipped
