@@ -6,7 +6,6 @@ import torch
 import torch.distributed as dist
 
 from overlap_pass.lowering import all_gather_matmul as agm
-from overlap_pass.lowering import matmul_reduce_scatter as mrs
 from tests import fused_ag_cases as ag
 from tests import fused_rs_cases as rs
 from tests.gpu_common import assert_all_close, error, group_name
@@ -21,7 +20,8 @@ def alternating_kinds(steps: int, seed=0) -> int:
     references are computed locally); outputs checked at the end. Returns the calls checked."""
     world, rank = dist.get_world_size(), dist.get_rank()
     dtype = torch.bfloat16
-    ag_names = [n for n in agm.variants() if n != "nccl_cublas"]
+    ag_variants = {n: v for n, v in agm.variants().items() if n != "nccl_cublas"}
+    ag_names = list(ag_variants)
     errors, labels = [], []
     for step in range(steps):
         if rank == step % world:
@@ -30,14 +30,14 @@ def alternating_kinds(steps: int, seed=0) -> int:
         shard, mat2s, biases = ag._problem(shape, gather_dim, ns, bias, dtype, seed + step)
         _, refs = ag._local_reference(shape, gather_dim, ns, bias, dtype, seed + step)
         name = ag_names[step % len(ag_names)]
-        _, outs = agm.variants()[name](shard, mat2s, biases, gather_dim, world, group_name())
+        _, outs = ag_variants[name](shard, mat2s, biases, gather_dim, world, group_name())
         errors += [error(o, r) for o, r in zip(outs, refs)]
         labels += [(step, name)] * len(outs)
 
         index = step % len(rs.SHAPES)
-        rs_names = [n for n in mrs.variants(len(rs.SHAPES[index][2])) if n != "nccl_cublas"]
-        name = rs_names[step % len(rs_names)]
-        out = rs._call(rs._variants(index)[name], index, dtype, seed + step)
+        rs_variants = {n: v for n, v in rs._variants(index).items() if n != "nccl_cublas"}
+        name = list(rs_variants)[step % len(rs_variants)]
+        out = rs._call(rs_variants[name], index, dtype, seed + step)
         errors.append(error(out, rs._reference(index, dtype, seed + step)))
         labels.append((step, name))
     assert_all_close(errors, labels)
