@@ -16,6 +16,12 @@ Variants differ in how a partial reaches its owner:
   mapping); its flag follows on the same stream.
 - nccl_cublas: cuBLAS over all rows, then NCCL's reduce-scatter. The baseline, and the fallback.
 
+A sum of matmuls (an input gradient of Q, K and V, or of gate and up) runs one cuBLAS call per
+input and chunk, each after the first a read-modify-write of the partial; for small K (K and V's
+256 columns at W=4) those cost more than their arithmetic. ``copy_engine_cublas:joined`` joins
+the operands once instead (inputs along K, mat2s along their rows): one matmul per chunk over the
+summed K, for the price of copying the operands.
+
 Workspace data: [recv: W x rows x N | staging: W x rows x N], recv slot p holding rank p's
 partial of this rank's chunk. All take the op's arguments and return its output; the
 symmetric-memory ones write into ``outputs=allocate(...)`` when given (replay.py).
@@ -171,6 +177,14 @@ def cublas_push(*args, outputs=None):
     return _overlapped(_produce_cublas_push, *args, outputs=outputs)
 
 
+def joined_copy_engine_cublas(inputs, mat2s, *args, outputs=None):
+    """copy_engine_cublas over one matmul: sum_i inputs[i] @ mat2s[i] as [inputs...] @ [mat2s...]
+    (the contracted dim is the inputs' last, never the scattered one). Joined before the
+    barrier, so the copies overlap the peers' arrival."""
+    joined = [torch.cat(inputs, dim=-1)], [torch.cat(mat2s, dim=0)]
+    return _overlapped(_produce_copy_engine, *joined, *args, outputs=outputs)
+
+
 def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name):
     flats, rows, n, out_shape = _flatten(inputs, mat2s, scatter_dim, world_size)
     full = torch.empty(world_size * rows, n, dtype=flats[0].dtype, device=flats[0].device)
@@ -187,6 +201,8 @@ def variants(num_inputs: int = 1) -> dict:
     if num_inputs == 1:
         table = {f"fused:{c}": functools.partial(fused, gemm_config=c) for c in gemm_configs.CONFIGS}
     table["copy_engine_cublas"] = copy_engine_cublas
+    if num_inputs > 1:
+        table["copy_engine_cublas:joined"] = joined_copy_engine_cublas
     table["cublas_push"] = cublas_push
     table["nccl_cublas"] = nccl_cublas
     return table

@@ -118,6 +118,7 @@ def replayed_calls(calls: int, seed=0) -> int:
     for index in (0, 4, 7):
         lead, scatter_dim, ks, n, bias, reduce_op = SHAPES[index]
         implementations = ("fused", "copy_engine_cublas", "cublas_push")[len(ks) > 1 :]
+        implementations += ("copy_engine_cublas:joined",) if len(ks) > 1 else ()
 
         def problem(s, index=index):
             inputs, mat2s, b, _, _ = _problem(index, torch.bfloat16, seed + s)

@@ -169,13 +169,15 @@ def bench_size(name, args, device, mesh) -> dict:
         f"{c} {mode}": slowest(statistics.median(h * 1e6 / args.calls for _, _, h in runs), device)
         for (c, mode), runs in samples.items()
     }
-    from overlap_pass.lowering import replay
+    from overlap_pass.lowering import choose, replay
 
     return {
         "model": args.model, "size": name, "dim": dim, "heads": heads, "kv_heads": kv_heads, "hidden": hidden,
         "tokens": args.tokens, "world": world, "us": us, "host_us": host_us, "errors": errors,
         "overlap_pass": _rewrites(),
         "op_calls": dict(replay.stats),  # rank 0's, since the process started: eager, captured, replayed
+        # each op shape's variant and the times it was picked on (this process's, both sizes)
+        "choices": {key: dict(entry) for key, entry in choose.CHOICES.items()},
     }  # fmt: skip
 
 
