@@ -75,42 +75,37 @@ def _push_chunks(ws: symm.Workspace, flat: torch.Tensor, stacked_shape) -> None:
         ws.signal_peer(peer)
 
 
-def _start(shard, gather_dim, world_size, group_name, own_too=False, gathered=None):
+def _start(shard, gather_dim, world_size, group_name, own_too=False):
     """Steps 1 and 2 of the protocol (symm.py): barrier on the caller's stream, then the pushes
     on the side stream; with ``own_too``, then the own shard into its slot of the own data too,
-    marked by ``ws.chunk_ready[rank]``; with ``gathered``, then the gathered tensor filled there
-    too (_copy_out). Returns the workspace, the stacked view of its data, and _prepare's."""
+    marked by ``ws.chunk_ready[rank]``. Returns the workspace, the stacked view of its data, and
+    _prepare's."""
     shard, flat, inner, gathered_shape = _prepare(shard, gather_dim, world_size)
     ws = symm.workspace(KIND, group_name, shard.device)
     stacked_shape = (world_size * flat.shape[0], flat.shape[1])
     ws.enter(stacked_shape[0] * stacked_shape[1] * flat.element_size(), config.spin_limit)
     ws.fork()
-    stacked = ws.data(stacked_shape, flat.dtype)
     with ws.on_side_stream():
         _push_chunks(ws, flat, stacked_shape)
         if own_too:  # after the pushes: the peers wait for those
             rows = flat.shape[0]
             ws.peer_rows(ws.rank, stacked_shape, flat.dtype, ws.rank * rows, (ws.rank + 1) * rows).copy_(flat)
             ws.chunk_ready[ws.rank].record(ws.side_stream)
-        if gathered is not None:
-            _copy_out(ws, stacked, flat, shard.shape, gather_dim, gathered)
-    return ws, stacked, shard, flat, inner, gathered_shape
+    return ws, ws.data(stacked_shape, flat.dtype), shard, flat, inner, gathered_shape
 
 
-def _copy_out(ws, stacked, flat, shard_shape, gather_dim, gathered) -> None:
-    """On the side stream, after the pushes (which the peers wait for): the gathered tensor,
-    chunk by chunk as each lands, copied out of the workspace (the next call overwrites it), so
-    the copy runs beside the matmuls rather than after them on the caller's stream."""
-    rows = flat.shape[0]
-    for chunk in schedule.all_gather_order(ws.rank, ws.world_size):
-        if chunk == ws.rank:
-            source = flat
-        else:
-            signals.WAIT[(1,)](
-                ws.flags, ws.epoch, ws.chunk_timeouts, chunk, SPIN_LIMIT=config.spin_limit, num_warps=1
-            )
-            source = stacked[chunk * rows : (chunk + 1) * rows]
-        schedule.chunk(gathered, gather_dim, chunk, ws.world_size).copy_(source.view(shard_shape))
+def _finish(ws, shard, stacked, flat, gather_dim, gathered):
+    """Step 3's end: join the side stream; the gathered tensor, if asked for, is copied out of
+    the workspace (the next call overwrites it) into ``gathered``."""
+    ws.leave()
+    if gathered is None:
+        return
+    world, rows = ws.world_size, flat.shape[0]
+    chunks = [
+        (flat if j == ws.rank else stacked[j * rows : (j + 1) * rows]).view(shard.shape)
+        for j in range(world)
+    ]
+    torch.cat(chunks, dim=gather_dim, out=gathered)
 
 
 def fused(
@@ -123,9 +118,7 @@ def fused(
     # contractions over whole stacked chunks run as one matmul each over the workspace, which
     # then needs the own chunk too (copied on the side stream while the kernel runs)
     whole = bool(contract_with) and _stacks_whole_chunks(shard.shape, gather_dim)
-    ws, stacked, shard, flat, inner, gathered_shape = _start(
-        shard, gather_dim, world_size, group_name, whole, gathered
-    )
+    ws, stacked, shard, flat, inner, gathered_shape = _start(shard, gather_dim, world_size, group_name, whole)
     try:
         consumer.all_gather_matmul_consumer(
             stacked, list(mat2s), [None if b is None else b.contiguous() for b in biases],
@@ -145,8 +138,8 @@ def fused(
             _contract_chunk(
                 a, chunk, contract_with, gathered_left, outs[len(mat2s) :], gathered_shape, gather_dim, ws
             )
-    finally:  # joined even when the launch fails: the next call must not overtake the side stream
-        ws.leave()
+    finally:  # joined even when the launch fails: the next call must not overtake the pushes
+        _finish(ws, shard, stacked, flat, gather_dim, gathered)
     return gathered, outs
 
 
@@ -157,7 +150,7 @@ def copy_engine_cublas(
     gathered, outs = outputs or allocate(
         shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered, contract_with, gathered_left
     )
-    ws, stacked, shard, flat, inner, gathered_shape = _start(shard, gather_dim, world_size, group_name, gathered=gathered)
+    ws, stacked, shard, flat, inner, gathered_shape = _start(shard, gather_dim, world_size, group_name)
     try:
         for chunk in schedule.all_gather_order(ws.rank, world_size):
             a = _chunk_rows(ws, stacked, flat, chunk, wait=True)
@@ -165,8 +158,8 @@ def copy_engine_cublas(
             _contract_chunk(
                 a, chunk, contract_with, gathered_left, outs[len(mat2s) :], gathered_shape, gather_dim, ws
             )
-    finally:  # joined even when a matmul fails: the next call must not overtake the side stream
-        ws.leave()
+    finally:  # joined even when a matmul fails: the next call must not overtake the pushes
+        _finish(ws, shard, stacked, flat, gather_dim, gathered)
     return gathered, outs
 
 
