@@ -176,7 +176,7 @@ def bench_size(name, args, device, mesh) -> dict:
         "tokens": args.tokens, "world": world, "us": us, "host_us": host_us, "errors": errors,
         "overlap_pass": _rewrites(),
         "op_calls": dict(replay.stats),  # rank 0's, since the process started: eager, captured, replayed
-        # each op shape's variant and the times it was picked on (this process's, both sizes)
+        # each op shape's variant and the times it was picked on: every size benched so far in this process
         "choices": {key: dict(entry) for key, entry in choose.CHOICES.items()},
     }  # fmt: skip
 
