@@ -43,15 +43,19 @@ def all_gather_matmul_shapes(shard_shape, mat2s, biases, gather_dim, contraction
     return shapes
 
 
-def matmul_reduce_scatter_shapes(input_shapes, mat2s, has_bias, reduce_op, scatter_dim) -> dict:
-    """What the matmul_reduce_scatter choice depends on (decide.py builds the same)."""
-    return {
+def matmul_reduce_scatter_shapes(input_shapes, mat2s, has_bias, reduce_op, scatter_dim, out_dtype=None) -> dict:
+    """What the matmul_reduce_scatter choice depends on (decide.py builds the same); an
+    ``out_dtype`` other than the inputs' adds a key (the reduction writes more bytes)."""
+    shapes = {
         "inputs": [list(s) for s in input_shapes],
         "mat2s": _layouts(mat2s),
         "bias": has_bias,
         "reduce_op": reduce_op,
         "scatter_dim": scatter_dim,
     }
+    if out_dtype is not None:
+        shapes["out_dtype"] = str(out_dtype).replace("torch.", "")
+    return shapes
 
 
 def _symmetric_memory_usable(group) -> bool:
@@ -87,7 +91,7 @@ def _rs_call(run, graphed: bool, signature: tuple, *args):
     outputs = mrs.allocate(*args) if graphed else None
     if outputs is None:
         return run(*args)
-    inputs, mat2s, bias, _, _, _, group_name = args
+    inputs, mat2s, bias, _, _, _, group_name, _ = args
     tensors = (*inputs, *mat2s, bias, outputs)
     replay.call(signature, run, args, outputs, tensors, symm.workspace(mrs.KIND, group_name, inputs[0].device))
     return outputs
@@ -148,17 +152,21 @@ def all_gather_matmul(
     return ops.all_gather_matmul_reference(*args) if run is None else run(*args)
 
 
-def matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name):
+def matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None):
+    if out_dtype == inputs[0].dtype:
+        out_dtype = None  # one key, one choice for both spellings
     fast_key = (
         mrs.KIND, tuple(_signature(a) for a in inputs), tuple(_signature(m) for m in mat2s),
-        _signature(bias), reduce_op, scatter_dim, world_size, group_name, config.implementation,
+        _signature(bias), reduce_op, scatter_dim, world_size, group_name, out_dtype, config.implementation,
     )  # fmt: skip
     run = _RESOLVED.get(fast_key)
     if run is not None:
-        return run(inputs, mat2s, bias, reduce_op, scatter_dim % inputs[0].dim(), world_size, group_name)
-    dim = ops._check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size)
-    args = (inputs, mat2s, bias, reduce_op, dim, world_size, group_name)
-    shapes = matmul_reduce_scatter_shapes([a.shape for a in inputs], mat2s, bias is not None, reduce_op, dim)
+        return run(inputs, mat2s, bias, reduce_op, scatter_dim % inputs[0].dim(), world_size, group_name, out_dtype)
+    dim = ops._check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, out_dtype)
+    args = (inputs, mat2s, bias, reduce_op, dim, world_size, group_name, out_dtype)
+    shapes = matmul_reduce_scatter_shapes(
+        [a.shape for a in inputs], mat2s, bias is not None, reduce_op, dim, out_dtype
+    )
     variants = _rs_variants(len(inputs))
     run = _resolve(mrs.KIND, fast_key, group_name, world_size, variants, shapes, inputs[0].dtype, inputs[0].device, args)
     return ops.matmul_reduce_scatter_reference(*args) if run is None else run(*args)

@@ -22,8 +22,9 @@ input and chunk, each after the first a read-modify-write of the partial; for sm
 the operands once instead (inputs along K, mat2s along their rows): one matmul per chunk over the
 summed K, for the price of copying the operands.
 
-Workspace data: [recv: W x rows x N | staging: W x rows x N], recv slot p holding rank p's
-partial of this rank's chunk. All take the op's arguments and return its output; the
+Partials travel in the inputs' dtype; ``out_dtype`` (fp32 for autocast's input gradients) is
+only the dtype the owner's fp32 sum is written in. Workspace data: [recv: W x rows x N |
+staging: W x rows x N], recv slot p holding rank p's partial of this rank's chunk. All take the op's arguments and return its output; the
 symmetric-memory ones write into ``outputs=allocate(...)`` when given (replay.py).
 """
 
@@ -57,13 +58,14 @@ def _unflatten(out_flat, out_shape, scatter_dim):
     return out_flat.view(out_shape).movedim(0, scatter_dim).contiguous()
 
 
-def allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name):
+def allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None):
     """The op's output for these arguments, empty, when the variants can write it in place (its
     rows along ``scatter_dim`` are contiguous rows of the flat output: dims before it of size 1,
     as for a sequence-parallel [1, S, D]); else None. Made apart from the call so that a call
     replayed from a CUDA graph (replay.py) writes a new one."""
     full = [*inputs[0].shape[:-1], mat2s[0].shape[1]]
-    out = inputs[0].new_empty(ops._scattered_shape(full, scatter_dim, world_size))
+    shape = ops._scattered_shape(full, scatter_dim, world_size)
+    out = inputs[0].new_empty(shape, dtype=out_dtype or inputs[0].dtype)
     return out if out.movedim(scatter_dim, 0).is_contiguous() else None
 
 
@@ -108,14 +110,16 @@ class _Call:
         )  # fmt: skip
 
 
-def _overlapped(produce, inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, outputs=None):
+def _overlapped(
+    produce, inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None, outputs=None
+):  # fmt: skip
     """What every symmetric-memory variant does around its own step, ``produce(call, flats,
     mat2s, bias)``, which gets every partial into its owner's slot and flags it: enter (barrier),
     produce, the owner's reduction (into ``outputs``, from allocate, if given), leave."""
     flats, rows, n, out_shape = _flatten(inputs, mat2s, scatter_dim, world_size)
     call = _Call(flats, rows, n, group_name)
     if outputs is None:
-        out = flats[0].new_empty(rows, n)
+        out = flats[0].new_empty(rows, n, dtype=out_dtype or flats[0].dtype)
     else:
         out = outputs.movedim(scatter_dim, 0).view(rows, n)
     try:
@@ -185,10 +189,12 @@ def joined_copy_engine_cublas(inputs, mat2s, *args, outputs=None):
     return _overlapped(_produce_copy_engine, *joined, *args, outputs=outputs)
 
 
-def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name):
+def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None):
     flats, rows, n, out_shape = _flatten(inputs, mat2s, scatter_dim, world_size)
     full = torch.empty(world_size * rows, n, dtype=flats[0].dtype, device=flats[0].device)
     _chunk_partial(flats, mat2s, bias, 0, world_size * rows, full)  # all rows as one chunk
+    if out_dtype is not None and out_dtype != full.dtype:
+        full = full.to(out_dtype)  # the partial rounded to the inputs' dtype, as the op's is
     out = full.new_empty(rows, n)
     op = dist.ReduceOp.AVG if reduce_op == "avg" else dist.ReduceOp.SUM
     dist.reduce_scatter_tensor(out, full, op=op, group=_resolve_process_group(group_name))

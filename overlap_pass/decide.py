@@ -67,9 +67,10 @@ def _choice_key(match: Match) -> str:
     shapes = dispatch.matmul_reduce_scatter_shapes(
         input_shapes, [meta_val(t.mat2) for t in match.terms],
         any(t.bias is not None for t in match.terms), match.reduce_op,
-        match.scatter_dim % scattered.dim(),
+        match.scatter_dim % scattered.dim(), match.out_dtype,
     )  # fmt: skip
-    return choose.shape_key("matmul_reduce_scatter", match.world_size, shapes, scattered.dtype)
+    dtype = meta_val(match.terms[0].input).dtype
+    return choose.shape_key("matmul_reduce_scatter", match.world_size, shapes, dtype)
 
 
 def choose_implementation(match: Match) -> str:

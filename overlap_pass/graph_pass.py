@@ -251,6 +251,8 @@ def _describe(candidate: Candidate) -> dict:
     elif match is not None:
         record["dim"] = match.scatter_dim
         record["reduce_op"] = match.reduce_op
+        if match.out_dtype is not None:  # the terms widened before the collective (autocast)
+            record["out_dtype"] = str(match.out_dtype).replace("torch.", "")
         record["nodes"] = {
             "matmuls": [
                 {

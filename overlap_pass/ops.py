@@ -6,6 +6,8 @@ reference decomposition.
                             out[len(mat2s) + j] = A^T @ contract_with[j]   (gathered_left[j])
                                                   contract_with[j]^T @ A   (otherwise)
     matmul_reduce_scatter:  out = reduce_scatter(sum_i inputs[i] @ mat2s[i] + bias, scatter_dim)
+                            each rank's partial (the sum) in the inputs' dtype, the reduction over
+                            ranks in fp32, ``out`` in ``out_dtype`` (default: the inputs' dtype)
 
 Matmuls contract the last dim of A (or inputs[i]) with dim 0 of mat2 ([K, N]); the gathered or
 scattered dim is any other dim. The contractions are a column-parallel linear's weight gradient
@@ -39,7 +41,7 @@ _SCHEMAS = {
     ),
     "matmul_reduce_scatter": (
         "(Tensor[] inputs, Tensor[] mat2s, Tensor? bias, str reduce_op, "
-        "int scatter_dim, int world_size, str group_name) -> Tensor"
+        "int scatter_dim, int world_size, str group_name, ScalarType? out_dtype=None) -> Tensor"
     ),
 }
 
@@ -108,9 +110,15 @@ def _check_all_gather_matmul(
     return dim
 
 
-def _check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size) -> int:
+def _check_matmul_reduce_scatter(
+    inputs, mat2s, bias, reduce_op, scatter_dim, world_size, out_dtype=None
+) -> int:
     """Validates arguments; returns scatter_dim normalized to a non-negative dim."""
     torch._check(len(inputs) > 0, lambda: "matmul_reduce_scatter needs at least one input")
+    torch._check(
+        out_dtype in (None, inputs[0].dtype, torch.float32),
+        lambda: f"out_dtype must be the inputs' dtype or float32 (the reduction's), got {out_dtype}",
+    )
     torch._check(len(inputs) == len(mat2s), lambda: "one mat2 per input")
     torch._check(reduce_op in REDUCE_OPS, lambda: f"reduce_op must be one of {REDUCE_OPS}")
     first = inputs[0]
@@ -160,11 +168,15 @@ def _all_gather_matmul_fake(
 
 
 def _matmul_reduce_scatter_fake(
-    inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name
+    inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None
 ):
-    dim = _check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size)
+    dim = _check_matmul_reduce_scatter(
+        inputs, mat2s, bias, reduce_op, scatter_dim, world_size, out_dtype
+    )
     full = list(inputs[0].shape[:-1]) + [mat2s[0].shape[1]]
-    return inputs[0].new_empty(_scattered_shape(full, dim, world_size))
+    return inputs[0].new_empty(
+        _scattered_shape(full, dim, world_size), dtype=out_dtype or inputs[0].dtype
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,11 +257,13 @@ def all_gather_matmul_reference(
 
 
 def matmul_reduce_scatter_reference(
-    inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name
+    inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None
 ):
     """Per-chunk matmuls, the chunk for rank + 1 first, each partial sent to its owner as soon as
     it exists; the owner sums all partials of its chunk in fp32, in rank order (deterministic)."""
-    dim = _check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size)
+    dim = _check_matmul_reduce_scatter(
+        inputs, mat2s, bias, reduce_op, scatter_dim, world_size, out_dtype
+    )
     group = _resolve_process_group(group_name)
     rank = group.rank()
     torch._check(
@@ -281,7 +295,7 @@ def matmul_reduce_scatter_reference(
         total += partials[src]
     if reduce_op == "avg":
         total /= world_size
-    return total.to(partials[rank].dtype)
+    return total.to(out_dtype or partials[rank].dtype)
 
 
 def _is_registered(name: str) -> bool:

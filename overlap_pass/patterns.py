@@ -74,7 +74,8 @@ class ReduceTerm:
 @dataclasses.dataclass(frozen=True)
 class MatmulReduceScatterMatch:
     """mm, or a sum of mms (the input gradient of linears sharing one input) -> views
-    [-> split/cat for scatter_dim > 0] -> reduce_scatter -> wait."""
+    [-> split/cat for scatter_dim > 0] -> reduce_scatter -> wait; each term may be widened on
+    the way (autocast's bf16 input gradients summed and scattered in fp32)."""
 
     terms: tuple[ReduceTerm, ...]
     between: tuple[Node, ...]  # the views and adds from the matmuls to the scattered tensor
@@ -85,6 +86,7 @@ class MatmulReduceScatterMatch:
     reduce_op: str
     world_size: int
     group_name: str
+    out_dtype: torch.dtype | None = None  # the scattered dtype, where casts widen the matmuls'
 
 
 Match = AllGatherMatmulMatch | MatmulReduceScatterMatch
@@ -382,16 +384,39 @@ def _one_user(node: Node) -> None:
         raise NoMatch("matmul result has other users")
 
 
-def _sum_of_matmuls(node: Node, terms: list[ReduceTerm], between: list[Node]) -> None:
+def _widening(cast: Node) -> bool:
+    """Whether ``cast`` only converts a bf16 or fp16 tensor to fp32, the dtype the op's
+    reduction sums in (ops.py: out_dtype)."""
+    before, after = meta_val(cast.args[0]), meta_val(cast)
+    if not (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor)):
+        return False
+    if cast.target is aten._to_copy.default and set(cast.kwargs) - {"dtype"}:
+        return False  # also moves or re-lays out the tensor
+    return before.dtype in (torch.bfloat16, torch.float16) and after.dtype == torch.float32 and before.shape == after.shape
+
+
+def _sum_of_matmuls(
+    node: Node, terms: list[ReduceTerm], between: list[Node], widened: list[bool], cast_seen: bool = False
+) -> None:  # fmt: skip
     """Collects the matmuls of ``node``, a matmul or a sum of matmuls seen through row-keeping
-    reshapes, into ``terms``, and the views and adds on the way into ``between``; NoMatch if
-    any term is not a matmul, or any node on the way is read elsewhere."""
+    reshapes and widening casts, into ``terms`` (and into ``widened`` whether a cast is on the
+    term's path), and the views, casts and adds on the way into ``between``; NoMatch if any
+    term is not a matmul, or any node on the way is read elsewhere."""
     if node.target in VIEWS:
         if not _keeps_rows(node):
             raise NoMatch("reshape between matmul and reduce-scatter changes the last dim")
         between.append(node)
         _one_user(node.args[0])
-        _sum_of_matmuls(node.args[0], terms, between)
+        _sum_of_matmuls(node.args[0], terms, between, widened, cast_seen)
+    elif node.target in CASTS:
+        if cast_seen or not _widening(node):
+            raise NoMatch(
+                f"dtype cast between the matmul and the reduce-scatter that is not one cast from "
+                f"bf16 or fp16 to fp32 ({_node_names([node])})"
+            )
+        between.append(node)
+        _one_user(node.args[0])
+        _sum_of_matmuls(node.args[0], terms, between, widened, True)
     elif node.target is aten.add.Tensor:
         operands = node.args[:2]
         if node.kwargs.get("alpha", 1) != 1 or len(node.args) > 2:
@@ -403,13 +428,13 @@ def _sum_of_matmuls(node: Node, terms: list[ReduceTerm], between: list[Node]) ->
         between.append(node)
         for operand in operands:
             _one_user(operand)
-            _sum_of_matmuls(operand, terms, between)
+            _sum_of_matmuls(operand, terms, between, widened, cast_seen)
     elif node.target is aten.mm.default:
         terms.append(ReduceTerm(node, node.args[0], node.args[1], None))
+        widened.append(cast_seen)
     elif node.target is aten.addmm.default:
         terms.append(ReduceTerm(node, node.args[1], node.args[2], _bias_of_addmm(node)))
-    elif node.target in CASTS:
-        raise NoMatch("dtype cast between the matmul and the reduce-scatter")
+        widened.append(cast_seen)
     elif node.target is aten.cat.default:
         raise NoMatch(
             f"reduce-scatter input is not a matmul result: {_node_names([node])} is not one equal "
@@ -441,9 +466,11 @@ def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
     if not set(scattered.users) <= cutters | {reduce_scatter}:
         raise NoMatch("matmul result has other users")
 
-    terms, between = [], []
-    _sum_of_matmuls(scattered, terms, between)
+    terms, between, widened = [], [], []
+    _sum_of_matmuls(scattered, terms, between, widened)
     _require_static(*(t.input for t in terms))
+    if any(widened) and not all(widened):
+        raise NoMatch("some matmuls of the sum are widened before the reduce-scatter and others not")
     return MatmulReduceScatterMatch(
         terms=tuple(terms),
         between=tuple(between),
@@ -454,6 +481,7 @@ def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
         reduce_op=reduce_op,
         world_size=world_size,
         group_name=group_name,
+        out_dtype=meta_val(scattered).dtype if any(widened) else None,
     )
 
 

@@ -156,10 +156,11 @@ def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node
 
 def rewrite_matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch) -> Node:
     """
-        y = mm(a_1, w_1) (+ b_1) [+ mm(a_2, w_2) (+ b_2) ...]   (through reshapes)
+        y = mm(a_1, w_1) (+ b_1) [+ mm(a_2, w_2) (+ b_2) ...]   (through reshapes, casts)
         z = wait(reduce_scatter([split(scatter_dim) -> cat] reshape(y)))
     becomes
-        z = overlap.matmul_reduce_scatter([reshape(a_i)], [w_i], sum(b_i), reduce_op, ...)
+        z = overlap.matmul_reduce_scatter([reshape(a_i)], [w_i], sum(b_i), reduce_op, ...,
+                                          out_dtype=z's dtype where casts widened the terms)
     """
     order = graph_order(graph)
     terms = [_mm_operands(term.mm) for term in match.terms]
@@ -186,6 +187,7 @@ def rewrite_matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch)
                 match.scatter_dim,
                 match.world_size,
                 match.group_name,
+                *([match.out_dtype] if match.out_dtype is not None else []),
             ),
         )
     match.wait.replace_all_uses_with(op)

@@ -22,8 +22,9 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _errors(model, make_input, grad_seed, mode=None) -> list[float]:
-    """Relative errors against eager of the output, the input grad and every weight grad."""
+def _errors(model, make_input, grad_seed, mode=None, autocast=False) -> list[float]:
+    """Relative errors against eager of the output, the input grad and every weight grad (the
+    forward under autocast to bf16 if asked)."""
     torch.manual_seed(grad_seed)
     x = make_input()
     runs = []
@@ -31,7 +32,8 @@ def _errors(model, make_input, grad_seed, mode=None) -> list[float]:
         inp = x.clone().requires_grad_()
         if mode:  # CUDA graph trees: a new step; what the last one returned is copied below
             torch.compiler.cudagraph_mark_step_begin()
-        out = m(inp)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            out = m(inp)
         gen = torch.Generator(out.device).manual_seed(grad_seed)  # the same gradient for both
         out.backward(torch.randn(out.shape, device=out.device, dtype=out.dtype, generator=gen))
         params = getattr(m, "_orig_mod", m).parameters()
@@ -41,9 +43,9 @@ def _errors(model, make_input, grad_seed, mode=None) -> list[float]:
     return [relative_error(got, want) for got, want in zip(runs[1], runs[0])]
 
 
-def tp_block(bias: bool, mode: str | None = None, seq_per_rank: int = 48) -> dict:
+def tp_block(bias: bool, mode: str | None = None, seq_per_rank: int = 48, autocast: bool = False) -> dict:
     """Eager, plain Inductor and backend="overlap" copies of one block on the same inputs,
-    compiled with ``mode``; returns the worst errors of both compiled copies and overlap's
+    compiled with ``mode``, in bf16 (or in fp32 run under autocast to bf16); returns the worst errors of both compiled copies and overlap's
     decisions. With a mode, the block runs on a group of its own and with an empty choice cache,
     so that overlap's workspaces are made and its choices measured during the compiled model's
     first call (CUDA graph trees run it inside their memory pool)."""
@@ -55,7 +57,8 @@ def tp_block(bias: bool, mode: str | None = None, seq_per_rank: int = 48) -> dic
         mesh = init_device_mesh("cuda", (world,))
     torch.manual_seed(0)  # the same full weights on every rank
     block = TransformerBlock(dim=256, heads=4 * world, hidden=192 * world, bias=bias, kv_heads=2 * world)
-    eager = parallelize_block(block.to(device=device, dtype=torch.bfloat16), mesh)
+    dtype = torch.float32 if autocast else torch.bfloat16
+    eager = parallelize_block(block.to(device=device, dtype=dtype), mesh)
     folder = tempfile.mkdtemp(prefix="overlap-gpu-test-")
     torch._dynamo.reset()
     # with a mode, an empty choice cache: the first call measures inside the graph pool too
@@ -66,7 +69,7 @@ def tp_block(bias: bool, mode: str | None = None, seq_per_rank: int = 48) -> dic
         overlap = torch.compile(copy.deepcopy(eager), backend="overlap", mode=mode)
         inductor = torch.compile(copy.deepcopy(eager), mode=mode)
         gen = torch.Generator(device).manual_seed(1 + dist.get_rank())
-        make = lambda: torch.randn(2, seq_per_rank, 256, device=device, dtype=torch.bfloat16, generator=gen)  # noqa: E731
+        make = lambda: torch.randn(2, seq_per_rank, 256, device=device, dtype=dtype, generator=gen)  # noqa: E731
         worst = {"overlap": 0.0, "inductor": 0.0}
         try:
             # later steps reuse the compiled graphs (and record, replay them); in default mode
@@ -74,8 +77,8 @@ def tp_block(bias: bool, mode: str | None = None, seq_per_rank: int = 48) -> dic
             for step in range(4):
                 if step == 2:
                     replayed = replay.stats["replayed"]
-                worst["overlap"] = max(worst["overlap"], *_errors((eager, overlap), make, step, mode))
-                worst["inductor"] = max(worst["inductor"], *_errors((eager, inductor), make, step, mode))
+                for name, model in (("overlap", overlap), ("inductor", inductor)):
+                    worst[name] = max(worst[name], *_errors((eager, model), make, step, mode, autocast))
         finally:
             # graphs that captured NCCL collectives must not outlive the communicators, or the
             # pool's destroy_process_group waits forever (pytorch/pytorch#115388)

@@ -95,6 +95,29 @@ def every_variant_matches(dtype, seed=0) -> int:
     return checked
 
 
+def every_variant_widens(seed=0) -> int:
+    """out_dtype=float32 from bf16 inputs (autocast's input gradients): each variant, direct and
+    through the op, writes fp32 that rounds to exactly its bf16 result (the same partials, the
+    same fp32 sum; NCCL's sum aside) and matches the fp32 reference to bf16's tolerance."""
+    world, checked = dist.get_world_size(), 0
+    for index in (0, 1, 4, 7):
+        ref = _reference(index, torch.bfloat16, seed + index)
+        inputs, mat2s, b, reduce_op, scatter_dim = _problem(index, torch.bfloat16, seed + index)
+        args = (inputs, mat2s, b, reduce_op, scatter_dim, world, group_name())
+        calls = dict(_variants(index), op=torch.ops.overlap.matmul_reduce_scatter)
+        for name, variant in calls.items():
+            poison_workspace()
+            wide = variant(*args, torch.float32)
+            assert wide.dtype == torch.float32, f"{name}: out_dtype float32 gave {wide.dtype}"
+            _check(f"{name} out_dtype=float32", wide, ref, torch.bfloat16)
+            if name not in ("nccl_cublas", "op"):
+                narrow = variant(*args)
+                assert torch.equal(wide.to(torch.bfloat16), narrow), f"{name}: fp32 output is not the bf16 one unrounded"
+            checked += 1
+    symm.check_all_timeouts()
+    return checked
+
+
 def back_to_back(calls: int, seed=0) -> int:
     """``calls`` calls in a row, shapes and variants changing from call to call, with no sync
     or collective in between; errors checked at the end."""

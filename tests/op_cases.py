@@ -78,3 +78,21 @@ def deterministic_reduce_scatter(seed: int = 0, device: str = "cpu") -> bool:
     args = ([a], [b], None, "sum", 0, world, dist.group.WORLD.group_name)
     first = torch.ops.overlap.matmul_reduce_scatter(*args)
     return all(torch.equal(first, torch.ops.overlap.matmul_reduce_scatter(*args)) for _ in range(3))
+
+
+def widened_reduce_scatter(seed: int = 0, device: str = "cpu") -> bool:
+    """bf16 inputs with out_dtype=float32: an fp32 result within bf16's rounding of the exact
+    one, and exactly the bf16 result before its last rounding (the same partials and sum)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(seed + rank)
+    if device == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
+    a1, a2 = torch.randn(3 * world, 16, device=device), torch.randn(3 * world, 8, device=device)
+    shared = torch.Generator().manual_seed(seed)
+    b1, b2 = torch.randn(16, 5, generator=shared).to(device), torch.randn(8, 5, generator=shared).to(device)
+    args = ([a1.bfloat16(), a2.bfloat16()], [b1.bfloat16(), b2.bfloat16()], None, "avg", 0, world)
+    wide = torch.ops.overlap.matmul_reduce_scatter(*args, dist.group.WORLD.group_name, torch.float32)
+    narrow = torch.ops.overlap.matmul_reduce_scatter(*args, dist.group.WORLD.group_name)
+    exact = _reduce_scatter(a1 @ b1 + a2 @ b2, 0, "avg")
+    err = ((wide - exact).norm() / exact.norm()).item()
+    return wide.dtype == torch.float32 and err <= REL_TOL[torch.bfloat16] and torch.equal(wide.bfloat16(), narrow)

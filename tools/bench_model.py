@@ -10,6 +10,9 @@ O -> reduce-scatter -> RMSNorm -> all-gather -> gate, up -> SiLU * mul -> down -
 reduce-scatter) at Llama 3 sizes, grouped-query attention with 8 K/V heads. --model mlp: the
 MLP (all-gather -> up -> gelu -> down -> reduce-scatter), at the same dim and hidden sizes.
 
+--autocast: fp32 weights and activations, each step under torch.autocast to bf16 (the matmuls
+in bf16, the backward's input gradients summed and reduce-scattered in fp32); else all bf16.
+
 Times: the slowest rank's median over shuffled, interleaved rounds of the mean of ``--calls``
 steps. Forward runs under no_grad (an inference graph); forward+backward takes the gradient of
 the output with a fixed random gradient. Outputs and gradients are checked against eager.
@@ -83,23 +86,26 @@ def bench_size(name, args, device, mesh) -> dict:
     world = dist.get_world_size()
     _rewrites(reset=True)
     torch.manual_seed(0)
-    eager = _model(args.model, dim, heads, kv_heads, hidden, mesh).to(device=device, dtype=torch.bfloat16)
+    dtype = torch.float32 if args.autocast else torch.bfloat16
+    eager = _model(args.model, dim, heads, kv_heads, hidden, mesh).to(device=device, dtype=dtype)
     models = {c: _compile(copy.deepcopy(eager), c, args.mode) for c in args.compilers.split(",")}
     gen = torch.Generator(device=device).manual_seed(1 + dist.get_rank())
-    x = torch.randn(1, args.tokens // world, dim, device=device, dtype=torch.bfloat16, generator=gen)
-    grad = torch.randn(x.shape, device=device, dtype=torch.bfloat16, generator=gen)
+    x = torch.randn(1, args.tokens // world, dim, device=device, dtype=dtype, generator=gen)
+    grad = torch.randn(x.shape, device=device, dtype=dtype, generator=gen)
+    autocast = functools.partial(torch.autocast, "cuda", dtype=torch.bfloat16, enabled=args.autocast)
 
     def forward(model):
         if args.mode:  # CUDA graph trees: a new step may overwrite the last one's outputs
             torch.compiler.cudagraph_mark_step_begin()
-        with torch.no_grad():
+        with torch.no_grad(), autocast():
             return model(x)
 
     def step(model):
         if args.mode:
             torch.compiler.cudagraph_mark_step_begin()
         inp = x.detach().requires_grad_()
-        out = model(inp)
+        with autocast():
+            out = model(inp)
         out.backward(grad)
         return out, inp.grad
 
@@ -173,8 +179,8 @@ def bench_size(name, args, device, mesh) -> dict:
 
     return {
         "model": args.model, "size": name, "dim": dim, "heads": heads, "kv_heads": kv_heads, "hidden": hidden,
-        "tokens": args.tokens, "world": world, "us": us, "host_us": host_us, "errors": errors,
-        "overlap_pass": _rewrites(),
+        "tokens": args.tokens, "autocast": args.autocast, "world": world, "us": us, "host_us": host_us,
+        "errors": errors, "overlap_pass": _rewrites(),
         "op_calls": dict(replay.stats),  # rank 0's, since the process started: eager, captured, replayed
         # each op shape's variant and the times it was picked on: every size benched so far in this process
         "choices": {key: dict(entry) for key, entry in choose.CHOICES.items()},
@@ -229,6 +235,7 @@ def main() -> None:
     parser.add_argument("--out", default="bench_model.json")
     parser.add_argument("--mode", choices=("reduce-overhead",), default=None, help="torch.compile mode, for all three")
     parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--autocast", action="store_true", help="fp32 model, steps under autocast to bf16")
     parser.add_argument("--sizes", default=",".join(SIZES))
     known = COMPILERS + tuple(EXTRA_COMPILERS)
     parser.add_argument("--compilers", default=",".join(COMPILERS), help="a subset of " + ",".join(known))
@@ -262,6 +269,7 @@ def main() -> None:
     meta = {
         "device": torch.cuda.get_device_name(), "world": dist.get_world_size(), "torch": torch.__version__,
         "triton": __import__("triton").__version__, "rounds": args.rounds, "calls": args.calls, "mode": args.mode,
+        "autocast": args.autocast,
     }  # fmt: skip
     rows = []
     for name in args.sizes.split(","):

@@ -98,6 +98,37 @@ def test_matmul_reduce_scatter(tmp_path, world_size, rows, dim, bias, reduce_op)
     assert list(out.shape) == expected
 
 
+def widened_sum_scattered(a1, a2, w1, w2, group):
+    """autocast's input gradient: bf16 matmuls, each widened to fp32, summed, scattered."""
+    return scatter((a1 @ w1).view(2, -1, 4).float() + (a2 @ w2).float().view(2, -1, 4), "sum", 1, group)
+
+
+def twice_cast_sum_scattered(a1, a2, w1, w2, group):
+    return scatter((a1 @ w1).float() + (a2 @ w2).float().double().float(), "sum", 0, group)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_widened_matmuls_scatter_in_the_wide_dtype(tmp_path, world_size):
+    with fake_world(world_size) as group:
+        a1, a2 = torch.randn(4 * world_size, 6).bfloat16(), torch.randn(4 * world_size, 5).bfloat16()
+        w1, w2 = torch.randn(6, 4).bfloat16(), torch.randn(5, 4).bfloat16()
+        out, dump = compile_and_dump(widened_sum_scattered, (a1, a2, w1, w2, group), tmp_path)
+    decision = _only(dump.candidates("inference"), MRS)
+    assert decision["rewritten"], decision["reason"]
+    assert decision["out_dtype"] == "float32" and len(decision["nodes"]["matmuls"]) == 2
+    assert out.dtype == torch.float32 and list(out.shape) == [2, 2, 4]
+    assert "torch.float32)" in dump.after("inference")  # the op's out_dtype argument
+
+
+def test_a_term_cast_twice_is_skipped(tmp_path):
+    with fake_world(2) as group:
+        args = [torch.randn(8, 6).bfloat16(), torch.randn(8, 5).bfloat16()]
+        args += [torch.randn(6, 4).bfloat16(), torch.randn(5, 4).bfloat16(), group]
+        _, dump = compile_and_dump(twice_cast_sum_scattered, tuple(args), tmp_path)
+    decision = _only(dump.candidates("inference"), MRS)
+    assert not decision["rewritten"] and "not one cast from bf16 or fp16 to fp32" in decision["reason"]
+
+
 # ---------------------------------------------------------------------------------------------
 # backward graphs, chains, tensor-parallel models
 
@@ -388,18 +419,22 @@ def test_a_failed_cast_move_leaves_the_graph_as_it_was(tmp_path, monkeypatch):
     assert "cast_moved_before_gather" not in decision
 
 
-def test_autocast_block_gathers_bf16_and_fuses_every_gather(tmp_path):
-    """A TP/SP block in fp32 under autocast: forward and backward, every all-gather fused, the
-    forward's moved casts named in decisions.json."""
+def test_autocast_block_gathers_bf16_and_fuses_every_collective(tmp_path):
+    """A TP/SP block in fp32 under autocast: forward and backward, every collective fused, the
+    forward's moved casts and the backward's fp32 reduce-scatters named in decisions.json."""
     with fake_world(4):
         block = parallelize_block(TransformerBlock(dim=32, heads=4, hidden=64), init_device_mesh("cpu", (4,)))
         x = torch.randn(2, 3, 32, requires_grad=True)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             _, dump = compile_and_dump(block, (x,), tmp_path, backward=True)
     forward = [c for c in dump.candidates("forward") if c["kind"] == AGM]
-    backward = [c for c in dump.candidates("backward") if c["kind"] == AGM]
-    assert len(forward) == 2 and all(c["rewritten"] for c in forward + backward), forward + backward
+    backward = dump.candidates("backward")
+    assert len(forward) == 2 and len(backward) == 4, forward + backward
+    assert all(c["rewritten"] for c in forward + backward), forward + backward
     assert [c["cast_moved_before_gather"] for c in forward] == ["float32 -> bfloat16"] * 2
+    # the input gradients of Q + K + V and of gate + up: bf16 matmuls summed in fp32
+    scatters = [c for c in backward if c["kind"] == MRS]
+    assert [(c.get("out_dtype"), len(c["nodes"]["matmuls"])) for c in scatters] == [("float32", 2), ("float32", 3)]
 
 
 @pytest.mark.parametrize(

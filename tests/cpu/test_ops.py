@@ -36,13 +36,18 @@ def test_fake_kernel_matches_reference_metadata(shape, dim, return_gathered):
 
 
 @pytest.mark.parametrize("dim", [0, 1])
-def test_reduce_scatter_fake_kernel_matches_reference_metadata(dim):
+@pytest.mark.parametrize("dtype, out_dtype", [(torch.float32, None), (torch.bfloat16, torch.float32)])
+def test_reduce_scatter_fake_kernel_matches_reference_metadata(dim, dtype, out_dtype):
     with fake_world(4) as group:
-        args = lambda: ([torch.randn(8, 8, 6)], [torch.randn(6, 5)], torch.randn(5), "avg", dim, 4, group)  # noqa: E731
+        args = lambda: (  # noqa: E731
+            [torch.randn(8, 8, 6, dtype=dtype)], [torch.randn(6, 5, dtype=dtype)], torch.randn(5, dtype=dtype),
+            "avg", dim, 4, group, out_dtype,
+        )  # fmt: skip
         real = mrs(*args())
         with FakeTensorMode(allow_non_fake_inputs=True):
             fake = mrs(*args())
-    assert (real.shape, real.stride()) == (fake.shape, fake.stride())
+    assert (real.shape, real.stride(), real.dtype) == (fake.shape, fake.stride(), fake.dtype)
+    assert real.dtype == (out_dtype or dtype)
 
 
 BAD_ALL_GATHER = [
@@ -76,6 +81,7 @@ BAD_REDUCE_SCATTER = [
     (dict(inputs=[torch.randn(5, 8)]), "not divisible"),
     (dict(mat2s=[torch.randn(7, 5)]), "does not match input"),
     (dict(bias=torch.randn(2)), "bias must be 1-D of size N"),
+    (dict(out_dtype=torch.float16), "out_dtype must be the inputs' dtype or float32"),
 ]
 
 
@@ -102,6 +108,10 @@ def test_reference_against_torch_distributed(gloo_world, world_size):
 
 def test_reference_reduce_scatter_is_deterministic(gloo_world):
     assert all(gloo_world(3).run(op_cases.deterministic_reduce_scatter))
+
+
+def test_reference_reduce_scatter_writes_float32_from_bf16(gloo_world):
+    assert all(gloo_world(2).run(op_cases.widened_reduce_scatter))
 
 
 def test_cuda_tensors_dispatch_to_the_lowering():

@@ -1,7 +1,8 @@
 """The TP/SP transformer block compiled with backend="overlap" on NCCL ranks, bf16: forward and
 backward (output, input grad, every weight grad) against eager, within what plain Inductor's
 own bf16 rounding allows; every collective of both graphs rewritten; op calls replayed from
-per-call CUDA graphs in default mode; also under CUDA graph trees (mode="reduce-overhead").
+per-call CUDA graphs in default mode; also under CUDA graph trees (mode="reduce-overhead"), and
+an fp32 block under autocast (its backward reduce-scatters bf16 partials into fp32).
 
 Run on a GPU machine: python3 -m pytest tests/gpu -q
 """
@@ -16,10 +17,12 @@ AGM, MRS = "all_gather_matmul", "matmul_reduce_scatter"
 
 
 @pytest.mark.parametrize(
-    "bias, mode", [(False, None), (True, None), (False, "reduce-overhead")], ids=["no-bias", "bias", "cudagraphs"]
+    "bias, mode, autocast",
+    [(False, None, False), (True, None, False), (False, "reduce-overhead", False), (False, None, True)],
+    ids=["no-bias", "bias", "cudagraphs", "autocast"],
 )
-def test_block_forward_and_backward_match_eager(pool, bias, mode):
-    results = pool.run(cases.tp_block, bias, mode)
+def test_block_forward_and_backward_match_eager(pool, bias, mode, autocast):
+    results = pool.run(cases.tp_block, bias, mode, 48, autocast)
     for rank, result in enumerate(results):
         errors = result["errors"]
         # bf16: the compiled block rounds differently from eager; overlap may not be much worse

@@ -21,6 +21,11 @@ def test_every_variant_matches_the_reference_and_repeats_exactly(pool, dtype):
     assert pool.run(cases.every_variant_matches, dtype)[0] == expected
 
 
+def test_every_variant_writes_a_wider_out_dtype(pool):
+    expected = sum(len(cases._variants(i)) + 1 for i in (0, 1, 4, 7))
+    assert pool.run(cases.every_variant_widens) == [expected] * pool.world_size
+
+
 def test_back_to_back_calls(pool):
     assert pool.run(cases.back_to_back, 1000) == [1000] * pool.world_size
 
