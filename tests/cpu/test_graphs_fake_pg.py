@@ -567,3 +567,22 @@ def test_a_dump_that_cannot_be_written_does_not_stop_compilation(tmp_path):
         torch._dynamo.reset()
         out = torch.compile(same_matmul, backend="overlap")(torch.randn(4, 8), torch.randn(8, 6), group)
     assert list(out.shape) == [4, 6]
+
+
+def test_decisions_look_up_the_choice_under_the_key_the_op_files_it(tmp_path, monkeypatch):
+    """decide.py's key of a widened reduce-scatter is the one lowering/dispatch.py builds from
+    the rewritten op's arguments, so decisions.json can show a cached choice."""
+    from overlap_pass import decide
+    from overlap_pass.lowering import choose, dispatch
+
+    matches = []
+    should_fuse = decide.should_fuse
+    monkeypatch.setattr(decide, "should_fuse", lambda match: (matches.append(match), should_fuse(match))[1])
+    with fake_world(2) as group:
+        a1, a2 = torch.randn(8, 6).bfloat16(), torch.randn(8, 5).bfloat16()
+        w1, w2 = torch.randn(6, 4).bfloat16(), torch.randn(5, 4).bfloat16()
+        compile_and_dump(widened_sum_scattered, (a1, a2, w1, w2, group), tmp_path)
+    (match,) = matches
+    inputs = [a1.view(2, 4, 6), a2.view(2, 4, 5)]  # as the rewrite reshapes them: [*scattered[:-1], K]
+    shapes = dispatch.matmul_reduce_scatter_shapes([a.shape for a in inputs], [w1, w2], False, "sum", 1, torch.float32)
+    assert decide._choice_key(match) == choose.shape_key("matmul_reduce_scatter", 2, shapes, torch.bfloat16)
