@@ -43,7 +43,9 @@ def all_gather_matmul_shapes(shard_shape, mat2s, biases, gather_dim, contraction
     return shapes
 
 
-def matmul_reduce_scatter_shapes(input_shapes, mat2s, has_bias, reduce_op, scatter_dim, out_dtype=None) -> dict:
+def matmul_reduce_scatter_shapes(
+    input_shapes, mat2s, has_bias, reduce_op, scatter_dim, out_dtype=None
+) -> dict:
     """What the matmul_reduce_scatter choice depends on (decide.py builds the same); an
     ``out_dtype`` other than the inputs' adds a key (the reduction writes more bytes)."""
     shapes = {
@@ -152,7 +154,9 @@ def all_gather_matmul(
     return ops.all_gather_matmul_reference(*args) if run is None else run(*args)
 
 
-def matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None):
+def matmul_reduce_scatter(
+    inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None
+):
     if out_dtype == inputs[0].dtype:
         out_dtype = None  # one key, one choice for both spellings
     fast_key = (
@@ -161,7 +165,8 @@ def matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_siz
     )  # fmt: skip
     run = _RESOLVED.get(fast_key)
     if run is not None:
-        return run(inputs, mat2s, bias, reduce_op, scatter_dim % inputs[0].dim(), world_size, group_name, out_dtype)
+        dim = scatter_dim % inputs[0].dim()
+        return run(inputs, mat2s, bias, reduce_op, dim, world_size, group_name, out_dtype)
     dim = ops._check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, out_dtype)
     args = (inputs, mat2s, bias, reduce_op, dim, world_size, group_name, out_dtype)
     shapes = matmul_reduce_scatter_shapes(

@@ -24,8 +24,9 @@ summed K, for the price of copying the operands.
 
 Partials travel in the inputs' dtype; ``out_dtype`` (fp32 for autocast's input gradients) is
 only the dtype the owner's fp32 sum is written in. Workspace data: [recv: W x rows x N |
-staging: W x rows x N], recv slot p holding rank p's partial of this rank's chunk. All take the op's arguments and return its output; the
-symmetric-memory ones write into ``outputs=allocate(...)`` when given (replay.py).
+staging: W x rows x N], recv slot p holding rank p's partial of this rank's chunk. All take the
+op's arguments and return its output; the symmetric-memory ones write into
+``outputs=allocate(...)`` when given (replay.py).
 """
 
 import functools

@@ -78,7 +78,7 @@ class MatmulReduceScatterMatch:
     the way (autocast's bf16 input gradients summed and scattered in fp32)."""
 
     terms: tuple[ReduceTerm, ...]
-    between: tuple[Node, ...]  # the views and adds from the matmuls to the scattered tensor
+    between: tuple[Node, ...]  # the views, casts and adds from the matmuls to the scattered tensor
     scattered: Node  # the tensor the collective scatters, in its scatter_dim layout
     reduce_scatter: Node
     wait: Node
@@ -392,7 +392,8 @@ def _widening(cast: Node) -> bool:
         return False
     if cast.target is aten._to_copy.default and set(cast.kwargs) - {"dtype"}:
         return False  # also moves or re-lays out the tensor
-    return before.dtype in (torch.bfloat16, torch.float16) and after.dtype == torch.float32 and before.shape == after.shape
+    narrow = before.dtype in (torch.bfloat16, torch.float16)
+    return narrow and after.dtype == torch.float32 and before.shape == after.shape
 
 
 def _sum_of_matmuls(

@@ -45,10 +45,11 @@ def _errors(model, make_input, grad_seed, mode=None, autocast=False) -> list[flo
 
 def tp_block(bias: bool, mode: str | None = None, seq_per_rank: int = 48, autocast: bool = False) -> dict:
     """Eager, plain Inductor and backend="overlap" copies of one block on the same inputs,
-    compiled with ``mode``, in bf16 (or in fp32 run under autocast to bf16); returns the worst errors of both compiled copies and overlap's
-    decisions. With a mode, the block runs on a group of its own and with an empty choice cache,
-    so that overlap's workspaces are made and its choices measured during the compiled model's
-    first call (CUDA graph trees run it inside their memory pool)."""
+    compiled with ``mode``, in bf16 (or in fp32 run under autocast to bf16); returns the worst
+    errors of both compiled copies and overlap's decisions. With a mode, the block runs on a
+    group of its own and with an empty choice cache, so that overlap's workspaces are made and
+    its choices measured during the compiled model's first call (CUDA graph trees run it inside
+    their memory pool)."""
     world = dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device())
     if mode:

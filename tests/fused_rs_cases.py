@@ -112,7 +112,8 @@ def every_variant_widens(seed=0) -> int:
             _check(f"{name} out_dtype=float32", wide, ref, torch.bfloat16)
             if name not in ("nccl_cublas", "op"):
                 narrow = variant(*args)
-                assert torch.equal(wide.to(torch.bfloat16), narrow), f"{name}: fp32 output is not the bf16 one unrounded"
+                unrounded = torch.equal(wide.to(torch.bfloat16), narrow)
+                assert unrounded, f"{name}: the fp32 output is not the bf16 one before its rounding"
             checked += 1
     symm.check_all_timeouts()
     return checked

@@ -95,4 +95,5 @@ def widened_reduce_scatter(seed: int = 0, device: str = "cpu") -> bool:
     narrow = torch.ops.overlap.matmul_reduce_scatter(*args, dist.group.WORLD.group_name)
     exact = _reduce_scatter(a1 @ b1 + a2 @ b2, 0, "avg")
     err = ((wide - exact).norm() / exact.norm()).item()
-    return wide.dtype == torch.float32 and err <= REL_TOL[torch.bfloat16] and torch.equal(wide.bfloat16(), narrow)
+    unrounded = torch.equal(wide.bfloat16(), narrow)
+    return wide.dtype == torch.float32 and err <= REL_TOL[torch.bfloat16] and unrounded

@@ -434,7 +434,8 @@ def test_autocast_block_gathers_bf16_and_fuses_every_collective(tmp_path):
     assert [c["cast_moved_before_gather"] for c in forward] == ["float32 -> bfloat16"] * 2
     # the input gradients of Q + K + V and of gate + up: bf16 matmuls summed in fp32
     scatters = [c for c in backward if c["kind"] == MRS]
-    assert [(c.get("out_dtype"), len(c["nodes"]["matmuls"])) for c in scatters] == [("float32", 2), ("float32", 3)]
+    widened = [(c.get("out_dtype"), len(c["nodes"]["matmuls"])) for c in scatters]
+    assert widened == [("float32", 2), ("float32", 3)], widened
 
 
 @pytest.mark.parametrize(
@@ -584,5 +585,6 @@ def test_decisions_look_up_the_choice_under_the_key_the_op_files_it(tmp_path, mo
         compile_and_dump(widened_sum_scattered, (a1, a2, w1, w2, group), tmp_path)
     (match,) = matches
     inputs = [a1.view(2, 4, 6), a2.view(2, 4, 5)]  # as the rewrite reshapes them: [*scattered[:-1], K]
-    shapes = dispatch.matmul_reduce_scatter_shapes([a.shape for a in inputs], [w1, w2], False, "sum", 1, torch.float32)
+    shapes = [a.shape for a in inputs]
+    shapes = dispatch.matmul_reduce_scatter_shapes(shapes, [w1, w2], False, "sum", 1, torch.float32)
     assert decide._choice_key(match) == choose.shape_key("matmul_reduce_scatter", 2, shapes, torch.bfloat16)
