@@ -21,7 +21,7 @@ from torch._guards import detect_fake_mode
 from torch.fx import Graph, Node
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from .patterns import ALL_GATHER, CASTS, SPLITS, VIEWS, WAIT
+from .patterns import ALL_GATHER, CASTS, SPLITS, VIEWS, WAIT, cast_dtype
 
 aten = torch.ops.aten
 CONVERT = torch.ops.prims.convert_element_type.default
@@ -36,15 +36,6 @@ class CastMove:
     casts: tuple[Node, ...]  # the casts that end every path, all to ``dtype``
     dtype: torch.dtype
     source_dtype: torch.dtype
-
-
-def _cast_dtype(node: Node) -> torch.dtype | None:
-    """The dtype a cast node converts to, when converting the dtype is all it does."""
-    if node.target is CONVERT:
-        return node.args[1] if len(node.args) > 1 else None
-    if node.target is aten._to_copy.default and set(node.kwargs) == {"dtype"} and len(node.args) == 1:
-        return node.kwargs["dtype"]
-    return None
 
 
 def _keeps_layout(cast: Node) -> bool:
@@ -78,7 +69,7 @@ def _plan_one(gather: Node) -> CastMove | None:
                 stack.append(user)
             else:
                 return None  # read in its own dtype
-    dtypes = {_cast_dtype(c) for c in casts}
+    dtypes = {cast_dtype(c) for c in casts}
     if not casts or len(dtypes) != 1 or not all(_keeps_layout(c) for c in casts):
         return None
     (dtype,) = dtypes

@@ -384,16 +384,21 @@ def _one_user(node: Node) -> None:
         raise NoMatch("matmul result has other users")
 
 
+def cast_dtype(node: Node) -> torch.dtype | None:
+    """The dtype a cast node converts to, when converting the dtype is all it does."""
+    if node.target is torch.ops.prims.convert_element_type.default:
+        return node.args[1] if len(node.args) > 1 else None
+    if node.target is aten._to_copy.default and set(node.kwargs) == {"dtype"} and len(node.args) == 1:
+        return node.kwargs["dtype"]
+    return None
+
+
 def _widening(cast: Node) -> bool:
     """Whether ``cast`` only converts a bf16 or fp16 tensor to fp32, the dtype the op's
     reduction sums in (ops.py: out_dtype)."""
-    before, after = meta_val(cast.args[0]), meta_val(cast)
-    if not (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor)):
-        return False
-    if cast.target is aten._to_copy.default and set(cast.kwargs) - {"dtype"}:
-        return False  # also moves or re-lays out the tensor
-    narrow = before.dtype in (torch.bfloat16, torch.float16)
-    return narrow and after.dtype == torch.float32 and before.shape == after.shape
+    before = meta_val(cast.args[0])
+    narrow = isinstance(before, torch.Tensor) and before.dtype in (torch.bfloat16, torch.float16)
+    return narrow and cast_dtype(cast) == torch.float32
 
 
 def _sum_of_matmuls(
