@@ -39,6 +39,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from tools.measure import relative_error, slowest  # noqa: E402
+from tools.no_comm import NoCommunication  # noqa: E402
 
 # (dim, heads, K/V heads, hidden)
 SIZES = {"llama3-8b": (4096, 32, 8, 14336), "llama3-70b": (8192, 64, 8, 28672)}
@@ -47,6 +48,9 @@ COMPILERS = ("inductor", "inductor_micro_pipeline_tp", "overlap")
 # table): what it saves. overlap_eager_ops: every op call queued eagerly (the per-call CUDA
 # graphs of lowering/replay.py off).
 EXTRA_COMPILERS = {"overlap_eager_ops": {"op_graphs": False}}
+# plain Inductor with every collective replaced by a local op of its shape (tools/no_comm.py):
+# the step without communication, the floor of any overlap. Its results are wrong by design.
+FLOOR = "no_communication"
 
 
 def _compile(model, compiler, mode=None):
@@ -54,12 +58,15 @@ def _compile(model, compiler, mode=None):
     # to another (a config patched around the first call would not)
     if compiler.startswith("overlap"):
         return torch.compile(model, backend="overlap", mode=mode)
-    if compiler == "inductor_micro_pipeline_tp":
+    if compiler == "inductor":
+        return torch.compile(model, mode=mode)
+    if compiler == FLOOR:
+        options = {"post_grad_custom_pre_pass": NoCommunication()}
+    else:
         options = {"_micro_pipeline_tp": True}
-        if mode == "reduce-overhead":
-            options["triton.cudagraphs"] = True  # what the mode sets; options and mode exclude each other
-        return torch.compile(model, options=options)
-    return torch.compile(model, mode=mode)
+    if mode == "reduce-overhead":
+        options["triton.cudagraphs"] = True  # what the mode sets; options and mode exclude each other
+    return torch.compile(model, options=options)
 
 
 def _model(kind, dim, heads, kv_heads, hidden, mesh):
@@ -130,7 +137,7 @@ def bench_size(name, args, device, mesh) -> dict:
             del models[c]
             continue
         out = out.clone()  # (with CUDA graphs, the next step reuses the output's memory)
-        errors[c] = {
+        errors[c] = "not checked: no communication" if c == FLOOR else {
             "forward": relative_error(fwd, out_e),
             "output": relative_error(out, out_e),
             "input grad": relative_error(dx, dx_e),
@@ -215,17 +222,22 @@ def _host_profile(runner, calls: int, device, lines: int = 25) -> str:
 
 
 def table(rows: list[dict]) -> str:
+    """The markdown table of a run; with the no-communication floor measured, also the floor
+    and the share of plain Inductor's distance to it that overlap closes."""
+    floor = any(f"{FLOOR} forward" in r["us"] for r in rows)
     head = (
         "| size | pass | plain Inductor | Inductor + micro_pipeline_tp | overlap "
         "| overlap vs Inductor | overlap vs micro_pipeline_tp |"
-    )
+    ) + (" no communication | gap closed |" if floor else "")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         for mode in ("forward", "forward+backward"):
             t = [r["us"].get(f"{c} {mode}", float("nan")) for c in COMPILERS]  # nan: it failed
-            lines.append(
-                f"| {r['size']} | {mode} | {t[0]:.0f} | {t[1]:.0f} | {t[2]:.0f} | {t[0] / t[2]:.2f}x | {t[1] / t[2]:.2f}x |"
-            )
+            line = f"| {r['size']} | {mode} | {t[0]:.0f} | {t[1]:.0f} | {t[2]:.0f} | {t[0] / t[2]:.2f}x | {t[1] / t[2]:.2f}x |"
+            if floor:
+                bound = r["us"].get(f"{FLOOR} {mode}", float("nan"))
+                line += f" {bound:.0f} | {(t[0] - t[2]) / (t[0] - bound):.0%} |"
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -237,7 +249,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--autocast", action="store_true", help="fp32 model, steps under autocast to bf16")
     parser.add_argument("--sizes", default=",".join(SIZES))
-    known = COMPILERS + tuple(EXTRA_COMPILERS)
+    known = COMPILERS + tuple(EXTRA_COMPILERS) + (FLOOR,)
     parser.add_argument("--compilers", default=",".join(COMPILERS), help="a subset of " + ",".join(known))
     # as PERF_REFERENCE.md measured: the median of 5 rounds of 20 calls (with a handful of calls,
     # the start of each round, the GPU waiting for the first launch, weighs in)
