@@ -257,7 +257,13 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--profile", type=int, default=0, help="cProfile this many overlap calls per pass (host time)")
+    parser.add_argument(
+        "--fake-world", type=int, default=0,
+        help=f"one process, rank 0 of a fake process group of this size: times {FLOOR} alone at that world size",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.fake_world:  # a fake group moves no data: nothing but the floor means anything
+        args.compilers = FLOOR
     unknown = set(args.compilers.split(",")) - set(known)
     if unknown:
         parser.error(f"unknown compilers {sorted(unknown)}; choose from {','.join(known)}")
@@ -272,16 +278,21 @@ def main() -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank)
-    dist.init_process_group("nccl", device_id=device)
+    if args.fake_world:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", rank=0, world_size=args.fake_world, store=FakeStore())
+    else:
+        dist.init_process_group("nccl", device_id=device)
     mesh = init_device_mesh("cuda", (dist.get_world_size(),))
     import torch.distributed._symmetric_memory as symm_mem
 
-    if hasattr(symm_mem, "enable_symm_mem_for_group"):
+    if hasattr(symm_mem, "enable_symm_mem_for_group") and not args.fake_world:
         symm_mem.enable_symm_mem_for_group(dist.group.WORLD.group_name)  # _micro_pipeline_tp needs it
     meta = {
         "device": torch.cuda.get_device_name(), "world": dist.get_world_size(), "torch": torch.__version__,
         "triton": __import__("triton").__version__, "rounds": args.rounds, "calls": args.calls, "mode": args.mode,
-        "autocast": args.autocast,
+        "autocast": args.autocast, "fake_world": args.fake_world,
     }  # fmt: skip
     rows = []
     for name in args.sizes.split(","):

@@ -41,3 +41,24 @@ def test_every_collective_becomes_local():
     torch.testing.assert_close(out, (x.repeat(2, 1) @ w)[:3])
     torch.testing.assert_close(x.grad, grad @ w.T)
     torch.testing.assert_close(w.grad, 2 * x.T @ grad)
+
+
+def test_the_benchmarked_block_keeps_no_collective():
+    """The DTensor block tools/bench_model.py times: 4 collectives forward, 4 backward, all
+    replaced."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from tools.tp_models import TransformerBlock, parallelize_block
+
+    recording = _Recording()
+    with fake_world(4):
+        block = TransformerBlock(dim=32, heads=8, hidden=64, kv_heads=4)
+        block = parallelize_block(block, init_device_mesh("cpu", (4,)))
+        compiled = torch.compile(block, options={"post_grad_custom_pre_pass": recording})
+        x = torch.randn(1, 3, 32, requires_grad=True)
+        out = compiled(x)
+        out.backward(torch.randn_like(out))
+    assert len(recording.targets) == 2
+    for targets in recording.targets:
+        assert not [t for t in targets if "c10d" in t], targets
+    assert out.shape == x.shape and x.grad.shape == x.shape
