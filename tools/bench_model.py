@@ -78,6 +78,17 @@ def _model(kind, dim, heads, kv_heads, hidden, mesh):
     return parallelize_block(block, mesh)
 
 
+@torch.no_grad()
+def _draw_local_weights(model) -> None:
+    """A fake group's scatter moves nothing, so sharded weights hold whatever their memory did
+    (often zeros, which a GPU multiplies faster than data). Draws each shard as nn.Linear
+    draws its weights, from the global fan-in."""
+    for param in model.parameters():
+        if hasattr(param, "to_local") and param.dim() == 2:
+            bound = param.shape[1] ** -0.5
+            param.to_local().uniform_(-bound, bound)
+
+
 def _rewrites(reset: bool = False) -> dict:
     """overlap's counters since the last reset: candidates rewritten and skipped, per kind."""
     from torch._dynamo.utils import counters
@@ -95,6 +106,8 @@ def bench_size(name, args, device, mesh) -> dict:
     torch.manual_seed(0)
     dtype = torch.float32 if args.autocast else torch.bfloat16
     eager = _model(args.model, dim, heads, kv_heads, hidden, mesh).to(device=device, dtype=dtype)
+    if args.fake_world:
+        _draw_local_weights(eager)
     models = {c: _compile(copy.deepcopy(eager), c, args.mode) for c in args.compilers.split(",")}
     gen = torch.Generator(device=device).manual_seed(1 + dist.get_rank())
     x = torch.randn(1, args.tokens // world, dim, device=device, dtype=dtype, generator=gen)
