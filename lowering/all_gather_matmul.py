@@ -5,8 +5,7 @@
   of templates/all_gather_matmul.py starts on the local shard in place and takes the peers'
   chunks as their flags arrive.
 - copy_engine_cublas: the same pushes and flags; the caller's stream runs one cuBLAS matmul per
-  chunk, each behind a one-program kernel that waits for that chunk's flag. ``:2streams``
-  alternates the chunks between the caller's stream and a second one.
+  chunk, each behind a one-program kernel that waits for that chunk's flag.
 - nccl_cublas: NCCL all-gather, then cuBLAS. The baseline, and the fallback.
 
 All take the op's arguments and return what the op returns: (gathered or None, outputs); the
@@ -146,29 +145,20 @@ def fused(
 
 def copy_engine_cublas(
     shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
-    contract_with=(), gathered_left=(), *, outputs=None, two_streams=False,
+    contract_with=(), gathered_left=(), *, outputs=None,
 ):  # fmt: skip
     gathered, outs = outputs or allocate(
         shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered, contract_with, gathered_left
     )
     ws, stacked, shard, flat, inner, gathered_shape = _start(shard, gather_dim, world_size, group_name)
-    # two_streams: the chunks' matmuls alternate between the caller's stream and a second one,
-    # so a chunk's matmul can start on the SMs that the last wave of the one before leaves idle
-    streams = (ws.main, ws.branch()) if two_streams else (ws.main,)
     try:
-        for step, chunk in enumerate(schedule.all_gather_order(ws.rank, world_size)):
-            stream = streams[step % len(streams)]
-            with ws.on_stream(stream):
-                a = _chunk_rows(ws, stacked, flat, chunk, wait=True)
-                _matmul_chunk(a, chunk, mat2s, biases, outs, gather_dim, world_size)
-            if contract_with:  # accumulated into one output each: the caller's stream, in order
-                a = _chunk_rows(ws, stacked, flat, chunk, wait=stream is not ws.main)
-                _contract_chunk(
-                    a, chunk, contract_with, gathered_left, outs[len(mat2s) :], gathered_shape, gather_dim, ws
-                )
+        for chunk in schedule.all_gather_order(ws.rank, world_size):
+            a = _chunk_rows(ws, stacked, flat, chunk, wait=True)
+            _matmul_chunk(a, chunk, mat2s, biases, outs, gather_dim, world_size)
+            _contract_chunk(
+                a, chunk, contract_with, gathered_left, outs[len(mat2s) :], gathered_shape, gather_dim, ws
+            )
     finally:  # joined even when a matmul fails: the next call must not overtake the pushes
-        if two_streams:
-            ws.merge()
         _finish(ws, shard, stacked, flat, gather_dim, gathered)
     return gathered, outs
 
@@ -251,6 +241,5 @@ def variants(num_mat2s: int = 1) -> dict:
     if num_mat2s:
         table = {f"fused:{cfg}": functools.partial(fused, gemm_config=cfg) for cfg in consumer.CONFIGS}
     table["copy_engine_cublas"] = copy_engine_cublas
-    table["copy_engine_cublas:2streams"] = functools.partial(copy_engine_cublas, two_streams=True)
     table["nccl_cublas"] = nccl_cublas
     return table

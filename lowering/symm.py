@@ -166,9 +166,6 @@ class Workspace:
         self._forked = False  # whether the call in progress queued work on the side stream
         # reused every call: waiting on an event takes its state when the wait is queued
         self._fork_event, self._join_event = torch.cuda.Event(), torch.cuda.Event()
-        # a second stream for matmuls beside the caller's (branch), made at its first use
-        self._branch_stream: torch.cuda.Stream | None = None
-        self._branch_event, self._merge_event = torch.cuda.Event(), torch.cuda.Event()
         # one per chunk, "chunk j's data is ready": a reduce-scatter's partial (recorded on the
         # caller's stream), an all-gather's own chunk copied into the data (on the side stream)
         self.chunk_ready = [torch.cuda.Event() for _ in range(self.world_size)]
@@ -290,33 +287,14 @@ class Workspace:
         self.side_stream.wait_event(self._fork_event)
         self._forked = True
 
-    def on_side_stream(self):
-        """Work queued inside runs on the side stream."""
-        return self.on_stream(self.side_stream)
-
     @contextlib.contextmanager
-    def on_stream(self, stream: torch.cuda.Stream):
-        """Work queued inside runs on ``stream``, then the caller's stream is current again
-        (cheaper than torch.cuda.stream)."""
-        torch.cuda.set_stream(stream)
+    def on_side_stream(self):
+        """Work queued inside runs on the side stream (cheaper than torch.cuda.stream)."""
+        torch.cuda.set_stream(self.side_stream)
         try:
             yield
         finally:
             torch.cuda.set_stream(self.main)
-
-    def branch(self) -> torch.cuda.Stream:
-        """A second stream for SM work beside the caller's, starting after everything queued so
-        far on the caller's stream. ``merge`` must join it back in the same call."""
-        if self._branch_stream is None:
-            self._branch_stream = new_stream(self.device)
-        self._branch_event.record(self.main)
-        self._branch_stream.wait_event(self._branch_event)
-        return self._branch_stream
-
-    def merge(self) -> None:
-        """The caller's stream waits for everything queued on the branch."""
-        self._merge_event.record(self._branch_stream)
-        self.main.wait_event(self._merge_event)
 
     def leave(self) -> None:
         """A call's end, also on error paths: the caller's stream joins the side stream if the
