@@ -10,6 +10,8 @@ rank 0 picks the fastest and broadcasts its name, so every rank runs the same va
 baseline is always a candidate, so the pick is never slower than it, as measured.
 The choice is written to ``config.choice_cache`` (rank 0), read back by later runs (rank 0 reads
 and broadcasts), and shown in decisions.json by the pass when the cache already knows the shape.
+An entry names the variants it was chosen among; a run that has others (a newer overlap) measures
+the shape again.
 
 Samples run the calls as the model will: through dispatch's wrappers, so calls that replay
 per-call CUDA graphs (replay.py) are timed replaying them. A first call made while CUDA graph
@@ -87,6 +89,13 @@ def cached_choice(key: str) -> str | None:
         return CHOICES[key]["choice"]
     entry = load_cache().get(key)
     return entry["choice"] if entry else None
+
+
+def _chosen_among(entry: dict | None, names: list[str]) -> str | None:
+    """A cached entry's choice if it was made among exactly the variants ``names``, else None."""
+    if not entry or sorted(entry.get("variants", ())) != sorted(names):
+        return None
+    return entry["choice"]
 
 
 def _store(key: str, entry: dict) -> None:
@@ -251,7 +260,7 @@ def _choose_collectively(key: str, variants: dict, args: tuple, group, device, g
         key += GRAPHS_KEY
     names = list(variants)
     rank = group.rank()
-    found = load_cache().get(key, {}).get("choice") if rank == 0 else None
+    found = _chosen_among(load_cache().get(key), names) if rank == 0 else None
     found = _broadcast_name(found, names, group, device)
     if found is not None:
         CHOICES[key] = {"choice": found, "source": "cache"}
@@ -261,7 +270,7 @@ def _choose_collectively(key: str, variants: dict, args: tuple, group, device, g
     times = _measure(variants, args, group, device, graphs)
     best = min(names, key=lambda n: times[n]) if rank == 0 else None
     best = _broadcast_name(best, names, group, device)
-    entry = {"choice": best, "times_us": {n: round(t, 1) for n, t in times.items()}}
+    entry = {"choice": best, "times_us": {n: round(t, 1) for n, t in times.items()}, "variants": names}
     CHOICES[key] = {**entry, "source": "measured"}
     _DECIDED[(group.group_name, decided_key)] = best
     if rank == 0:

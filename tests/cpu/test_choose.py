@@ -43,6 +43,18 @@ def test_choices_are_cached_on_disk(tmp_path):
         assert choose.load_cache() == {}  # a broken cache is ignored, not fatal
 
 
+def test_a_choice_made_among_other_variants_is_made_again():
+    """A cache written by an overlap with other variants (one added or dropped since) is not
+    trusted: the shape is measured again."""
+    names = list(VARIANTS)
+    entry = {"choice": "copy_engine_cublas", "variants": list(reversed(names))}
+    assert choose._chosen_among(entry, names) == "copy_engine_cublas"
+    assert choose._chosen_among({**entry, "variants": names[:-1]}, names) is None
+    assert choose._chosen_among({**entry, "variants": names + ["fused:new"]}, names) is None
+    assert choose._chosen_among({"choice": "copy_engine_cublas"}, names) is None  # before variants were recorded
+    assert choose._chosen_among(None, names) is None
+
+
 def test_the_key_names_everything_the_choice_depends_on():
     shapes = {"shard": [2048, 4096], "gather_dim": 0, "mat2s": [[4096, 1536, "t"]], "bias": [False]}
     key = choose.shape_key("all_gather_matmul", 4, shapes, torch.bfloat16)
