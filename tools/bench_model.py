@@ -13,6 +13,11 @@ MLP (all-gather -> up -> gelu -> down -> reduce-scatter), at the same dim and hi
 --autocast: fp32 weights and activations, each step under torch.autocast to bf16 (the matmuls
 in bf16, the backward's input gradients summed and reduce-scattered in fp32); else all bf16.
 
+--compilers ...,no_communication adds the floor: plain Inductor with every collective replaced
+by a local op of its shape (tools/no_comm.py), the step with no communication at all; the table
+then shows how much of plain Inductor's distance to it overlap closes. --fake-world W times the
+floor alone, in one process on one GPU, at world size W (rank 0 of a fake process group).
+
 Times: the slowest rank's median over shuffled, interleaved rounds of the mean of ``--calls``
 steps. Forward runs under no_grad (an inference graph); forward+backward takes the gradient of
 the output with a fixed random gradient. Outputs and gradients are checked against eager.
@@ -317,7 +322,7 @@ def main() -> None:
             print(f"  op calls {json.dumps(row['op_calls'])}", flush=True)
             with open(args.out, "w") as f:
                 json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    if dist.get_rank() == 0:
+    if dist.get_rank() == 0 and not args.fake_world:  # (the floor alone is printed above)
         print(json.dumps(meta))
         print(table(rows))
     # CUDA graphs that captured NCCL collectives (reduce-overhead) must go before the
