@@ -9,6 +9,8 @@ byte it moves; its results are wrong by design (tools/bench_model.py names it
 - reduce_scatter_tensor(x) -> the first 1/world-size of x's rows (a view);
 - all_reduce(x) -> x;
 - wait_tensor(x) -> x.
+
+Other collectives (coalesced ones, all-to-all) stay, and their traffic with them.
 """
 
 import torch
