@@ -10,8 +10,8 @@ rank 0 picks the fastest and broadcasts its name, so every rank runs the same va
 baseline is always a candidate, so the pick is never slower than it, as measured.
 The choice is written to ``config.choice_cache`` (rank 0), read back by later runs (rank 0 reads
 and broadcasts), and shown in decisions.json by the pass when the cache already knows the shape.
-An entry names the variants it was chosen among; a run that has others (a newer overlap) measures
-the shape again.
+An entry counts only where its times name exactly the variants of this run: an overlap that has
+added or dropped a variant since measures the shape again.
 
 Samples run the calls as the model will: through dispatch's wrappers, so calls that replay
 per-call CUDA graphs (replay.py) are timed replaying them. A first call made while CUDA graph
@@ -83,17 +83,19 @@ def load_cache() -> dict:
     return {k: v for k, v in table.items() if isinstance(v, dict) and isinstance(v.get("choice"), str)}
 
 
-def cached_choice(key: str) -> str | None:
-    """The choice for ``key`` made in this process or found in the cache file, if any."""
+def cached_choice(key: str, names: list[str]) -> str | None:
+    """The choice for ``key`` made in this process, or found in the cache file among the
+    variants ``names`` (as a first call would take it), if any."""
     if key in CHOICES:
         return CHOICES[key]["choice"]
-    entry = load_cache().get(key)
-    return entry["choice"] if entry else None
+    return _chosen_among(load_cache().get(key), names)
 
 
 def _chosen_among(entry: dict | None, names: list[str]) -> str | None:
-    """A cached entry's choice if it was made among exactly the variants ``names``, else None."""
-    if not entry or sorted(entry.get("variants", ())) != sorted(names):
+    """A cached entry's choice if its times name exactly the variants ``names`` (every variant
+    measured gets a time, inf where it was out), else None."""
+    measured = entry.get("times_us") if entry else None
+    if not isinstance(measured, dict) or set(measured) != set(names):
         return None
     return entry["choice"]
 
@@ -270,7 +272,7 @@ def _choose_collectively(key: str, variants: dict, args: tuple, group, device, g
     times = _measure(variants, args, group, device, graphs)
     best = min(names, key=lambda n: times[n]) if rank == 0 else None
     best = _broadcast_name(best, names, group, device)
-    entry = {"choice": best, "times_us": {n: round(t, 1) for n, t in times.items()}, "variants": names}
+    entry = {"choice": best, "times_us": {n: round(t, 1) for n, t in times.items()}}
     CHOICES[key] = {**entry, "source": "measured"}
     _DECIDED[(group.group_name, decided_key)] = best
     if rank == 0:

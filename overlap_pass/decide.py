@@ -73,6 +73,15 @@ def _choice_key(match: Match) -> str:
     return choose.shape_key("matmul_reduce_scatter", match.world_size, shapes, dtype)
 
 
+def _variant_names(match: Match) -> list[str]:
+    """The variants lowering/choose.py picks the match's op from."""
+    from overlap_pass.lowering import dispatch
+
+    if isinstance(match, AllGatherMatmulMatch):
+        return list(dispatch._ag_variants(len(match.matmuls)))
+    return list(dispatch._rs_variants(len(match.terms)))
+
+
 def choose_implementation(match: Match) -> str:
     """Which implementation the rewritten op runs, as decisions.json shows it. CUDA tensors: a
     forced variant, the cached per-shape choice, or "auto" until the first call measures
@@ -90,7 +99,7 @@ def choose_implementation(match: Match) -> str:
         key = _choice_key(match)
         if inductor_config.triton.cudagraphs:  # reduce-overhead: the choice timed as replays
             key += choose.GRAPHS_KEY
-        cached = choose.cached_choice(key)
+        cached = choose.cached_choice(key, _variant_names(match))
     except Exception as e:  # the choice is only shown here; never fail compilation over it
         return f"auto (no cached choice: {e})"
     return f"auto: {cached} (cached)" if cached else "auto: measured at the first call"

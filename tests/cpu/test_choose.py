@@ -33,26 +33,54 @@ def test_a_forced_implementation_the_op_lacks_falls_back_to_the_choice(caplog, m
 def test_choices_are_cached_on_disk(tmp_path):
     path = tmp_path / "sub" / "choices.json"
     with config.patch(choice_cache=str(path)):
-        assert choose.cached_choice("shape A") is None
-        choose._store("shape A", {"choice": "copy_engine_cublas", "times_us": {"nccl_cublas": 10.0}})
+        names = ["copy_engine_cublas", "nccl_cublas"]
+        assert choose.cached_choice("shape A", names) is None
+        times = {"nccl_cublas": 10.0, "copy_engine_cublas": 8.0}
+        choose._store("shape A", {"choice": "copy_engine_cublas", "times_us": times})
         choose._store("shape B", {"choice": "nccl_cublas", "times_us": {}})
-        assert choose.cached_choice("shape A") == "copy_engine_cublas"
+        assert choose.cached_choice("shape A", names) == "copy_engine_cublas"
+        assert choose.cached_choice("shape B", names) is None  # measured among other variants
         assert set(json.loads(path.read_text())) == {"shape A", "shape B"}
     path.write_text("not json")
     with config.patch(choice_cache=str(path)):
         assert choose.load_cache() == {}  # a broken cache is ignored, not fatal
 
 
-def test_a_choice_made_among_other_variants_is_made_again():
+def test_a_choice_made_among_other_variants_is_made_again(tmp_path, monkeypatch):
     """A cache written by an overlap with other variants (one added or dropped since) is not
-    trusted: the shape is measured again."""
+    trusted: the first call measures the shape again, and the new choice replaces the old."""
     names = list(VARIANTS)
-    entry = {"choice": "copy_engine_cublas", "variants": list(reversed(names))}
-    assert choose._chosen_among(entry, names) == "copy_engine_cublas"
-    assert choose._chosen_among({**entry, "variants": names[:-1]}, names) is None
-    assert choose._chosen_among({**entry, "variants": names + ["fused:new"]}, names) is None
-    assert choose._chosen_among({"choice": "copy_engine_cublas"}, names) is None  # before variants were recorded
-    assert choose._chosen_among(None, names) is None
+    times = {n: 10.0 + i for i, n in enumerate(names)}  # the first variant fastest
+    measured = []
+
+    def measure(variants, args, group, device, graphs):
+        measured.append(list(variants))
+        return dict(times)
+
+    class Group:
+        group_name = "g"
+
+        def rank(self):
+            return 0
+
+    monkeypatch.setattr(choose, "_measure", measure)
+    monkeypatch.setattr(choose, "_broadcast_name", lambda name, names, group, device: name)
+    with config.patch(choice_cache=str(tmp_path / "choices.json")):
+        for cached, remeasured in (
+            ({"copy_engine_cublas": 1.0}, True),  # fewer variants then
+            ({**times, "fused:gone": 1.0}, True),  # one dropped since
+            ({n: 20.0 for n in names}, False),  # the same variants: taken as it is
+        ):
+            choose._DECIDED.clear()
+            choose._store("k", {"choice": "nccl_cublas", "times_us": cached})
+            chosen = choose._choose_collectively("k", VARIANTS, (), Group(), None, graphs=False)
+            assert bool(measured) == remeasured
+            assert chosen == (names[0] if remeasured else "nccl_cublas")
+            if remeasured:
+                assert choose.load_cache()["k"]["choice"] == names[0]
+            measured.clear()
+    assert choose._chosen_among({"choice": "nccl_cublas"}, names) is None  # no times: hand-written
+    assert choose._chosen_among({"choice": "x", "times_us": None}, names) is None
 
 
 def test_the_key_names_everything_the_choice_depends_on():

@@ -24,10 +24,16 @@ def test_decisions_show_the_choice_of_the_mode_compiled_for(monkeypatch, tmp_pat
 
     monkeypatch.setattr(decide, "meta_val", lambda node: SimpleNamespace(device=torch.device("cuda", 0)))
     monkeypatch.setattr(decide, "_choice_key", lambda match: "shape")
+    names = ["copy_engine_cublas", "nccl_cublas"]
+    monkeypatch.setattr(decide, "_variant_names", lambda match: names)
+    times = {n: 1.0 for n in names}
     match = SimpleNamespace(scattered=None)
     with config.patch(choice_cache=str(tmp_path / "choices.json")):
-        choose._store("shape", {"choice": "nccl_cublas"})
-        choose._store("shape" + choose.GRAPHS_KEY, {"choice": "copy_engine_cublas"})
+        choose._store("shape", {"choice": "nccl_cublas", "times_us": times})
+        choose._store("shape" + choose.GRAPHS_KEY, {"choice": "copy_engine_cublas", "times_us": times})
         assert decide.choose_implementation(match) == "auto: nccl_cublas (cached)"
         with inductor_config.patch({"triton.cudagraphs": True}):
             assert decide.choose_implementation(match) == "auto: copy_engine_cublas (cached)"
+        # chosen by an overlap with other variants: the first call will measure again
+        choose._store("shape", {"choice": "nccl_cublas", "times_us": {"nccl_cublas": 1.0}})
+        assert decide.choose_implementation(match) == "auto: measured at the first call"

@@ -5,15 +5,17 @@ import torch
 import torch.distributed._functional_collectives as funcol
 
 from tests.cpu.fake_world import fake_world
-from tools.no_comm import NoCommunication
+from tools.no_comm import NoCommunication, drop_communication
 
 
 class _Recording(NoCommunication):
+    """Per graph: how many collectives were replaced, and the targets left."""
+
     def __init__(self) -> None:
-        self.targets = []
+        self.replaced, self.targets = [], []
 
     def __call__(self, graph) -> None:
-        super().__call__(graph)
+        self.replaced.append(drop_communication(graph))
         self.targets.append({str(node.target) for node in graph.nodes})
 
 
@@ -33,7 +35,7 @@ def test_every_collective_becomes_local():
         grad = torch.randn_like(out)
         out.backward(grad)
 
-    assert len(recording.targets) == 2  # the forward and the backward graph
+    assert recording.replaced == [2, 2]  # the forward and the backward graph
     for targets in recording.targets:
         assert not [t for t in targets if "c10d" in t], targets
     # gather -> x twice over; reduce-scatter -> the first half of the rows; and in the backward
@@ -58,7 +60,25 @@ def test_the_benchmarked_block_keeps_no_collective():
         x = torch.randn(1, 3, 32, requires_grad=True)
         out = compiled(x)
         out.backward(torch.randn_like(out))
-    assert len(recording.targets) == 2
+    assert recording.replaced == [4, 4]
     for targets in recording.targets:
         assert not [t for t in targets if "c10d" in t], targets
     assert out.shape == x.shape and x.grad.shape == x.shape
+
+
+def test_a_collective_it_does_not_replace_keeps_its_wait(caplog):
+    """An all-to-all stays, with its wait; the all-reduce after it becomes a copy."""
+    recording = _Recording()
+    with fake_world(2) as group:
+
+        def exchange(x):
+            return funcol.all_reduce(funcol.all_to_all_single(x, None, None, group) * 2, "sum", group)
+
+        x = torch.randn(4, 3)
+        torch.compile(exchange, options={"post_grad_custom_pre_pass": recording}, fullgraph=True)(x)
+    (targets,) = recording.targets
+    assert recording.replaced == [1]
+    assert "_c10d_functional.all_to_all_single.default" in targets
+    assert "_c10d_functional.wait_tensor.default" in targets
+    assert "_c10d_functional.all_reduce.default" not in targets
+    assert "all_to_all_single" in caplog.text
