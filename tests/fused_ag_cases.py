@@ -2,6 +2,7 @@
 runs on every rank of an NCCL RankPool. Every output is checked against an fp32 reference built
 from NCCL's all-gather, on fresh random inputs, with the workspace poisoned with NaN before."""
 
+import json
 import math
 
 import torch
@@ -258,3 +259,51 @@ def contractions_match(dtype, seed=0) -> int:
             checked += 1
     symm.check_all_timeouts()
     return checked
+
+
+def choice_cache_round_trip(path: str, seed=0) -> list[str]:
+    """What a later run does with the choice cache at ``path``: a first call measures and stores
+    the choice; a run that starts again (this process's choices forgotten) takes it from the file;
+    an entry whose times miss one of this overlap's variants (as an older overlap wrote it) is
+    measured again and replaced. Returns the sources, with the choice taken from the cache."""
+    from overlap_pass.lowering import choose
+
+    world = dist.get_world_size()
+    shape, gather_dim, ns, bias = SHAPES[0]
+    shard, mat2s, biases = _problem(shape, gather_dim, ns, bias, torch.bfloat16, seed)
+    expected = _reference(shard, mat2s, biases, gather_dim)
+    saved = dict(choose.CHOICES), dict(choose._DECIDED)
+
+    def first_call() -> dict:
+        choose.CHOICES.clear()
+        choose._DECIDED.clear()
+        result = torch.ops.overlap.all_gather_matmul(shard, mat2s, biases, gather_dim, world, group_name(), True)
+        _check("auto", result, expected, torch.bfloat16)
+        (entry,) = choose.CHOICES.values()
+        return entry
+
+    sources = []
+    try:
+        with config.patch(choice_cache=path):
+            measured = first_call()
+            sources.append(measured["source"])
+            cached = first_call()
+            sources += [cached["source"], "same choice" if cached["choice"] == measured["choice"] else "other"]
+            if dist.get_rank() == 0:
+                table = choose.load_cache()
+                (key,) = table
+                dropped = sorted(table[key]["times_us"])[0]
+                del table[key]["times_us"][dropped]
+                with open(path, "w") as f:
+                    json.dump(table, f)
+            dist.barrier()
+            sources.append(first_call()["source"])
+            if dist.get_rank() == 0:
+                (entry,) = choose.load_cache().values()
+                sources.append("rewritten" if set(entry["times_us"]) == set(measured["times_us"]) else "stale")
+    finally:
+        choose.CHOICES.clear()
+        choose.CHOICES.update(saved[0])
+        choose._DECIDED.clear()
+        choose._DECIDED.update(saved[1])
+    return sources

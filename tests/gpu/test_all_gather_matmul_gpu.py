@@ -30,6 +30,12 @@ def test_op_choice_is_the_same_on_every_rank(pool):
     assert all(p == picked[0] for p in picked), picked
 
 
+def test_the_choice_cache_is_read_back_and_stale_entries_measured_again(pool, tmp_path):
+    sources = pool.run(cases.choice_cache_round_trip, str(tmp_path / "choices.json"))
+    assert sources[0] == ["measured", "cache", "same choice", "measured", "rewritten"], sources
+    assert all(s == sources[0][:4] for s in sources[1:]), sources
+
+
 def test_cuda_graph_replay(pool):
     assert pool.run(cases.cuda_graph_replay, 20) == [20] * pool.world_size
 
