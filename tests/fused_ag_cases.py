@@ -266,17 +266,18 @@ def choice_cache_round_trip(path: str, seed=0) -> list[str]:
     the choice; a run that starts again (this process's choices forgotten) takes it from the file;
     an entry whose times miss one of this overlap's variants (as an older overlap wrote it) is
     measured again and replaced. Returns the sources, with the choice taken from the cache."""
-    from overlap_pass.lowering import choose
+    from overlap_pass.lowering import choose, dispatch
 
     world = dist.get_world_size()
     shape, gather_dim, ns, bias = SHAPES[0]
     shard, mat2s, biases = _problem(shape, gather_dim, ns, bias, torch.bfloat16, seed)
     expected = _reference(shard, mat2s, biases, gather_dim)
-    saved = dict(choose.CHOICES), dict(choose._DECIDED)
+    remembered = (choose.CHOICES, choose._DECIDED, dispatch._RESOLVED)  # this process's choices
+    saved = [dict(table) for table in remembered]
 
     def first_call() -> dict:
-        choose.CHOICES.clear()
-        choose._DECIDED.clear()
+        for table in remembered:
+            table.clear()
         result = torch.ops.overlap.all_gather_matmul(shard, mat2s, biases, gather_dim, world, group_name(), True)
         _check("auto", result, expected, torch.bfloat16)
         (entry,) = choose.CHOICES.values()
@@ -302,8 +303,7 @@ def choice_cache_round_trip(path: str, seed=0) -> list[str]:
                 (entry,) = choose.load_cache().values()
                 sources.append("rewritten" if set(entry["times_us"]) == set(measured["times_us"]) else "stale")
     finally:
-        choose.CHOICES.clear()
-        choose.CHOICES.update(saved[0])
-        choose._DECIDED.clear()
-        choose._DECIDED.update(saved[1])
+        for table, before in zip(remembered, saved):
+            table.clear()
+            table.update(before)
     return sources
