@@ -117,7 +117,9 @@ def bench_size(name, args, device, mesh) -> dict:
         _draw_local_weights(eager)
     models = {c: _compile(copy.deepcopy(eager), c, args.mode) for c in args.compilers.split(",")}
     gen = torch.Generator(device=device).manual_seed(1 + dist.get_rank())
-    x = torch.randn(1, args.tokens // world, dim, device=device, dtype=dtype, generator=gen)
+    # [batch, seq, dim], sharded along seq: with batch > 1 each rank's rows are not one block of the
+    # gathered tensor (as in the demo)
+    x = torch.randn(args.batch, args.tokens // args.batch // world, dim, device=device, dtype=dtype, generator=gen)
     grad = torch.randn(x.shape, device=device, dtype=dtype, generator=gen)
     autocast = functools.partial(torch.autocast, "cuda", dtype=torch.bfloat16, enabled=args.autocast)
 
@@ -206,7 +208,7 @@ def bench_size(name, args, device, mesh) -> dict:
 
     return {
         "model": args.model, "size": name, "dim": dim, "heads": heads, "kv_heads": kv_heads, "hidden": hidden,
-        "tokens": args.tokens, "autocast": args.autocast, "world": world, "us": us, "host_us": host_us,
+        "tokens": args.tokens, "batch": args.batch, "autocast": args.autocast, "world": world, "us": us, "host_us": host_us,
         "errors": errors, "overlap_pass": _rewrites(),
         "op_calls": dict(replay.stats),  # rank 0's, since the process started: eager, captured, replayed
         # each op shape's variant and the times it was picked on: every size benched so far in this process
@@ -269,6 +271,7 @@ def main() -> None:
     parser.add_argument("--out", default="bench_model.json")
     parser.add_argument("--mode", choices=("reduce-overhead",), default=None, help="torch.compile mode, for every compiler")
     parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--batch", type=int, default=1, help="sequences of tokens / batch each")
     parser.add_argument("--autocast", action="store_true", help="fp32 model, steps under autocast to bf16")
     parser.add_argument("--sizes", default=",".join(SIZES))
     known = COMPILERS + tuple(EXTRA_COMPILERS) + (FLOOR,)
@@ -284,6 +287,8 @@ def main() -> None:
         help=f"one process, rank 0 of a fake process group of this size: times {FLOOR} alone at that world size",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.tokens % (args.batch * (args.fake_world or int(os.environ.get("WORLD_SIZE", 1)))):
+        parser.error("tokens must be divisible by batch x world size")
     if args.fake_world:  # a fake group moves no data: nothing but the floor means anything
         args.compilers = FLOOR
     unknown = set(args.compilers.split(",")) - set(known)
