@@ -5,8 +5,12 @@ backend="overlap", on every GPU here (NCCL), or on CPU processes (gloo) where th
     python -m tools.demo --world-size 4 --dim 512
 
 Starts its own ranks. Prints which collective -> matmul patterns were rewritten (and why any were
-not), the compiled block's numerics against eager, and its forward+backward time against plain
-Inductor (the slowest rank's median, the two variants interleaved).
+not), the compiled block's numerics against eager, and its training-step time against plain
+Inductor, timed as a training loop runs: rounds of back-to-back steps (forward, backward,
+gradients dropped), the two compilers' rounds interleaved, the median round of the slowest rank.
+On GPUs the block is Llama 3 8B's (grouped-query attention) over 8192 tokens, as
+docs/PERF.md's block benchmark; with --batch above 1 each rank's sequence shard is not one
+block of rows of the gathered activations, a layout overlap handles less well (docs/PERF.md).
 """
 
 import argparse
@@ -35,14 +39,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _timed(fn, device: torch.device) -> float:
+def _per_call(fn, calls: int, device: torch.device) -> float:
+    """Seconds per call of ``calls`` back-to-back calls of ``fn``, the device idle before and after."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    dist.barrier()
     start = time.perf_counter()
-    fn()
+    for _ in range(calls):
+        fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - start
+    return (time.perf_counter() - start) / calls
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -80,7 +87,7 @@ def _rank_main(rank: int, args, port: int, dump_dir: str) -> None:
     dtype = torch.bfloat16 if use_cuda else torch.float32
     mesh = init_device_mesh(device.type, (world,))
     torch.manual_seed(0)
-    block = TransformerBlock(args.dim, args.heads, args.hidden, bias=args.bias)
+    block = TransformerBlock(args.dim, args.heads, args.hidden, bias=args.bias, kv_heads=args.kv_heads)
     block = parallelize_block(block.to(device=device, dtype=dtype), mesh)
     eager = block
     inductor = torch.compile(copy.deepcopy(block))
@@ -110,20 +117,26 @@ def _rank_main(rank: int, args, port: int, dump_dir: str) -> None:
         for i, name in enumerate(("output", "input grad", "weight grads"))
     }
 
-    times = {"inductor": [], "overlap": []}
-    for _ in range(args.warmup):
-        step(inductor, x), step(overlapped, x)
-    for _ in range(args.iters):  # interleaved, so drift hits both alike
-        times["inductor"].append(slowest(_timed(lambda: step(inductor, x), device), device))
-        times["overlap"].append(slowest(_timed(lambda: step(overlapped, x), device), device))
-    dist.barrier()
+    def train_step(model):
+        step(model, x)
+        for p in model.parameters():  # as optimizer.zero_grad() does
+            p.grad = None
+
+    compiled = {"inductor": inductor, "overlap": overlapped}
+    times = {name: [] for name in compiled}
+    for round_ in range(args.warmup + args.rounds):
+        for name, model in compiled.items():  # interleaved, so drift hits both alike
+            seconds = _per_call(lambda: train_step(model), args.calls, device)
+            if round_ >= args.warmup:
+                times[name].append(seconds)
+    times = {name: slowest(statistics.median(t), device) for name, t in times.items()}
 
     if rank == 0:
         print(
             f"\noverlap demo: TP/SP transformer block, world size {world} "
             f"({'NCCL on ' + torch.cuda.get_device_name(device) if use_cuda else 'gloo on CPU'}), "
             f"{str(dtype).replace('torch.', '')}, batch {args.batch}, seq {args.seq}, dim {args.dim}, "
-            f"hidden {args.hidden}, heads {args.heads}, bias {args.bias}"
+            f"hidden {args.hidden}, heads {args.heads} (K/V {args.kv_heads}), bias {args.bias}"
         )
         print(f"torch {torch.__version__}\n\nPatterns (dump: {dump_dir}/rank0):")
         print(inspect_dump.format_table(inspect_dump.rows(os.path.join(dump_dir, "rank0"))))
@@ -133,9 +146,8 @@ def _rank_main(rank: int, args, port: int, dump_dir: str) -> None:
         for name, err in errors.items():
             verdict = "ok" if err["overlap"] <= tol else "MISMATCH"
             print(f"  {name:<13} {err['overlap']:9.2e}  {err['inductor']:14.2e}  {verdict}")
-        inductor_ms = statistics.median(times["inductor"]) * 1e3
-        overlap_ms = statistics.median(times["overlap"]) * 1e3
-        print(f"\nForward+backward, median of {args.iters} steps, slowest rank:")
+        inductor_ms, overlap_ms = times["inductor"] * 1e3, times["overlap"] * 1e3
+        print(f"\nTraining step (forward+backward), median of {args.rounds} rounds of {args.calls} steps, slowest rank:")
         print(f"  plain Inductor       {inductor_ms:9.3f} ms")
         print(f"  backend=\"overlap\"    {overlap_ms:9.3f} ms  ({inductor_ms / overlap_ms:.2f}x)")
         if not use_cuda:
@@ -153,24 +165,29 @@ def main(argv=None) -> None:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     parser.add_argument("--world-size", type=int, default=gpus if gpus >= 2 else 2)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if gpus >= 2 else "cpu")
-    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=None, help="global sequence length")
     parser.add_argument("--dim", type=int, default=None)
     parser.add_argument("--hidden", type=int, default=None)
     parser.add_argument("--heads", type=int, default=None)
+    parser.add_argument("--kv-heads", type=int, default=None, help="K/V heads (grouped-query attention)")
     parser.add_argument("--bias", action="store_true")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=10, help="training steps per round")
     parser.add_argument("--dump-dir", default=None, help="where the pass's dumps go")
     args = parser.parse_args(argv)
     gpu = args.device == "cuda"
     # Defaults: a Llama-like block on GPUs, a small one on CPU.
-    args.seq = args.seq or (4096 if gpu else 64 * args.world_size)
+    args.seq = args.seq or (8192 // args.batch if gpu else 128 * args.world_size)
     args.dim = args.dim or (4096 if gpu else 128)
     args.hidden = args.hidden or (14336 if gpu else 4 * args.dim)
     args.heads = args.heads or (32 if gpu else 8)
-    if args.seq % args.world_size or args.heads % args.world_size or args.hidden % args.world_size:
-        parser.error("seq, heads and hidden must be divisible by the world size")
+    args.kv_heads = args.kv_heads or (8 if gpu else 4)
+    if any(size % args.world_size for size in (args.seq, args.heads, args.kv_heads, args.hidden)):
+        parser.error("seq, heads, kv-heads and hidden must be divisible by the world size")
+    if args.heads % args.kv_heads:
+        parser.error("heads must be a multiple of kv-heads")
     if gpu and args.world_size > gpus:
         parser.error(f"--world-size {args.world_size} needs that many GPUs; this machine has {gpus}")
     dump_dir = args.dump_dir or tempfile.mkdtemp(prefix="overlap-demo-")
