@@ -97,12 +97,18 @@ def _draw_local_weights(model) -> None:
 
 
 def _rewrites(reset: bool = False) -> dict:
-    """overlap's counters since the last reset: candidates rewritten and skipped, per kind."""
+    """overlap's counters since the last reset: candidates rewritten and skipped, per kind, and
+    how many compiled graphs came from torch's caches. The pass does not run on those (what it
+    wrote is in the cached graph), so their candidates are not counted."""
     from torch._dynamo.utils import counters
 
     found = dict(counters["overlap_pass"])
+    cached = counters["inductor"]["fxgraph_cache_hit"]  # (also counted under an AOTAutograd cache hit)
+    if cached:
+        found["graphs_from_cache"] = cached
     if reset:
         counters["overlap_pass"].clear()
+        counters["inductor"].pop("fxgraph_cache_hit", None)
     return found
 
 
