@@ -183,7 +183,8 @@ def main(argv=None) -> None:
     args.dim = args.dim or (4096 if gpu else 128)
     args.hidden = args.hidden or (14336 if gpu else 4 * args.dim)
     args.heads = args.heads or (32 if gpu else 8)
-    args.kv_heads = args.kv_heads or (8 if gpu else 4)
+    # Llama 3's 8 K/V heads, or one per rank where there are more ranks
+    args.kv_heads = args.kv_heads or (max(8, args.world_size) if gpu else args.heads)
     if any(size % args.world_size for size in (args.seq, args.heads, args.kv_heads, args.hidden)):
         parser.error("seq, heads, kv-heads and hidden must be divisible by the world size")
     if args.heads % args.kv_heads:
