@@ -98,8 +98,9 @@ def _draw_local_weights(model) -> None:
 
 def _rewrites(reset: bool = False) -> dict:
     """overlap's counters since the last reset: candidates rewritten and skipped, per kind, and
-    how many compiled graphs came from torch's caches. The pass does not run on those (what it
-    wrote is in the cached graph), so their candidates are not counted."""
+    how many graphs, of any compiler in the run, torch's FX graph cache served. The pass does
+    not run on a cached graph of overlap's (its rewrite is in the cached code), so where that
+    number is above 0 the counters may count fewer candidates than the graphs have."""
     from torch._dynamo.utils import counters
 
     found = dict(counters["overlap_pass"])

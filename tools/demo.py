@@ -160,12 +160,22 @@ def _rank_main(rank: int, args, port: int, dump_dir: str) -> None:
     dist.destroy_process_group()
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    parser.add_argument("--world-size", type=int, default=gpus if gpus >= 2 else 2)
+    parser.add_argument(
+        "--world-size", type=_positive, default=None,
+        help="ranks (default: on GPUs the largest power of two of them, which the Llama sizes divide; 2 on CPU)",
+    )  # fmt: skip
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if gpus >= 2 else "cpu")
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--batch", type=_positive, default=1)
     parser.add_argument("--seq", type=int, default=None, help="global sequence length")
     parser.add_argument("--dim", type=int, default=None)
     parser.add_argument("--hidden", type=int, default=None)
@@ -173,20 +183,28 @@ def main(argv=None) -> None:
     parser.add_argument("--kv-heads", type=int, default=None, help="K/V heads (grouped-query attention)")
     parser.add_argument("--bias", action="store_true")
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--calls", type=int, default=10, help="training steps per round")
+    parser.add_argument("--rounds", type=_positive, default=5)
+    parser.add_argument("--calls", type=_positive, default=10, help="training steps per round")
     parser.add_argument("--dump-dir", default=None, help="where the pass's dumps go")
     args = parser.parse_args(argv)
     gpu = args.device == "cuda"
-    # Defaults: a Llama-like block on GPUs, a small one on CPU.
+    if args.world_size is None:
+        args.world_size = max(1 << (gpus.bit_length() - 1), 2) if gpu and gpus else 2
+    # Defaults: Llama 3 8B's block over 8192 tokens on GPUs, a small one on CPU.
     args.seq = args.seq or (8192 // args.batch if gpu else 128 * args.world_size)
     args.dim = args.dim or (4096 if gpu else 128)
     args.hidden = args.hidden or (14336 if gpu else 4 * args.dim)
     args.heads = args.heads or (32 if gpu else 8)
-    # Llama 3's 8 K/V heads, or one per rank where there are more ranks
-    args.kv_heads = args.kv_heads or (max(8, args.world_size) if gpu else args.heads)
-    if any(size % args.world_size for size in (args.seq, args.heads, args.kv_heads, args.hidden)):
-        parser.error("seq, heads, kv-heads and hidden must be divisible by the world size")
+    if not args.kv_heads:  # Llama 3's 8 K/V heads (one per rank beyond 8 ranks) where they fit
+        grouped = max(8, args.world_size)
+        args.kv_heads = grouped if gpu and args.heads % grouped == 0 else args.heads
+    sizes = {"seq": args.seq, "heads": args.heads, "kv-heads": args.kv_heads, "hidden": args.hidden}
+    uneven = [name for name, size in sizes.items() if size % args.world_size]
+    if uneven:
+        parser.error(
+            f"{', '.join(f'{n} {sizes[n]}' for n in uneven)} not divisible by the world size {args.world_size}"
+            + (" (seq defaults to 8192 / batch)" if gpu and "seq" in uneven else "")
+        )
     if args.heads % args.kv_heads:
         parser.error("heads must be a multiple of kv-heads")
     if gpu and args.world_size > gpus:

@@ -10,7 +10,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_the_demo_rewrites_every_pair_and_matches_eager_on_cpu():
     run = subprocess.run(
-        [sys.executable, "-m", "tools.demo", "--dim", "64", "--hidden", "128", "--warmup", "0", "--rounds", "1", "--calls", "1"],
+        [
+            sys.executable, "-m", "tools.demo", "--device", "cpu", "--world-size", "2",
+            "--dim", "64", "--hidden", "128", "--warmup", "0", "--rounds", "1", "--calls", "1",
+        ],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
