@@ -88,11 +88,10 @@ def _ag_call(run, graphed: bool, signature: tuple, *args):
 
 
 def _rs_call(run, graphed: bool, signature: tuple, *args):
-    """One matmul_reduce_scatter call of the variant ``run``, through replay.py if ``graphed``
-    and the output can be written in place."""
-    outputs = mrs.allocate(*args) if graphed else None
-    if outputs is None:
+    """One matmul_reduce_scatter call of the variant ``run``, through replay.py if ``graphed``."""
+    if not graphed:
         return run(*args)
+    outputs = mrs.allocate(*args)
     inputs, mat2s, bias, _, _, _, group_name, _ = args
     tensors = (*inputs, *mat2s, bias, outputs)
     replay.call(signature, run, args, outputs, tensors, symm.workspace(mrs.KIND, group_name, inputs[0].device))

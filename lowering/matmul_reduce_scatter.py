@@ -22,6 +22,11 @@ input and chunk, each after the first a read-modify-write of the partial; for sm
 the operands once instead (inputs along K, mat2s along their rows): one matmul per chunk over the
 summed K, for the price of copying the operands.
 
+Chunks follow row_layout.py's row layout: a [batch, seq, dim] input scattered along seq is read in
+place (strided views, a batched matmul per chunk, or the producer's row remap), and a partial
+holds its chunk's rows in the output's own order, so the owner's sum writes the output as it
+is, contiguous, and calls replay from per-call graphs at any batch.
+
 Partials travel in the inputs' dtype; ``out_dtype`` (fp32 for autocast's input gradients) is
 only the dtype the owner's fp32 sum is written in. Workspace data: [recv: W x rows x N |
 staging: W x rows x N], recv slot p holding rank p's partial of this rank's chunk. All take the
@@ -40,54 +45,43 @@ from overlap_pass.templates import all_gather_matmul as gemm_configs
 from overlap_pass.templates import matmul_reduce_scatter as producer
 
 from . import symm
+from .row_layout import RowLayout, matmul_into
 
 KIND = "matmul_reduce_scatter"
 
 
-def _flatten(inputs, mat2s, scatter_dim, world_size):
-    """Inputs as [M, K_i] with the scattered dim leading (a copy only when scatter_dim > 0 and
-    that is not already the layout), the rows of one chunk, N, and the output's shape with the
-    scattered dim first."""
-    moved = [a.movedim(scatter_dim, 0) for a in inputs]
-    flats = [a.contiguous().view(-1, a.shape[-1]) for a in moved]
-    n = mat2s[0].shape[1]
-    out_shape = [moved[0].shape[0] // world_size, *moved[0].shape[1:-1], n]
-    return flats, flats[0].shape[0] // world_size, n, out_shape
-
-
-def _unflatten(out_flat, out_shape, scatter_dim):
-    return out_flat.view(out_shape).movedim(0, scatter_dim).contiguous()
+def _input_rows(inputs, scatter_dim, world_size):
+    """The inputs as their [M, K_i] rows (a copy only for an input that is not contiguous), and
+    their row layout (row_layout.py)."""
+    flats = [a.contiguous().view(-1, a.shape[-1]) for a in inputs]
+    chunk_shape = ops._scattered_shape(list(inputs[0].shape), scatter_dim, world_size)
+    return flats, RowLayout.of(chunk_shape, scatter_dim, world_size)
 
 
 def allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None):
-    """The op's output for these arguments, empty, when the variants can write it in place (its
-    rows along ``scatter_dim`` are contiguous rows of the flat output: dims before it of size 1,
-    as for a sequence-parallel [1, S, D]); else None. Made apart from the call so that a call
-    replayed from a CUDA graph (replay.py) writes a new one."""
+    """The op's output for these arguments, empty and contiguous, which every variant writes in
+    place. Made apart from the call so that a call replayed from a CUDA graph (replay.py) writes
+    a new one."""
     full = [*inputs[0].shape[:-1], mat2s[0].shape[1]]
     shape = ops._scattered_shape(full, scatter_dim, world_size)
-    out = inputs[0].new_empty(shape, dtype=out_dtype or inputs[0].dtype)
-    return out if out.movedim(scatter_dim, 0).is_contiguous() else None
+    return inputs[0].new_empty(shape, dtype=out_dtype or inputs[0].dtype)
 
 
-def _chunk_partial(flats, mat2s, bias, chunk, rows, out):
-    """out = sum_i flats[i][rows of chunk] @ mat2s[i] + bias, with cuBLAS, written in place."""
+def _chunk_partial(flats, mat2s, bias, layout, chunk, out):
+    """out = sum_i (chunk ``chunk`` of flats[i]) @ mat2s[i] + bias, with cuBLAS, in place;
+    ``out``: the chunk's own rows, [outer * inner, N]."""
+    target = layout.own(out)
     for i, (a, mat2) in enumerate(zip(flats, mat2s)):
-        a_chunk = a[chunk * rows : (chunk + 1) * rows]
-        if i > 0:
-            out.addmm_(a_chunk, mat2)
-        elif bias is None:
-            torch.mm(a_chunk, mat2, out=out)
-        else:
-            torch.addmm(bias, a_chunk, mat2, out=out)
+        matmul_into(layout.chunk(a, chunk), mat2, bias if i == 0 else None, target, accumulate=i > 0)
 
 
 class _Call:
     """One call's workspace views: recv (this rank's slots), staging, and each owner's slot for
     this rank's partial."""
 
-    def __init__(self, flats, rows, n, group_name):
-        self.dtype, self.rows, self.n = flats[0].dtype, rows, n
+    def __init__(self, flats, layout, n, group_name):
+        self.dtype, self.layout, self.n = flats[0].dtype, layout, n
+        self.rows = rows = layout.chunk_rows
         self.ws = ws = symm.workspace(KIND, group_name, flats[0].device)
         self.world, self.rank = ws.world_size, ws.rank
         self.slots_shape = (self.world * rows, n)
@@ -117,18 +111,17 @@ def _overlapped(
     """What every symmetric-memory variant does around its own step, ``produce(call, flats,
     mat2s, bias)``, which gets every partial into its owner's slot and flags it: enter (barrier),
     produce, the owner's reduction (into ``outputs``, from allocate, if given), leave."""
-    flats, rows, n, out_shape = _flatten(inputs, mat2s, scatter_dim, world_size)
-    call = _Call(flats, rows, n, group_name)
+    flats, layout = _input_rows(inputs, scatter_dim, world_size)
+    n = mat2s[0].shape[1]
+    call = _Call(flats, layout, n, group_name)
     if outputs is None:
-        out = flats[0].new_empty(rows, n, dtype=out_dtype or flats[0].dtype)
-    else:
-        out = outputs.movedim(scatter_dim, 0).view(rows, n)
+        outputs = allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype)
     try:
         produce(call, flats, mat2s, bias)
-        call.reduce(reduce_op, out)
+        call.reduce(reduce_op, outputs.view(call.rows, n))
     finally:  # joined even when a launch fails: the next call must not overtake the pushes
         call.ws.leave()
-    return _unflatten(out, out_shape, scatter_dim) if outputs is None else outputs
+    return outputs
 
 
 def _produce_fused(call, flats, mat2s, bias, *, gemm_config):
@@ -138,6 +131,7 @@ def _produce_fused(call, flats, mat2s, bias, *, gemm_config):
         flats[0], mat2s[0], None if bias is None else bias.contiguous(),
         ws.peer_data_addresses(call.slots_shape, call.dtype), ws.peer_flag_addresses(),
         ws.counters, ws.epoch, rank=call.rank, world_size=call.world, config=gemm_config,
+        inner=call.layout.inner,
     )  # fmt: skip
 
 
@@ -150,7 +144,7 @@ def _produce_copy_engine(call, flats, mat2s, bias):
     ws.fork()  # the pushes come after the barrier; each waits only for its own matmul
     for chunk in order:
         own = chunk == call.rank  # last: straight into the own slot, no copy
-        _chunk_partial(flats, mat2s, bias, chunk, call.rows, call.owner_slot(chunk) if own else call.staging(chunk))
+        _chunk_partial(flats, mat2s, bias, call.layout, chunk, call.owner_slot(chunk) if own else call.staging(chunk))
         ws.chunk_ready[chunk].record(ws.main)
     with ws.on_side_stream():
         for chunk in order[:-1]:
@@ -162,7 +156,7 @@ def _produce_copy_engine(call, flats, mat2s, bias):
 def _produce_cublas_push(call, flats, mat2s, bias):
     """cuBLAS per chunk, writing straight into the owner's slot; the flag follows in stream order."""
     for chunk in schedule.reduce_scatter_order(call.rank, call.world):
-        _chunk_partial(flats, mat2s, bias, chunk, call.rows, call.owner_slot(chunk))
+        _chunk_partial(flats, mat2s, bias, call.layout, chunk, call.owner_slot(chunk))
         if chunk != call.rank:
             call.ws.signal_peer(chunk)  # stream order: after the matmul's stores
 
@@ -191,15 +185,19 @@ def joined_copy_engine_cublas(inputs, mat2s, *args, outputs=None):
 
 
 def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None):
-    flats, rows, n, out_shape = _flatten(inputs, mat2s, scatter_dim, world_size)
-    full = torch.empty(world_size * rows, n, dtype=flats[0].dtype, device=flats[0].device)
-    _chunk_partial(flats, mat2s, bias, 0, world_size * rows, full)  # all rows as one chunk
+    flats, layout = _input_rows(inputs, scatter_dim, world_size)
+    n = mat2s[0].shape[1]
+    whole = RowLayout(1, 1, flats[0].shape[0])  # every row as one chunk
+    full = flats[0].new_empty(flats[0].shape[0], n)
+    _chunk_partial(flats, mat2s, bias, whole, 0, full)
     if out_dtype is not None and out_dtype != full.dtype:
         full = full.to(out_dtype)  # the partial rounded to the inputs' dtype, as the op's is
-    out = full.new_empty(rows, n)
+    if layout.outer > 1:  # NCCL scatters ranks stacked along dim 0, as Inductor's graph does
+        full = full.view(layout.outer, world_size, layout.inner, n).transpose(0, 1).contiguous()
+    out = allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, full.dtype)
     op = dist.ReduceOp.AVG if reduce_op == "avg" else dist.ReduceOp.SUM
     dist.reduce_scatter_tensor(out, full, op=op, group=_resolve_process_group(group_name))
-    return _unflatten(out, out_shape, scatter_dim)
+    return out
 
 
 def variants(num_inputs: int = 1) -> dict:

@@ -1,19 +1,14 @@
 """Consumer GEMM of the fused all-gather + matmul: a persistent Triton kernel that computes
 out_i = A @ B_i (+ bias_i) while A's chunks are still arriving.
 
-A is the gathered input in its stacked layout: rank j's shard occupies rows
-[j * rows_per_chunk, (j + 1) * rows_per_chunk) of a [world * rows_per_chunk, K] buffer, as the
-chunk copies leave it. The local chunk may instead be read in place from the rank's own shard
-(``a_local``), so it never has to be copied into the buffer. Tiles go chunk by chunk in the order of schedule.all_gather_order (the
-local chunk first, then the peers rank-rotated), GROUP_M-swizzled inside a chunk, and never
-straddle two chunks. Before a tile's first load from a peer's chunk the kernel waits for that
-chunk's flag. Output rows are written where the gather along ``gather_dim`` puts them, so no
-copy is needed for gathers along later dims:
-
-    stacked row r of chunk j, r = o * inner + i   ->   output row o * (world * inner) + j * inner + i
-
-where ``inner`` is the product of the shard's dims from gather_dim to the last but one, and
-``outer`` the product of the dims before gather_dim.
+A is the gathered input as [M, K] rows in the gathered tensor's own order (the row layout of
+tiles.py: ``outer`` blocks of ``world`` chunks of ``inner`` rows), where the chunk copies put
+each peer's shard; output rows are A's rows, so a gather along a later dim, or a [batch, seq,
+dim] gather along seq, needs no copy. The local chunk is read in place from the rank's own
+shard (``a_local``), so it never has to be copied into the buffer. Tiles go chunk by chunk in
+the order of schedule.all_gather_order (the local chunk first, then the peers rank-rotated),
+GROUP_M-swizzled inside a chunk, and never straddle two chunks or two blocks. Before a tile's
+first load from a peer's chunk the kernel waits for that chunk's flag.
 
 Phases per tile: wait (peer chunk only) -> load -> dot -> (bias) -> store.
 """
@@ -28,7 +23,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .launch import DirectKernel
 from .signals import wait_flag
-from .tiles import chunk_tile, pointer_mainloop, tile_counts
+from .tiles import block_rows, chunk_tile, pointer_mainloop, tile_counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,16 +58,14 @@ TEST_CONFIG = GemmConfig(16, 16, 16, 2, 4, 1)
 
 @triton.jit
 def _store_tile(
-    c_ptr, acc, bias_ptr, offs_m, offs_n, m_mask, n_mask, chunk, inner, world_size,
-    stride_cm, stride_cn, HAS_BIAS: tl.constexpr,
+    c_ptr, acc, bias_ptr, rows, offs_n, m_mask, n_mask, stride_cm, stride_cn, HAS_BIAS: tl.constexpr
 ):  # fmt: skip
-    """Epilogue of both consumers: (+ bias) -> store at the rows the gather along gather_dim
-    gives the tile's rows (module docstring), in int64 (an output can pass 2**31 elements)."""
+    """Epilogue of both consumers: (+ bias) -> store at ``rows`` of the output (A's rows), in
+    int64 (an output can pass 2**31 elements)."""
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    out_rows = ((offs_m // inner) * (world_size * inner) + chunk * inner + offs_m % inner).to(tl.int64)
     tl.store(
-        c_ptr + out_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+        c_ptr + rows.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn,
         acc.to(c_ptr.dtype.element_ty),
         mask=m_mask[:, None] & n_mask[None, :],
     )
@@ -81,7 +74,7 @@ def _store_tile(
 @triton.jit
 def all_gather_matmul_consumer_kernel(
     a_ptr, a_local_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, epoch_ptr, timeouts_ptr, tile_log_ptr,
-    rows_per_chunk, N, K, inner,
+    outer, inner, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     rank, world_size, num_programs,
     HAS_BIAS: tl.constexpr,
@@ -96,7 +89,7 @@ def all_gather_matmul_consumer_kernel(
     pid = tl.program_id(0)
     # the call's epoch lives on the device, so CUDA-graph replays wait for their own flags
     epoch = tl.load(epoch_ptr)
-    tiles_m, tiles_n, tiles_per_chunk = tile_counts(rows_per_chunk, N, BLOCK_M, BLOCK_N)
+    tiles_m, tiles_n, tiles_per_chunk = tile_counts(outer, inner, N, BLOCK_M, BLOCK_N)
     for tile in range(pid, tiles_per_chunk * world_size, num_programs):
         # own chunk first, then rank + 1, ... (schedule.all_gather_order)
         chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank, world_size, GROUP_M)
@@ -108,22 +101,21 @@ def all_gather_matmul_consumer_kernel(
             tl.store(tile_log_ptr + tile, tl.atomic_add(tile_log_ptr + world_size * tiles_per_chunk, 1))
 
         # load -> dot
-        offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)  # row within the chunk
+        first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_mask = offs_m < rows_per_chunk
         n_mask = offs_n < N
         if chunk == rank:
-            a_base = a_local_ptr + offs_m.to(tl.int64)[:, None] * stride_am
+            a_base = a_local_ptr + (first_own + offs_m).to(tl.int64)[:, None] * stride_am
         else:
-            a_base = a_ptr + (chunk * rows_per_chunk + offs_m).to(tl.int64)[:, None] * stride_am
+            a_base = a_ptr + (first_full + offs_m).to(tl.int64)[:, None] * stride_am
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc = pointer_mainloop(
             a_base, stride_ak, b_ptr, stride_bk, stride_bn, offs_n, m_mask, n_mask, K, acc,
             FP32_IEEE, BLOCK_K,
         )  # fmt: skip
         _store_tile(
-            c_ptr, acc, bias_ptr, offs_m, offs_n, m_mask, n_mask, chunk, inner, world_size,
-            stride_cm, stride_cn, HAS_BIAS,
+            c_ptr, acc, bias_ptr, first_full + offs_m, offs_n, m_mask, n_mask, stride_cm,
+            stride_cn, HAS_BIAS,
         )  # fmt: skip
 
 
@@ -153,7 +145,7 @@ def _tma_mainloop(a_desc, row0, b_desc, col0, K, acc, B_NK: tl.constexpr, BLOCK_
 @triton.jit
 def all_gather_matmul_tma_kernel(
     a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, bias_ptrs, c_ptrs, Ns, strides_cm,
-    flags_ptr, epoch_ptr, timeouts_ptr, rows_per_chunk, K, inner, rank, world_size, num_programs,
+    flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, K, rank, world_size, num_programs,
     BIAS_MASK: tl.constexpr,
     B_NK: tl.constexpr,
     PROXY_FENCE: tl.constexpr,
@@ -167,13 +159,13 @@ def all_gather_matmul_tma_kernel(
     descriptors (Triton 3.6 takes descriptors as arguments of their own, not inside tuples;
     b_desc0 stands in for the ones not used), and tuples of bias and output pointers, N and
     output row strides, one entry per B; bit i of BIAS_MASK: B i has a bias; outputs have unit
-    column stride. Same chunk order, waits and output remap as all_gather_matmul_consumer_kernel;
+    column stride. Same chunk order, waits and row layout as all_gather_matmul_consumer_kernel;
     inside a chunk, B 0's tiles, then B 1's, and so on, so Q, K and V share one persistent launch
     (K's and V's few tiles alone would leave most SMs idle). Rows past a chunk's end that a tile
-    loads are the next chunk's (or TMA's zeros): they only feed rows that the masked store drops."""
+    loads are the next rows of A (or TMA's zeros): they only feed rows that the masked store drops."""
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
-    tiles_m = tl.cdiv(rows_per_chunk, BLOCK_M)
+    tiles_m = outer * tl.cdiv(inner, BLOCK_M)
     tiles_per_chunk = 0
     for i in tl.static_range(len(Ns)):
         tiles_per_chunk += tiles_m * tl.cdiv(Ns[i], BLOCK_N)
@@ -202,28 +194,25 @@ def all_gather_matmul_tma_kernel(
             b_desc = b_desc3
         _, tile_m, tile_n = chunk_tile(local - first, tiles_m, tl.cdiv(N, BLOCK_N), 0, 1, GROUP_M)
 
+        first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
         if chunk == rank:
             a_source = a_local_desc
-            row0 = tile_m * BLOCK_M
+            row0 = first_own
         else:
             wait_flag(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT)
             if PROXY_FENCE:
                 _proxy_fence(epoch)
             a_source = a_desc
-            row0 = chunk * rows_per_chunk + tile_m * BLOCK_M
+            row0 = first_full
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc = _tma_mainloop(a_source, row0, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K)
 
-        offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
         if BIAS_MASK != 0:
             if has_bias:
                 acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        _store_tile(
-            c_ptr, acc, bias_ptr, offs_m, offs_n, offs_m < rows_per_chunk, n_mask, chunk, inner,
-            world_size, stride_cm, 1, False,
-        )  # fmt: skip
+        _store_tile(c_ptr, acc, bias_ptr, first_full + offs_m, offs_n, m_mask, n_mask, stride_cm, 1, False)
 
 
 _TMA_KERNEL = DirectKernel(all_gather_matmul_tma_kernel)
@@ -260,22 +249,27 @@ def tma_fits(a: torch.Tensor, mat2: torch.Tensor) -> bool:
     return _tma_a(a) and _tma_operand(_row_major(mat2))
 
 
-def _launch_tma(a_descs, group, flags, epoch, timeouts, rows_per_chunk, k, *, rank, world_size, inner, config, num_programs, spin_limit):
+def chunk_tiles(world_size: int, outer: int, inner: int, n: int, config: GemmConfig) -> int:
+    """Tiles of a persistent launch over every chunk (tiles.py's row layout) and N columns."""
+    return world_size * outer * triton.cdiv(inner, config.block_m) * triton.cdiv(n, config.block_n)
+
+
+def _launch_tma(a_descs, group, flags, epoch, timeouts, outer, k, *, rank, world_size, inner, config, num_programs, spin_limit):
     """One TMA consumer launch over ``group``, [(mat2, bias, out)] sharing one B layout;
     ``a_descs``: the descriptors of A and of the local chunk, shared by a call's launches."""
-    bn = config.block_n
     b_descs = [b_descriptor(m, config) for m, _, _ in group]
     b_descs += b_descs[:1] * (MAX_B - len(group))
-    tiles = world_size * triton.cdiv(rows_per_chunk, config.block_m) * sum(triton.cdiv(m.shape[1], bn) for m, _, _ in group)
+    tiles = sum(chunk_tiles(world_size, outer, inner, m.shape[1], config) for m, _, _ in group)
     programs = min(num_programs, tiles)
     _TMA_KERNEL[(programs,)](
         *a_descs, *b_descs, tuple(out if bias is None else bias for _, bias, out in group),
         tuple(out for _, _, out in group), tuple(m.shape[1] for m, _, _ in group),
-        tuple(out.stride(0) for _, _, out in group), flags, epoch, timeouts, rows_per_chunk, k,
-        inner, rank, world_size, programs,
+        tuple(out.stride(0) for _, _, out in group), flags, epoch, timeouts, outer, inner, k,
+        rank, world_size, programs,
         BIAS_MASK=sum(1 << i for i, (_, bias, _) in enumerate(group) if bias is not None),
         B_NK=group[0][0].stride(0) == 1, PROXY_FENCE=group[0][2].is_cuda, SPIN_LIMIT=spin_limit,
-        BLOCK_M=config.block_m, BLOCK_N=bn, BLOCK_K=config.block_k, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
 
 
@@ -303,8 +297,16 @@ class ChunkTimeout(RuntimeError):
     """A consumer gave up waiting for a chunk: names the rank and the chunks."""
 
 
+def own_rows(a: torch.Tensor, rank: int, world_size: int, inner: int) -> torch.Tensor:
+    """Rank ``rank``'s chunk of gathered rows ``a`` (tiles.py's row layout) as its own [outer *
+    inner, K] rows: a view when the chunk is one run of rows (outer = 1), else a copy."""
+    outer = a.shape[0] // (world_size * inner)
+    chunk = a.view(outer, world_size, inner, a.shape[-1])[:, rank]
+    return chunk.reshape(outer * inner, a.shape[-1])
+
+
 def all_gather_matmul_consumer(
-    a_stacked: torch.Tensor,
+    a_gathered: torch.Tensor,
     mat2s: list[torch.Tensor],
     biases: list[torch.Tensor | None],
     outs: list[torch.Tensor],
@@ -323,63 +325,62 @@ def all_gather_matmul_consumer(
 ) -> list[torch.Tensor]:
     """Launches the consumer GEMM: outs[i] = gathered A @ mat2s[i] (+ biases[i]).
 
-    ``a_stacked``: [world * rows_per_chunk, K], chunks stacked by rank. ``outs[i]``:
-    [world * rows_per_chunk, N_i] in the gather_dim row order (module docstring). ``flags``: one
-    int32 word per chunk, a peer's set to the call's epoch (``epoch``: a one-word int32 device
-    tensor) once its chunk is in ``a_stacked``. ``a_local``: the own chunk, read in place
-    (strides as ``a_stacked``'s); by default it is read from ``a_stacked``.
+    ``a_gathered``: [M, K], the gathered rows in their own order: ``M / (world * inner)`` blocks
+    of ``world`` chunks of ``inner`` rows (tiles.py), each peer's chunk there once its flag is
+    set. ``outs[i]``: [M, N_i], row for row. ``flags``: one int32 word per chunk, a peer's set
+    to the call's epoch (``epoch``: a one-word int32 device tensor) once its chunk is in
+    ``a_gathered``. ``a_local``: the own chunk as its own [M / world, K] rows, read in place
+    (row stride as ``a_gathered``'s); by default own_rows(a_gathered).
     ``timeouts`` (int32, one per chunk, zeroed by the caller) receives the chunks a wait gave up
     on; ``tile_log`` (int32, tiles + 1; one mat2 only) the order tiles started in.
 
     With TMA, one launch takes up to MAX_B mat2s of one layout (Q, K and V together). Pointer loads
     take one launch per mat2: a single launch that picked pointers and strides at run time
     measured 13-20x slower on an H200 (no specialized strides, no vector loads)."""
-    rows, k = a_stacked.shape
+    rows, k = a_gathered.shape
     if not mat2s or not len(mat2s) == len(biases) == len(outs):
         raise ValueError(f"{len(mat2s)} mat2s, {len(biases)} biases, {len(outs)} outputs")
     for mat2, out in zip(mat2s, outs):
-        if rows % world_size or mat2.shape[0] != k or out.shape != (rows, mat2.shape[1]):
+        if rows % (world_size * inner) or mat2.shape[0] != k or out.shape != (rows, mat2.shape[1]):
             raise ValueError(
-                f"shapes do not fit: A {list(a_stacked.shape)}, B {list(mat2.shape)}, "
-                f"out {list(out.shape)}, world {world_size}"
+                f"shapes do not fit: A {list(a_gathered.shape)}, B {list(mat2.shape)}, "
+                f"out {list(out.shape)}, world {world_size}, inner {inner}"
             )
-        if mat2.dtype != a_stacked.dtype:
-            raise ValueError(f"A is {a_stacked.dtype}, B is {mat2.dtype}")
-    rows_per_chunk = rows // world_size
+        if mat2.dtype != a_gathered.dtype:
+            raise ValueError(f"A is {a_gathered.dtype}, B is {mat2.dtype}")
+    outer = rows // (world_size * inner)
     if a_local is None:
-        a_local = a_stacked[rank * rows_per_chunk : (rank + 1) * rows_per_chunk]
-    if a_local.shape != (rows_per_chunk, k) or a_local.stride() != a_stacked.stride():
+        a_local = own_rows(a_gathered, rank, world_size, inner)
+    if a_local.shape != (outer * inner, k) or a_local.stride() != a_gathered.stride():
         raise ValueError(
             f"a_local {list(a_local.shape)} strides {a_local.stride()} does not fit A "
-            f"{list(a_stacked.shape)} strides {a_stacked.stride()}"
+            f"{list(a_gathered.shape)} strides {a_gathered.stride()}"
         )
-    if rows_per_chunk % inner:
-        raise ValueError(f"inner={inner} does not divide the {rows_per_chunk} rows of a chunk")
     if tile_log is not None and len(mat2s) > 1:
         raise ValueError("tile_log records one launch: pass one mat2")
     if timeouts is None:
-        timeouts = torch.zeros(world_size, dtype=torch.int32, device=a_stacked.device)
-    programs = num_programs or _sm_count(a_stacked.device)
+        timeouts = torch.zeros(world_size, dtype=torch.int32, device=a_gathered.device)
+    programs = num_programs or _sm_count(a_gathered.device)
     # TMA: one launch per B layout ([N, K] weights, [K, N] matrices), A's descriptors shared
-    a_tma = config.tma and tile_log is None and _tma_a(a_stacked) and _tma_a(a_local)
+    a_tma = config.tma and tile_log is None and _tma_a(a_gathered) and _tma_a(a_local)
     tma_groups: dict[bool, list] = {}
     for mat2, bias, out in zip(mat2s, biases, outs):
         if a_tma and _tma_operand(_row_major(mat2)) and out.stride(1) == 1:
             tma_groups.setdefault(mat2.stride(0) == 1, []).append((mat2, bias, out))
             continue
         n = mat2.shape[1]
-        tiles = world_size * triton.cdiv(rows_per_chunk, config.block_m) * triton.cdiv(n, config.block_n)
-        pointer_config = pointer_fallback(config, a_stacked.dtype)
-        _POINTER_KERNEL[(min(programs, tiles),)](
-            a_stacked, a_local, mat2, bias if bias is not None else out, out, flags, epoch,
+        pointer_config = pointer_fallback(config, a_gathered.dtype)
+        launched = min(programs, chunk_tiles(world_size, outer, inner, n, pointer_config))
+        _POINTER_KERNEL[(launched,)](
+            a_gathered, a_local, mat2, bias if bias is not None else out, out, flags, epoch,
             timeouts, tile_log if tile_log is not None else timeouts,
-            rows_per_chunk, n, k, inner,
-            a_stacked.stride(0), a_stacked.stride(1), mat2.stride(0), mat2.stride(1),
+            outer, inner, n, k,
+            a_gathered.stride(0), a_gathered.stride(1), mat2.stride(0), mat2.stride(1),
             out.stride(0), out.stride(1),
-            rank, world_size, min(programs, tiles),
+            rank, world_size, launched,
             HAS_BIAS=bias is not None,
             LOG_TILES=tile_log is not None,
-            FP32_IEEE=a_stacked.dtype == torch.float32,
+            FP32_IEEE=a_gathered.dtype == torch.float32,
             SPIN_LIMIT=spin_limit,
             BLOCK_M=pointer_config.block_m,
             BLOCK_N=pointer_config.block_n,
@@ -390,11 +391,11 @@ def all_gather_matmul_consumer(
         )  # fmt: skip
     if tma_groups:
         block = [config.block_m, config.block_k]
-        a_descs = (TensorDescriptor.from_tensor(a_stacked, block), TensorDescriptor.from_tensor(a_local, block))
+        a_descs = (TensorDescriptor.from_tensor(a_gathered, block), TensorDescriptor.from_tensor(a_local, block))
         for layout in tma_groups.values():
             for group in (layout[i : i + MAX_B] for i in range(0, len(layout), MAX_B)):
                 _launch_tma(
-                    a_descs, group, flags, epoch, timeouts, rows_per_chunk, k, rank=rank,
+                    a_descs, group, flags, epoch, timeouts, outer, k, rank=rank,
                     world_size=world_size, inner=inner, config=config, num_programs=programs,
                     spin_limit=spin_limit,
                 )  # fmt: skip

@@ -1,12 +1,16 @@
 """Fused matmul + reduce-scatter kernels: the producer GEMM and the owner's reduction.
 
 Producer: a persistent Triton kernel that computes the partial P_j = A_j @ B (+ bias) of every
-chunk j (A_j: the rows of chunk j) and writes it where chunk j's owner will reduce it, chunk by
-chunk in the order of schedule.reduce_scatter_order (the chunk of rank + 1 first, the own chunk
-last), publishing each chunk as soon as all its tiles are written.
+chunk j (A_j: the rows of chunk j, tiles.py's row layout: ``outer`` blocks of ``inner`` rows
+each, read in place from the full [M, K] input, so a [batch, seq, dim] input scattered along
+seq needs no copy) and writes it where chunk j's owner will reduce it, chunk by chunk in the
+order of schedule.reduce_scatter_order (the chunk of rank + 1 first, the own chunk last),
+publishing each chunk as soon as all its tiles are written.
 
     dest[j]: the address of a [world * rows_per_chunk, N] buffer of rank j (its partials
-             buffer, a peer mapping); this rank writes rows [rank * rows_per_chunk, ...) of it
+             buffer, a peer mapping); this rank writes rows [rank * rows_per_chunk, ...) of it,
+             the chunk's own rows in order (block by block), which is the order of the
+             owner's output rows
     flags[j]: the address of rank j's flag word for this rank; set to the call's epoch (release,
               system scope) once every tile of chunk j is in dest[j]
 
@@ -27,26 +31,34 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .all_gather_matmul import GemmConfig, _sm_count, _tma_mainloop, b_descriptor, pointer_fallback, tma_fits
+from .all_gather_matmul import (
+    GemmConfig,
+    _sm_count,
+    _tma_mainloop,
+    b_descriptor,
+    chunk_tiles,
+    pointer_fallback,
+    tma_fits,
+)
 from .launch import DirectKernel
 from .signals import wait_flag
-from .tiles import chunk_tile, pointer_mainloop, tile_counts
+from .tiles import block_rows, chunk_tile, pointer_mainloop, tile_counts
 
 
 @triton.jit
 def _store_and_publish(
-    acc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch, chunk, offs_m, offs_n,
-    rows_per_chunk, N, rank, tiles_per_chunk, dtype: tl.constexpr, HAS_BIAS: tl.constexpr,
+    acc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch, chunk, dest_rows, m_mask,
+    offs_n, N, tiles_per_chunk, dtype: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
-    """Epilogue of both producers: (+ bias) -> store into the owner's partials buffer, in this
-    rank's slot -> count the tile; the chunk's last tile resets the counter and publishes."""
-    m_mask = offs_m < rows_per_chunk
+    """Epilogue of both producers: (+ bias) -> store into the owner's partials buffer, at
+    ``dest_rows`` (this rank's slot) -> count the tile; the chunk's last tile resets the counter
+    and publishes."""
     n_mask = offs_n < N
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     dest = tl.load(dest_ptrs_ptr + chunk).to(tl.pointer_type(dtype))
-    out_rows = (rank * rows_per_chunk + offs_m).to(tl.int64)
-    tl.store(dest + out_rows[:, None] * N + offs_n[None, :], acc.to(dtype), mask=m_mask[:, None] & n_mask[None, :])
+    rows = dest_rows.to(tl.int64)
+    tl.store(dest + rows[:, None] * N + offs_n[None, :], acc.to(dtype), mask=m_mask[:, None] & n_mask[None, :])
     # the CTA barrier first: the counting thread's release then covers every thread's stores
     tl.debug_barrier()
     done = tl.atomic_add(counters_ptr + chunk, 1, sem="acq_rel", scope="sys") + 1
@@ -59,7 +71,7 @@ def _store_and_publish(
 @triton.jit
 def matmul_reduce_scatter_producer_kernel(
     a_ptr, b_ptr, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch_ptr, tile_log_ptr,
-    rows_per_chunk, N, K,
+    outer, inner, N, K,
     stride_am, stride_ak, stride_bk, stride_bn,
     rank, world_size, num_programs,
     HAS_BIAS: tl.constexpr,
@@ -72,31 +84,33 @@ def matmul_reduce_scatter_producer_kernel(
 ):  # fmt: skip
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
-    tiles_m, tiles_n, tiles_per_chunk = tile_counts(rows_per_chunk, N, BLOCK_M, BLOCK_N)
+    tiles_m, tiles_n, tiles_per_chunk = tile_counts(outer, inner, N, BLOCK_M, BLOCK_N)
+    slot = rank * outer * inner  # this rank's first row in every owner's buffer
     for tile in range(pid, tiles_per_chunk * world_size, num_programs):
         # rank + 1 first, the own chunk last (schedule.reduce_scatter_order)
         chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
         if LOG_TILES:
             tl.store(tile_log_ptr + tile, tl.atomic_add(tile_log_ptr + world_size * tiles_per_chunk, 1))
 
-        offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)  # row within the chunk
+        first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        a_rows = (chunk * rows_per_chunk + offs_m).to(tl.int64)
+        a_rows = (first_full + offs_m).to(tl.int64)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc = pointer_mainloop(
             a_ptr + a_rows[:, None] * stride_am, stride_ak, b_ptr, stride_bk, stride_bn, offs_n,
-            offs_m < rows_per_chunk, offs_n < N, K, acc, FP32_IEEE, BLOCK_K,
+            m_mask, offs_n < N, K, acc, FP32_IEEE, BLOCK_K,
         )  # fmt: skip
         _store_and_publish(
-            acc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch, chunk, offs_m, offs_n,
-            rows_per_chunk, N, rank, tiles_per_chunk, a_ptr.dtype.element_ty, HAS_BIAS,
+            acc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch, chunk,
+            slot + first_own + offs_m, m_mask, offs_n, N, tiles_per_chunk, a_ptr.dtype.element_ty,
+            HAS_BIAS,
         )  # fmt: skip
 
 
 @triton.jit
 def matmul_reduce_scatter_tma_kernel(
     a_desc, b_desc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch_ptr,
-    rows_per_chunk, N, K, rank, world_size, num_programs,
+    outer, inner, N, K, rank, world_size, num_programs,
     HAS_BIAS: tl.constexpr,
     B_NK: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -105,23 +119,21 @@ def matmul_reduce_scatter_tma_kernel(
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """The producer with TMA loads (host-side descriptors), same order and epilogue. Rows past a
-    chunk's end that a tile loads belong to the next chunk (or are TMA's zeros): they only feed
-    rows that the masked store drops."""
+    block's end that a tile loads are the next rows of A (or TMA's zeros): they only feed rows
+    that the masked store drops."""
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
-    tiles_m, tiles_n, tiles_per_chunk = tile_counts(rows_per_chunk, N, BLOCK_M, BLOCK_N)
+    tiles_m, tiles_n, tiles_per_chunk = tile_counts(outer, inner, N, BLOCK_M, BLOCK_N)
+    slot = rank * outer * inner
     for tile in range(pid, tiles_per_chunk * world_size, num_programs):
         chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
+        first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = _tma_mainloop(
-            a_desc, chunk * rows_per_chunk + tile_m * BLOCK_M, b_desc, tile_n * BLOCK_N, K, acc,
-            B_NK, BLOCK_K,
-        )  # fmt: skip
-        offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        acc = _tma_mainloop(a_desc, first_full, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K)
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
         _store_and_publish(
-            acc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch, chunk, offs_m, offs_n,
-            rows_per_chunk, N, rank, tiles_per_chunk, a_desc.dtype, HAS_BIAS,
+            acc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch, chunk,
+            slot + first_own + offs_m, m_mask, offs_n, N, tiles_per_chunk, a_desc.dtype, HAS_BIAS,
         )  # fmt: skip
 
 
@@ -141,34 +153,39 @@ def matmul_reduce_scatter_producer(
     rank: int,
     world_size: int,
     config: GemmConfig,
+    inner: int | None = None,
     num_programs: int | None = None,
     tile_log: torch.Tensor | None = None,
 ) -> None:
     """Launches the producer: for every chunk j, A_j @ mat2 (+ bias) into ``dest_ptrs[j]`` (int64
-    addresses of [world * rows, N] contiguous buffers of a's dtype), rows of slot ``rank``; then
-    flag ``flag_ptrs[j]`` (int64 address of an int32) = ``epoch[0]``.
+    addresses of [M, N] contiguous buffers of a's dtype), rows of slot ``rank``; then flag
+    ``flag_ptrs[j]`` (int64 address of an int32) = ``epoch[0]``. ``a``: [M, K], the full input:
+    M / (world * inner) blocks of ``world`` chunks of ``inner`` rows (tiles.py; default: one
+    block, chunk j the j-th M / world rows).
     ``counters``: int32, one per chunk, zero before the first call (the kernel leaves them zero).
     ``tile_log`` (int32, tiles + 1; pointer loads): the order tiles started in."""
     m, k = a.shape
-    if m % world_size or mat2.shape[0] != k or mat2.dtype != a.dtype:
-        raise ValueError(f"A {list(a.shape)} {a.dtype}, B {list(mat2.shape)} {mat2.dtype}, world {world_size}")
+    inner = inner or m // world_size
+    if m % (world_size * inner) or mat2.shape[0] != k or mat2.dtype != a.dtype:
+        raise ValueError(
+            f"A {list(a.shape)} {a.dtype}, B {list(mat2.shape)} {mat2.dtype}, world {world_size}, inner {inner}"
+        )
     for name, t in (("dest_ptrs", dest_ptrs), ("flag_ptrs", flag_ptrs)):
         if t.dtype != torch.int64 or t.numel() != world_size:
             raise ValueError(f"{name} must hold {world_size} int64 addresses")
     if counters.dtype != torch.int32 or counters.numel() != world_size:
         raise ValueError(f"counters must be {world_size} int32 words")
-    rows, n = m // world_size, mat2.shape[1]
+    outer, n = m // (world_size * inner), mat2.shape[1]
     use_tma = config.tma and tile_log is None and tma_fits(a, mat2)
     if not use_tma:
         config = pointer_fallback(config, a.dtype)
-    tiles = world_size * triton.cdiv(rows, config.block_m) * triton.cdiv(n, config.block_n)
-    programs = min(num_programs or _sm_count(a.device), tiles)
+    programs = min(num_programs or _sm_count(a.device), chunk_tiles(world_size, outer, inner, n, config))
     bias_arg = bias if bias is not None else a
     if use_tma:
         bm, bk = config.block_m, config.block_k
         _TMA_KERNEL[(programs,)](
             TensorDescriptor.from_tensor(a, [bm, bk]), b_descriptor(mat2, config), bias_arg, dest_ptrs,
-            flag_ptrs, counters, epoch, rows, n, k, rank, world_size, programs,
+            flag_ptrs, counters, epoch, outer, inner, n, k, rank, world_size, programs,
             HAS_BIAS=bias is not None, B_NK=mat2.stride(0) == 1, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=bk,
             GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
@@ -176,7 +193,7 @@ def matmul_reduce_scatter_producer(
     _POINTER_KERNEL[(programs,)](
         a, mat2, bias_arg, dest_ptrs, flag_ptrs, counters, epoch,
         tile_log if tile_log is not None else counters,
-        rows, n, k, a.stride(0), a.stride(1), mat2.stride(0), mat2.stride(1),
+        outer, inner, n, k, a.stride(0), a.stride(1), mat2.stride(0), mat2.stride(1),
         rank, world_size, programs,
         HAS_BIAS=bias is not None,
         LOG_TILES=tile_log is not None,

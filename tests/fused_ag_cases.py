@@ -17,7 +17,8 @@ from tests.gpu_common import (
 )  # fmt: skip
 
 # (shard shape, gather_dim, Ns, bias per N): odd rows, K and N, QKV-like lists, 3-D shards,
-# a sequence-parallel [1, seq, dim] shard gathered along the sequence (whole chunks of rows)
+# a sequence-parallel [1, seq, dim] shard gathered along the sequence (whole chunks of rows),
+# and DTensor's [batch, seq, dim] along seq at batch 4 (each chunk 4 runs of rows)
 SHAPES = [
     ((333, 520), 0, (1000,), (True,)),
     ((256, 256), 0, (384, 128, 130), (True, False, True)),
@@ -26,6 +27,7 @@ SHAPES = [
     ((1024, 1024), 0, (1536,), (False,)),
     ((17, 40), 0, (24,), (True,)),
     ((1, 93, 128), 1, (136, 40), (True, False)),
+    ((4, 64, 256), 1, (384, 128), (True, False)),
 ]
 
 
@@ -110,11 +112,11 @@ def back_to_back(calls: int, seed=0) -> int:
 
 
 def replayed_calls(calls: int, seed=0) -> int:
-    """The op through calls_that_replay, on Q/K/V-like weights with biases and on a
-    sequence-parallel [1, S, D] shard, returning the gathered tensor too (checked exactly as
+    """The op through calls_that_replay, on Q/K/V-like weights with biases and on sequence-
+    parallel [1, S, D] and [4, S, D] shards, returning the gathered tensor too (checked exactly as
     an output). Returns the graphs this rank captured."""
     world, captured = dist.get_world_size(), 0
-    for shape, gather_dim, ns, bias in (SHAPES[1], SHAPES[6]):
+    for shape, gather_dim, ns, bias in (SHAPES[1], SHAPES[6], SHAPES[7]):
 
         def problem(s, shape=shape, gather_dim=gather_dim, ns=ns, bias=bias):
             shard, mat2s, biases = _problem(shape, gather_dim, ns, bias, torch.bfloat16, seed + s)
@@ -217,7 +219,7 @@ def row_major_weights(seed=0) -> int:
 
 # (shard shape, gather_dim, Ns of the row matmuls, Ks and gathered_left of the contractions):
 # a row-parallel weight grad beside its input grad, a column-parallel one alone (the gather
-# recomputed under checkpointing), odd sizes, and a gather along dim 1 of a batch of 2 (each
+# recomputed under checkpointing), odd sizes, a gather along dim 1 of a batch of 2 and of 4 (each
 # rank's chunk strided in the rows), and a sequence-parallel [1, S, D] shard
 CONTRACTIONS = [
     ((256, 384), 0, (200,), ((136, True),)),
@@ -225,6 +227,7 @@ CONTRACTIONS = [
     ((2, 77, 192), 1, (64,), ((96, True), (40, False))),
     ((96, 64), 0, (), ((1000, True),)),
     ((1, 93, 128), 1, (72,), ((56, False), (24, True))),  # sequence parallel: whole chunks
+    ((4, 64, 256), 1, (128,), ((192, True), (64, False))),
 ]
 
 

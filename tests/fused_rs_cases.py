@@ -16,7 +16,8 @@ from tests.gpu_common import (
 
 # (input shape with "W" for the world size in the scattered dim, scatter_dim, K per input, N,
 # bias, reduce_op): odd rows per chunk, odd K and N, 3-D inputs scattered along dim 0 and 1,
-# a sum of two matmuls (the backward's input gradient), a sequence-parallel [1, S, D]
+# a sum of two matmuls (the backward's input gradient), a sequence-parallel [1, S, D], and
+# DTensor's [batch, S, D] along seq at batch 4 (each chunk 4 runs of rows), a sum of two too
 SHAPES = [
     (("W83",), 0, (520,), 1000, True, "sum"),
     (("W64",), 0, (256,), 130, False, "avg"),
@@ -26,6 +27,8 @@ SHAPES = [
     (("W256",), 0, (1024,), 1536, False, "sum"),
     (("W17",), 0, (40,), 24, True, "avg"),
     ((1, "W45"), 1, (96,), 64, False, "sum"),  # sequence parallel: the output written in place
+    ((4, "W64"), 1, (256,), 384, True, "sum"),  # batch 4: chunks read in place
+    ((4, "W33"), 1, (128, 64), 96, False, "sum"),
 ]
 
 
@@ -135,11 +138,10 @@ def back_to_back(calls: int, seed=0) -> int:
 
 
 def replayed_calls(calls: int, seed=0) -> int:
-    """The op through calls_that_replay on the shapes whose output the variants write in place
-    (scattered along dim 0, or along dim 1 of a [1, S, D]), a sum of two matmuls among them.
-    Returns the graphs this rank captured."""
+    """The op through calls_that_replay: scattered along dim 0, along dim 1 of a [1, S, D] and
+    of a [4, S, D], a sum of two matmuls among them. Returns the graphs this rank captured."""
     world, captured = dist.get_world_size(), 0
-    for index in (0, 4, 7):
+    for index in (0, 4, 7, 8, 9):
         lead, scatter_dim, ks, n, bias, reduce_op = SHAPES[index]
         implementations = ("fused", "copy_engine_cublas", "cublas_push")[len(ks) > 1 :]
         implementations += ("copy_engine_cublas:joined",) if len(ks) > 1 else ()

@@ -27,9 +27,9 @@ def _assert_all_close(outs, refs, tol):
     [(2, (13, 24), 0), (3, (2, 5, 20), 1), (4, (3, 2, 3, 17), 2), (3, (2, 5, 20), 0)],
 )
 def test_matches_torch(dtype, bias, world, shard_shape, gather_dim):
-    stacked, mat2s, biases, refs, inner = problem(world, shard_shape, 19, dtype, bias, gather_dim)
+    gathered, mat2s, biases, refs, inner = problem(world, shard_shape, 19, dtype, bias, gather_dim)
     flags = torch.full((world,), EPOCH + 1, dtype=torch.int32)  # epochs only grow: >= passes
-    outs, timeouts = run_consumer(stacked, mat2s, biases, world, world - 1, inner, flags, num_programs=3)
+    outs, timeouts = run_consumer(gathered, mat2s, biases, world, world - 1, inner, flags, num_programs=3)
     assert not timeouts.any()
     _assert_all_close(outs, refs, 1e-5 if dtype == torch.float32 else 1e-2)
 
@@ -41,20 +41,20 @@ def test_matches_torch(dtype, bias, world, shard_shape, gather_dim):
 )
 def test_several_mat2s_share_one_gather(ns, bias):
     world = 3
-    stacked, mat2s, biases, refs, inner = problem(world, (2, 5, 20), ns, torch.float32, bias, 1)
+    gathered, mat2s, biases, refs, inner = problem(world, (2, 5, 20), ns, torch.float32, bias, 1)
     flags = torch.full((world,), EPOCH, dtype=torch.int32)
-    outs, timeouts = run_consumer(stacked, mat2s, biases, world, 1, inner, flags, num_programs=2)
+    outs, timeouts = run_consumer(gathered, mat2s, biases, world, 1, inner, flags, num_programs=2)
     assert not timeouts.any()
     _assert_all_close(outs, refs, 1e-5)
 
 
 @pytest.mark.parametrize("world, rank", [(2, 0), (4, 1), (4, 3), (8, 5)])
 def test_tiles_go_chunk_by_chunk_in_schedule_order(world, rank):
-    stacked, mat2s, biases, _, inner = problem(world, (20, 16), 40, torch.float32, False, 0)
+    gathered, mat2s, biases, _, inner = problem(world, (20, 16), 40, torch.float32, False, 0)
     flags = torch.full((world,), EPOCH, dtype=torch.int32)
     tiles_per_chunk = 2 * 3  # ceil(20 / 16) x ceil(40 / 16)
     log = torch.zeros(world * tiles_per_chunk + 1, dtype=torch.int32)
-    run_consumer(stacked, mat2s, biases, world, rank, inner, flags, num_programs=1, tile_log=log)
+    run_consumer(gathered, mat2s, biases, world, rank, inner, flags, num_programs=1, tile_log=log)
     started = log[:-1].argsort()  # tile ids in the order they started
     chunk_of_tile = [(rank + int(t) // tiles_per_chunk) % world for t in started]
     expected = [c for c in schedule.all_gather_order(rank, world) for _ in range(tiles_per_chunk)]
@@ -63,23 +63,23 @@ def test_tiles_go_chunk_by_chunk_in_schedule_order(world, rank):
 
 def test_a_late_chunk_is_reported_not_waited_for_forever():
     world, rank, late = 4, 1, 3
-    stacked, mat2s, biases, refs, inner = problem(world, (8, 16), 16, torch.float32, True, 0)
+    gathered, mat2s, biases, refs, inner = problem(world, (8, 16), 16, torch.float32, True, 0)
     flags = torch.full((world,), EPOCH, dtype=torch.int32)
     flags[late] = EPOCH - 1  # the previous call's value: not arrived yet
-    (out,), timeouts = run_consumer(stacked, mat2s, biases, world, rank, inner, flags, spin_limit=3)
+    (out,), timeouts = run_consumer(gathered, mat2s, biases, world, rank, inner, flags, spin_limit=3)
     assert timeouts.tolist() == [0, 0, 0, EPOCH]  # the call's epoch: given up in this call
     with pytest.raises(agm.ChunkTimeout, match="rank 1 gave up waiting for the flags of chunks \\[3\\]"):
         agm.raise_on_timeouts(timeouts, rank)
-    rows = stacked.shape[0] // world
+    rows = gathered.shape[0] // world
     for c in [c for c in range(world) if c != late]:
         torch.testing.assert_close(out[c * rows : (c + 1) * rows], refs[0][c * rows : (c + 1) * rows])
 
 
 def test_own_chunk_needs_no_flag():
     world, rank = 3, 2
-    stacked, mat2s, biases, refs, inner = problem(world, (6, 8), 8, torch.float32, False, 0)
+    gathered, mat2s, biases, refs, inner = problem(world, (6, 8), 8, torch.float32, False, 0)
     flags = torch.tensor([EPOCH, EPOCH, 0], dtype=torch.int32)  # its own flag never set
-    outs, timeouts = run_consumer(stacked, mat2s, biases, world, rank, inner, flags, spin_limit=1)
+    outs, timeouts = run_consumer(gathered, mat2s, biases, world, rank, inner, flags, spin_limit=1)
     assert not timeouts.any()
     _assert_all_close(outs, refs, 1e-5)
 
@@ -93,14 +93,15 @@ def test_bad_shapes_are_rejected():
         )
 
 
-def test_own_chunk_is_read_in_place_from_a_local():
+@pytest.mark.parametrize("shard_shape, gather_dim", [((6, 8), 0), ((3, 4, 8), 1)], ids=["one-block", "batch-3"])
+def test_own_chunk_is_read_in_place_from_a_local(shard_shape, gather_dim):
     world, rank = 3, 1
-    stacked, mat2s, biases, refs, inner = problem(world, (6, 8), 8, torch.float32, True, 0)
-    rows = stacked.shape[0] // world
-    own = stacked[rank * rows : (rank + 1) * rows].clone()
-    stacked[rank * rows : (rank + 1) * rows] = float("nan")  # the buffer's own slot is never read
+    gathered, mat2s, biases, refs, inner = problem(world, shard_shape, 8, torch.float32, True, gather_dim)
+    own = agm.own_rows(gathered, rank, world, inner).clone()
+    outer = gathered.shape[0] // (world * inner)
+    gathered.view(outer, world, inner, -1)[:, rank] = float("nan")  # the own rows are never read
     flags = torch.full((world,), EPOCH, dtype=torch.int32)
-    outs, timeouts = run_consumer(stacked, mat2s, biases, world, rank, inner, flags, a_local=own)
+    outs, timeouts = run_consumer(gathered, mat2s, biases, world, rank, inner, flags, a_local=own)
     assert not timeouts.any()
     _assert_all_close(outs, refs, 1e-5)
 
@@ -110,11 +111,11 @@ def test_own_chunk_is_read_in_place_from_a_local():
 )
 def test_tma_loads_match_torch(world, shard_shape, gather_dim, ns):
     """TMA descriptors: rows past a chunk's end and N past the block are dropped by the store."""
-    stacked, mat2s, biases, refs, inner = problem(world, shard_shape, ns, torch.float16, True, gather_dim)
-    assert all(agm.tma_fits(stacked, m) for m in mat2s)
+    gathered, mat2s, biases, refs, inner = problem(world, shard_shape, ns, torch.float16, True, gather_dim)
+    assert all(agm.tma_fits(gathered, m) for m in mat2s)
     flags = torch.full((world,), EPOCH, dtype=torch.int32)
     config = dataclasses.replace(agm.TEST_CONFIG, tma=True)
-    outs, timeouts = run_consumer(stacked, mat2s, biases, world, 1, inner, flags, config=config, num_programs=3)
+    outs, timeouts = run_consumer(gathered, mat2s, biases, world, 1, inner, flags, config=config, num_programs=3)
     assert not timeouts.any()
     _assert_all_close(outs, refs, 1e-2)
 
@@ -132,22 +133,22 @@ def test_tma_loads_match_torch(world, shard_shape, gather_dim, ns):
 def test_tma_several_mat2s_in_one_launch(ns, bias, row_major):
     """Several B matrices in one TMA launch: each tile picks its B, bias, output and N."""
     world, rank = 3, 2
-    stacked, mat2s, biases, refs, inner = problem(world, (2, 9, 16), ns, torch.float16, bias, 1)
+    gathered, mat2s, biases, refs, inner = problem(world, (2, 9, 16), ns, torch.float16, bias, 1)
     mat2s = [m.contiguous() if i in row_major else m for i, m in enumerate(mat2s)]
     flags = torch.full((world,), EPOCH, dtype=torch.int32)
     config = dataclasses.replace(agm.TEST_CONFIG, tma=True)
-    outs, timeouts = run_consumer(stacked, mat2s, biases, world, rank, inner, flags, config=config, num_programs=4)
+    outs, timeouts = run_consumer(gathered, mat2s, biases, world, rank, inner, flags, config=config, num_programs=4)
     assert not timeouts.any()
     _assert_all_close(outs, refs, 1e-2)
 
 
 def test_tma_several_mat2s_report_a_late_chunk():
     world, rank, late = 3, 0, 2
-    stacked, mat2s, biases, refs, inner = problem(world, (16, 16), (16, 32), torch.float16, False, 0)
+    gathered, mat2s, biases, refs, inner = problem(world, (16, 16), (16, 32), torch.float16, False, 0)
     flags = torch.full((world,), EPOCH, dtype=torch.int32)
     flags[late] = EPOCH - 1
     config = dataclasses.replace(agm.TEST_CONFIG, tma=True)
-    outs, timeouts = run_consumer(stacked, mat2s, biases, world, rank, inner, flags, config=config, spin_limit=3)
+    outs, timeouts = run_consumer(gathered, mat2s, biases, world, rank, inner, flags, config=config, spin_limit=3)
     assert timeouts.tolist() == [0, 0, EPOCH]
     for out, ref in zip(outs, refs):  # every chunk but the late one is right
         torch.testing.assert_close(out[:32], ref[:32], atol=1e-2, rtol=1e-2)
@@ -175,19 +176,19 @@ def test_waits_are_wrap_safe():
     """An epoch that passed 2**31 is negative in int32; a flag one call behind still waits and
     a flag at the epoch passes."""
     world, rank = 2, 0
-    stacked, mat2s, biases, refs, inner = problem(world, (8, 16), 16, torch.float32, False, 0)
+    gathered, mat2s, biases, refs, inner = problem(world, (8, 16), 16, torch.float32, False, 0)
     outs = [torch.full_like(refs[0], float("nan"))]
     epoch = torch.tensor([-(2**31) + 1], dtype=torch.int32)  # 2**31 + 1 calls in
     behind = torch.tensor([0, 2**31 - 1], dtype=torch.int32)  # the previous call's value
     timeouts = torch.zeros(world, dtype=torch.int32)
     agm.all_gather_matmul_consumer(
-        stacked, mat2s, biases, outs, behind, epoch, rank=rank, world_size=world, inner=inner,
+        gathered, mat2s, biases, outs, behind, epoch, rank=rank, world_size=world, inner=inner,
         config=agm.TEST_CONFIG, timeouts=timeouts, spin_limit=2,
     )
     assert timeouts.tolist() == [0, epoch.item()]
     timeouts.zero_()
     agm.all_gather_matmul_consumer(
-        stacked, mat2s, biases, outs, torch.tensor([0, epoch.item()], dtype=torch.int32), epoch,
+        gathered, mat2s, biases, outs, torch.tensor([0, epoch.item()], dtype=torch.int32), epoch,
         rank=rank, world_size=world, inner=inner, config=agm.TEST_CONFIG, timeouts=timeouts, spin_limit=2,
     )
     assert not timeouts.any()

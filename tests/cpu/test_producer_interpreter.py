@@ -1,7 +1,8 @@
 """The matmul + reduce-scatter kernels under TRITON_INTERPRET=1 with simulated peers: every
 rank's partials land in the owner's buffer, in its slot, with the bias (pointer and TMA loads);
-every chunk is published with the epoch; tiles go rank + 1 first, own chunk last; the owner's
-reduction sums in fp32 in rank order, scales for avg, and names a peer whose partial never came."""
+every chunk is published with the epoch; tiles go rank + 1 first, own chunk last; a chunk of
+several blocks ([batch, seq, dim] scattered along seq) is read in place; the owner's reduction
+sums in fp32 in rank order, scales for avg, and names a peer whose partial never came."""
 
 import dataclasses
 
@@ -13,54 +14,34 @@ pytest.importorskip("triton")
 from overlap_pass import schedule  # noqa: E402
 from overlap_pass.templates import all_gather_matmul as agm  # noqa: E402
 from overlap_pass.templates import matmul_reduce_scatter as mrs  # noqa: E402
-
-EPOCH = 5
-
-
-def _simulate(world, rows, k, n, dtype, bias, seed=0, num_programs=3, config=agm.TEST_CONFIG):
-    """Runs every rank's producer into simulated peer buffers; returns the buffers, flags,
-    counters and per-rank inputs."""
-    gen = torch.Generator().manual_seed(seed)
-    inputs = [torch.randn(world * rows, k, generator=gen).to(dtype) for _ in range(world)]
-    mat2 = torch.randn(n, k, generator=gen).to(dtype).t()
-    b = torch.randn(n, generator=gen).to(dtype) if bias else None
-    partials = [torch.full((world * rows, n), float("nan"), dtype=dtype) for _ in range(world)]
-    flags = torch.zeros(world, world, dtype=torch.int32)  # flags[owner, producer]
-    counters = [torch.zeros(world, dtype=torch.int32) for _ in range(world)]
-    dest_ptrs = torch.tensor([p.data_ptr() for p in partials], dtype=torch.int64)
-    for rank in range(world):
-        flag_ptrs = torch.tensor([flags[j, rank].data_ptr() for j in range(world)], dtype=torch.int64)
-        mrs.matmul_reduce_scatter_producer(
-            inputs[rank], mat2, b, dest_ptrs, flag_ptrs, counters[rank],
-            torch.tensor([EPOCH], dtype=torch.int32), rank=rank, world_size=world,
-            config=config, num_programs=num_programs,
-        )  # fmt: skip
-    return inputs, mat2, b, partials, flags, counters
-
-
-def _check_partials(inputs, mat2, b, partials, world, rows, tol):
-    """Slot p of owner j's buffer holds rank p's rows of chunk j times mat2, plus the bias."""
-    for owner in range(world):
-        for producer in range(world):
-            got = partials[owner][producer * rows : (producer + 1) * rows]
-            want = inputs[producer][owner * rows : (owner + 1) * rows].float() @ mat2.float()
-            if b is not None:
-                want += b.float()
-            torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
-
+from tests.producer_cases import EPOCH, check_partials, simulate  # noqa: E402
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("world, rows, k, n, bias", [(2, 13, 24, 19, True), (3, 16, 20, 40, False), (4, 5, 33, 17, True)])
 def test_partials_land_in_the_owners_slots_and_sum_to_the_reduce_scatter(dtype, world, rows, k, n, bias):
-    inputs, mat2, b, partials, flags, counters = _simulate(world, rows, k, n, dtype, bias)
+    inputs, mat2, b, partials, flags, counters = simulate(world, rows, k, n, dtype, bias)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
-    _check_partials(inputs, mat2, b, partials, world, rows, tol)
+    check_partials(inputs, mat2, b, partials, world, rows, tol)
     for owner in range(world):  # every rank's matmul + bias, summed: the op's semantics
         total = partials[owner].float().view(world, rows, n).sum(0)
         full = sum(x.float() @ mat2.float() + (b.float() if bias else 0) for x in inputs)
         torch.testing.assert_close(total, full[owner * rows : (owner + 1) * rows], atol=10 * tol, rtol=10 * tol)
     assert (flags == EPOCH).all(), flags
     assert all(not c.any() for c in counters), "the last tile of each chunk resets its counter"
+
+
+@pytest.mark.parametrize("config", ["pointer", "tma"])
+@pytest.mark.parametrize("world, rows, outer", [(2, 12, 4), (3, 10, 2), (2, 64, 2)])
+def test_a_chunk_of_several_blocks_is_read_in_place(config, world, rows, outer):
+    """[batch, seq, dim] scattered along seq: chunk j is ``outer`` blocks of rows; each owner's
+    slot holds them in block order, as its output rows; tiles never straddle two blocks (blocks
+    of 3, 5 and 32 rows against BLOCK_M 16)."""
+    config = dataclasses.replace(agm.TEST_CONFIG, tma=config == "tma")
+    inputs, mat2, b, partials, flags, counters = simulate(
+        world, rows, 16, 24, torch.float16, True, config=config, outer=outer
+    )
+    check_partials(inputs, mat2, b, partials, world, rows, 1e-2, outer)
+    assert (flags == EPOCH).all() and all(not c.any() for c in counters)
 
 
 @pytest.mark.parametrize("world, rank", [(2, 0), (4, 1), (4, 3), (8, 5)])
@@ -105,9 +86,9 @@ def test_back_to_back_calls_publish_each_epoch():
 def test_tma_producer_matches_pointer_semantics(world, rows, k, n, bias):
     """TMA loads: rows of the next chunk and N past the block are dropped by the masked store."""
     config = dataclasses.replace(agm.TEST_CONFIG, tma=True)
-    inputs, mat2, b, partials, flags, counters = _simulate(world, rows, k, n, torch.float16, bias, config=config)
+    inputs, mat2, b, partials, flags, counters = simulate(world, rows, k, n, torch.float16, bias, config=config)
     assert agm.tma_fits(inputs[0], mat2)
-    _check_partials(inputs, mat2, b, partials, world, rows, 1e-2)
+    check_partials(inputs, mat2, b, partials, world, rows, 1e-2)
     assert (flags == EPOCH).all() and all(not c.any() for c in counters)
 
 

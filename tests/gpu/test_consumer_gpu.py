@@ -30,11 +30,11 @@ def _check(outs, refs, dtype):
     ],
 )
 def test_matches_torch(config, dtype, world, shard_shape, gather_dim, ns, bias):
-    stacked, mat2s, biases, refs, inner = problem(
+    gathered, mat2s, biases, refs, inner = problem(
         world, shard_shape, ns, dtype, bias, gather_dim, device="cuda"
     )
     flags = torch.full((world,), EPOCH, dtype=torch.int32, device="cuda")
-    outs, timeouts = run_consumer(stacked, mat2s, biases, world, 1, inner, flags, config=config)
+    outs, timeouts = run_consumer(gathered, mat2s, biases, world, 1, inner, flags, config=config)
     torch.cuda.synchronize()
     assert not timeouts.any()
     _check(outs, refs, dtype)
@@ -42,10 +42,10 @@ def test_matches_torch(config, dtype, world, shard_shape, gather_dim, ns, bias):
 
 def test_late_chunk_is_reported_on_the_gpu():
     world, rank, late = 4, 2, 1
-    stacked, mat2s, biases, _, inner = problem(world, (256, 128), 256, torch.bfloat16, False, 0, device="cuda")
+    gathered, mat2s, biases, _, inner = problem(world, (256, 128), 256, torch.bfloat16, False, 0, device="cuda")
     flags = torch.full((world,), EPOCH, dtype=torch.int32, device="cuda")
     flags[late] = EPOCH - 1
-    _, timeouts = run_consumer(stacked, mat2s, biases, world, rank, inner, flags, spin_limit=10_000)
+    _, timeouts = run_consumer(gathered, mat2s, biases, world, rank, inner, flags, spin_limit=10_000)
     torch.cuda.synchronize()
     with pytest.raises(agm.ChunkTimeout, match="rank 2 gave up waiting for the flags of chunks \\[1\\]"):
         agm.raise_on_timeouts(timeouts, rank)
@@ -57,14 +57,14 @@ def test_back_to_back_calls_with_growing_epochs():
         epoch = EPOCH + call
         shape = (64 + 17 * (call % 5), 96)
         ns = (80, 48)[: 1 + call % 2]
-        stacked, mat2s, biases, refs, inner = problem(
+        gathered, mat2s, biases, refs, inner = problem(
             world, shape, ns, torch.bfloat16, call % 3 == 0, 0, seed=call, device="cuda"
         )
         flags = torch.full((world,), epoch, dtype=torch.int32, device="cuda")
         outs = [torch.full_like(r, float("nan")) for r in refs]
         timeouts = torch.zeros(world, dtype=torch.int32, device="cuda")
         agm.all_gather_matmul_consumer(
-            stacked, mat2s, biases, outs, flags, torch.tensor([epoch], dtype=torch.int32, device="cuda"),
+            gathered, mat2s, biases, outs, flags, torch.tensor([epoch], dtype=torch.int32, device="cuda"),
             rank=call % world, world_size=world, inner=inner, config=agm.CONFIGS[2],
             timeouts=timeouts, spin_limit=100_000,
         )

@@ -1,0 +1,44 @@
+"""Simulated peers for the reduce-scatter producer GEMM, shared by the interpreter tests (CPU)
+and the GPU tests: every rank's producer writes into the other ranks' partials buffers, which
+are plain tensors of one device here."""
+
+import torch
+
+from overlap_pass.templates import all_gather_matmul as agm
+from overlap_pass.templates import matmul_reduce_scatter as mrs
+
+EPOCH = 5
+
+
+def simulate(world, rows, k, n, dtype, bias, seed=0, num_programs=3, config=agm.TEST_CONFIG, outer=1, device="cpu"):
+    """Runs every rank's producer into simulated peer buffers, NaN-poisoned; returns the
+    per-rank inputs, mat2, bias, the buffers, flags and counters. ``rows`` per chunk, in
+    ``outer`` blocks (templates/tiles.py)."""
+    gen = torch.Generator().manual_seed(seed)
+    inputs = [torch.randn(world * rows, k, generator=gen).to(dtype).to(device) for _ in range(world)]
+    mat2 = torch.randn(n, k, generator=gen).to(dtype).to(device).t()
+    b = torch.randn(n, generator=gen).to(dtype).to(device) if bias else None
+    partials = [torch.full((world * rows, n), float("nan"), dtype=dtype, device=device) for _ in range(world)]
+    flags = torch.zeros(world, world, dtype=torch.int32, device=device)  # flags[owner, producer]
+    counters = [torch.zeros(world, dtype=torch.int32, device=device) for _ in range(world)]
+    dest_ptrs = torch.tensor([p.data_ptr() for p in partials], dtype=torch.int64, device=device)
+    for rank in range(world):
+        flag_ptrs = torch.tensor([flags[j, rank].data_ptr() for j in range(world)], dtype=torch.int64, device=device)
+        mrs.matmul_reduce_scatter_producer(
+            inputs[rank], mat2, b, dest_ptrs, flag_ptrs, counters[rank],
+            torch.tensor([EPOCH], dtype=torch.int32, device=device), rank=rank, world_size=world,
+            config=config, num_programs=num_programs, inner=rows // outer,
+        )  # fmt: skip
+    return inputs, mat2, b, partials, flags, counters
+
+
+def check_partials(inputs, mat2, b, partials, world, rows, tol, outer=1):
+    """Slot p of owner j's buffer holds rank p's rows of chunk j times mat2, plus the bias."""
+    for owner in range(world):
+        for producer in range(world):
+            got = partials[owner][producer * rows : (producer + 1) * rows]
+            mine = agm.own_rows(inputs[producer], owner, world, rows // outer)
+            want = mine.float() @ mat2.float()
+            if b is not None:
+                want += b.float()
+            torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
