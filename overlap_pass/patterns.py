@@ -74,8 +74,9 @@ class ReduceTerm:
 @dataclasses.dataclass(frozen=True)
 class MatmulReduceScatterMatch:
     """mm, or a sum of mms (the input gradient of linears sharing one input) -> views
-    [-> split/cat for scatter_dim > 0] -> reduce_scatter -> wait; each term may be widened on
-    the way (autocast's bf16 input gradients summed and scattered in fp32)."""
+    [-> split/cat, or movedim to the front, for scatter_dim > 0] -> reduce_scatter -> wait;
+    each term may be widened on the way (autocast's bf16 input gradients summed and scattered
+    in fp32)."""
 
     terms: tuple[ReduceTerm, ...]
     between: tuple[Node, ...]  # the views, casts and adds from the matmuls to the scattered tensor
@@ -87,6 +88,9 @@ class MatmulReduceScatterMatch:
     world_size: int
     group_name: str
     out_dtype: torch.dtype | None = None  # the scattered dtype, where casts widen the matmuls'
+    # the permutation that moved scatter_dim to the front before the collective (spmd_types'
+    # movedim form): the wait's value is the op's output permuted so; None for the other forms
+    moved: tuple[int, ...] | None = None
 
 
 Match = AllGatherMatmulMatch | MatmulReduceScatterMatch
@@ -365,18 +369,44 @@ def find_all_gather_matmuls(graph: Graph) -> list[Candidate]:
 # matmul -> reduce_scatter
 
 
-def _scattered_layout(collective_input: Node, world_size: int) -> tuple[Node, int, set[Node]]:
-    """The tensor being scattered, its scatter dim, and the nodes between it and the collective.
+def _scattered_layout(collective_input: Node, world_size: int) -> tuple[Node, int, set[Node], tuple | None]:
+    """The tensor being scattered, its scatter dim, the nodes between it and the collective, and
+    the permutation that moved the scatter dim to the front (or None).
 
     reduce_scatter_tensor scatters along dim 0; a scatter along dim d > 0 appears as one chunk
-    per rank along dim d (split or slices) -> cat(dim 0) in front of it."""
+    per rank along dim d (split or slices) -> cat(dim 0) in front of it (DTensor's form), or as
+    the tensor with dim d moved to the front, made contiguous (spmd_types' form)."""
     node = collective_input
     if node.target is aten.cat.default and _cat_dim(node) == 0:
         pieces = list(node.args[0])
         chunks = _equal_chunks(pieces, world_size)
         if chunks is not None:
-            return *chunks, {node, *pieces, *(p.args[0] for p in pieces)}
-    return node, 0, set()
+            return *chunks, {node, *pieces, *(p.args[0] for p in pieces)}, None
+    moved = _moved_to_front(node)
+    if moved is not None:
+        return moved
+    return node, 0, set(), None
+
+
+def _moved_to_front(node: Node) -> tuple[Node, int, set[Node], tuple] | None:
+    """(x, d, the nodes, the permutation) when ``node`` is x.movedim(d, 0) for d > 0, made
+    contiguous or not: a permute that puts dim d first and keeps the others in order, then
+    maybe a clone, each read once."""
+    between = set()
+    if (
+        node.target is aten.clone.default
+        and node.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format
+        and len(node.args) == 1
+    ):
+        between.add(node)
+        node = node.args[0]
+    if node.target is not aten.permute.default or len(node.users) != 1:
+        return None
+    rank = len(_shape(node) or ())
+    perm = tuple(p % rank for p in node.args[1]) if rank else ()
+    if not perm or perm[0] == 0 or perm != (perm[0], *(i for i in range(rank) if i != perm[0])):
+        return None
+    return node.args[0], perm[0], between | {node}, perm
 
 
 def _one_user(node: Node) -> None:
@@ -463,7 +493,7 @@ def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
         raise NoMatch("reduce-scatter result is not read through exactly one wait_tensor")
     if reduce_op not in ("sum", "avg"):
         raise NoMatch(f"reduce op {reduce_op!r} (only sum and avg)")
-    scattered, scatter_dim, cutters = _scattered_layout(collective_input, world_size)
+    scattered, scatter_dim, cutters, moved = _scattered_layout(collective_input, world_size)
     shape = _shape(scattered)
     if shape is None:
         raise NoMatch("scattered tensor has no shape metadata")
@@ -488,6 +518,7 @@ def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
         world_size=world_size,
         group_name=group_name,
         out_dtype=meta_val(scattered).dtype if any(widened) else None,
+        moved=moved,
     )
 
 

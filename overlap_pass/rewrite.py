@@ -157,10 +157,11 @@ def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node
 def rewrite_matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch) -> Node:
     """
         y = mm(a_1, w_1) (+ b_1) [+ mm(a_2, w_2) (+ b_2) ...]   (through reshapes, casts)
-        z = wait(reduce_scatter([split(scatter_dim) -> cat] reshape(y)))
+        z = wait(reduce_scatter([split(scatter_dim) -> cat | movedim(scatter_dim, 0)] reshape(y)))
     becomes
         z = overlap.matmul_reduce_scatter([reshape(a_i)], [w_i], sum(b_i), reduce_op, ...,
                                           out_dtype=z's dtype where casts widened the terms)
+            [-> movedim(scatter_dim, 0), a view, where the collective's input was moved so]
     """
     order = graph_order(graph)
     terms = [_mm_operands(term.mm) for term in match.terms]
@@ -190,7 +191,8 @@ def rewrite_matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch)
                 *([match.out_dtype] if match.out_dtype is not None else []),
             ),
         )
-    match.wait.replace_all_uses_with(op)
+        result = op if match.moved is None else _call(graph, aten.permute.default, (op, list(match.moved)))
+    match.wait.replace_all_uses_with(result)
     _erase_dead(graph, dead)
     return op
 

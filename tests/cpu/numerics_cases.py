@@ -105,22 +105,27 @@ def _group_name() -> str:
     return dist.group.WORLD.group_name
 
 
-def megatron_mlp(x, w_up, b_up, w_down, gather_dim, reduce_op):
+def megatron_mlp(x, w_up, b_up, w_down, gather_dim, reduce_op, moved=False):
     """all_gather -> linear -> gelu -> linear -> reduce_scatter on plain tensors.
 
     The gather along a later dim is written out as split + cat: torch 2.11's Dynamo breaks the
-    graph inside all_gather_tensor(gather_dim > 0), and its funcol needs contiguous inputs."""
+    graph inside all_gather_tensor(gather_dim > 0), and its funcol needs contiguous inputs.
+    ``moved``: the reduce-scatter along a later dim as spmd_types writes it (the dim moved to
+    the front, scattered along dim 0, moved back)."""
     world = dist.get_world_size()
     gathered = funcol.all_gather_tensor(x.contiguous(), 0, _group_name())
     if gather_dim:
         gathered = torch.cat(torch.chunk(gathered, world, dim=0), dim=gather_dim)
     hidden = torch.nn.functional.gelu(torch.nn.functional.linear(gathered, w_up, b_up))
     out = torch.nn.functional.linear(hidden, w_down)
+    if moved:
+        front = out.movedim(gather_dim, 0).contiguous()
+        return funcol.reduce_scatter_tensor(front, reduce_op, 0, _group_name()).movedim(0, gather_dim)
     return funcol.reduce_scatter_tensor(out, reduce_op, gather_dim, _group_name())
 
 
 @_decided
-def functional_mlp(shape: tuple, gather_dim: int, bias: bool, reduce_op: str, seed: int = 0):
+def functional_mlp(shape: tuple, gather_dim: int, bias: bool, reduce_op: str, seed: int = 0, moved: bool = False):
     torch.manual_seed(seed + dist.get_rank())
     k, hidden = shape[-1], 12
     x = torch.randn(shape)
@@ -128,7 +133,7 @@ def functional_mlp(shape: tuple, gather_dim: int, bias: bool, reduce_op: str, se
     b_up = torch.randn(hidden) if bias else None
     compiled = torch.compile(megatron_mlp, backend="overlap")
     for _ in range(2):
-        args = (x, w_up, b_up, w_down, gather_dim, reduce_op)
+        args = (x, w_up, b_up, w_down, gather_dim, reduce_op, moved)
         torch.testing.assert_close(compiled(*args), megatron_mlp(*args), **TOL)
         x = torch.randn(shape)
 

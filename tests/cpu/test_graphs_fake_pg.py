@@ -98,6 +98,43 @@ def test_matmul_reduce_scatter(tmp_path, world_size, rows, dim, bias, reduce_op)
     assert list(out.shape) == expected
 
 
+def linear_moved_and_scattered(a, w, dim, group, contiguous):
+    """spmd_types' reduce-scatter along a later dim (torchtitan's default spmd_backend): the dim
+    moved to the front (made contiguous or not), scattered along dim 0, moved back."""
+    moved = F.linear(a, w).movedim(dim, 0)
+    moved = moved.contiguous() if contiguous else moved
+    return funcol.reduce_scatter_tensor(moved, "sum", 0, group).movedim(0, dim)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("shape, dim", [((1, 4), 1), ((4, 4), 1), ((3, 2, 4), 2)])
+@pytest.mark.parametrize("contiguous", [False, True])
+def test_matmul_reduce_scatter_of_a_moved_dim(tmp_path, world_size, shape, dim, contiguous):
+    with fake_world(world_size) as group:
+        a = torch.randn(*[s * world_size if i == dim else s for i, s in enumerate(shape)], 6)
+        w = torch.randn(4, 6)
+        out, dump = compile_and_dump(linear_moved_and_scattered, (a, w, dim, group, contiguous), tmp_path)
+    decision = _only(dump.candidates("inference"), MRS)
+    assert decision["rewritten"], decision["reason"]
+    assert decision["dim"] == dim
+    after = dump.after("inference")
+    assert "overlap.matmul_reduce_scatter" in after and "_c10d_functional.reduce_scatter" not in after
+    expected = list(a.shape[:-1]) + [4]
+    expected[dim] //= world_size
+    assert list(out.shape) == expected
+
+
+def moved_but_not_to_the_front(a, w, group):
+    return funcol.reduce_scatter_tensor(F.linear(a, w).permute(1, 2, 0).contiguous(), "sum", 0, group)
+
+
+def test_a_permute_that_is_not_a_movedim_is_skipped(tmp_path):
+    with fake_world(2) as group:
+        _, dump = compile_and_dump(moved_but_not_to_the_front, (torch.randn(4, 6, 6), torch.randn(4, 6), group), tmp_path)
+    decision = _only(dump.candidates("inference"), MRS)
+    assert not decision["rewritten"] and "not a matmul result" in decision["reason"]
+
+
 def widened_sum_scattered(a1, a2, w1, w2, group):
     """autocast's input gradient: bf16 matmuls, each widened to fp32, summed, scattered."""
     return scatter((a1 @ w1).view(2, -1, 4).float() + (a2 @ w2).float().view(2, -1, 4), "sum", 1, group)

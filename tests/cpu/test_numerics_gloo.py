@@ -47,6 +47,14 @@ def test_functional_collectives_mlp(gloo_world, shape, gather_dim, bias, reduce_
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("shape, gather_dim", [((4, 3, 8), 1), ((3, 2, 5, 8), 2)], ids=["3d-dim1", "4d-dim2"])
+def test_reduce_scatter_of_a_moved_dim(gloo_world, world_size, shape, gather_dim):
+    """spmd_types' reduce-scatter along a later dim (the dim moved to the front and back)."""
+    (decisions, *_) = gloo_world(world_size).run(cases.functional_mlp, shape, gather_dim, False, "sum", 0, True)
+    assert decisions == [(AGM, True, None), (MRS, True, None)]
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize(
     "shape, gather_dim", [((6, 8), 0), ((2, 3, 8), 1)], ids=["2d", "3d-dim1"]
 )

@@ -164,11 +164,12 @@ def test_outputs_are_allocated_apart_from_the_call():
     assert gathered.shape == (1, 24, 8)
     assert [o.shape for o in outs] == [(1, 24, 5), (1, 24, 3), (8, 7)]
     assert agm.allocate(shard, [w], [None], 1, 4, "g")[0] is None
-    # the reduce-scatter's output is written in place only where its scattered rows are whole
-    # rows of the flat output (no longer dim before the scattered one)
+    # the reduce-scatter's output is written in place, contiguous, at any batch: a batch of 2
+    # scattered along seq too (each chunk two runs of rows)
     a = torch.randn(1, 16, 8)
     assert mrs.allocate([a], [w], None, "sum", 1, 4, "g").shape == (1, 4, 5)
-    assert mrs.allocate([torch.randn(2, 16, 8)], [w], None, "sum", 1, 4, "g") is None
+    batched = mrs.allocate([torch.randn(2, 16, 8)], [w], None, "sum", 1, 4, "g")
+    assert batched.shape == (2, 4, 5) and batched.is_contiguous()
     assert mrs.allocate([torch.randn(16, 8)], [w], None, "sum", 0, 4, "g").shape == (4, 5)
 
 
