@@ -2,10 +2,11 @@
 # Installs overlap (editable) without pulling CUDA wheels onto a CPU machine.
 #
 #   bash tools/install.sh          # the package
-#   bash tools/install.sh --test   # and the test dependencies
+#   bash tools/install.sh --test   # and the test dependencies, torchtitan among them
 #
 # torch: kept as it is where one is installed (the GPU machines have theirs); otherwise the CPU
-# build, torch==2.13.0+cpu. With --test also triton, for its CPU interpreter, where it is missing.
+# build, torch==2.13.0+cpu. With --test also triton, for its CPU interpreter, where it is missing,
+# and torchtitan 0.3.0 (the extra "torchtitan"; Python 3.11+), whose Llama 3 a test compiles.
 # If pip cannot find the CPU build of torch, point it at PyTorch's CPU wheels:
 #   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash tools/install.sh
 set -euo pipefail
@@ -18,6 +19,9 @@ fi
 extras=""
 if [ "${1:-}" = "--test" ]; then
   extras="[test]"
+  if "$PYTHON" -c "import sys; sys.exit(sys.version_info < (3, 11))"; then
+    extras="[test,torchtitan]"
+  fi
   # The CPU tests run the Triton kernels in its interpreter; 3.6.0 is what the GPU machines
   # have. A triton that came with torch is kept.
   "$PYTHON" -c "import triton" 2>/dev/null || "$PYTHON" -m pip install --quiet "triton==3.6.0"

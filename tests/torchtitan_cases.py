@@ -1,0 +1,164 @@
+"""torchtitan's own Llama 3, parallelized and compiled by torchtitan's own code, on every rank of
+a gloo RankPool (tests/cpu/test_torchtitan_gloo.py). Needs torchtitan 0.3.0 (the package's
+``torchtitan`` extra).
+
+What is torchtitan's, called as its Trainer calls it: the model (``Llama3Model.Config`` built
+with its ``_build_llama3_layers``), its TP plan with sequence parallel
+(``set_llama3_sharding_config`` -> ``parallelize_llama``, or ``model.parallelize``), its
+``apply_compile`` (``block.compile(backend="overlap", fullgraph=True)`` per TransformerBlock),
+its input annotation, loss and spmd context. What a CPU run changes, and why:
+- torchtitan picks its device type at import ("cuda" when no accelerator is found): set to
+  "cpu" before its mesh is built;
+- attention: the SDPA its graph_trainer tests swap in (FlexAttention has no backward on CPU);
+- under spmd_types, no FSDP wrapping (dp_shard is 1 here): torch 2.13's ``fully_shard``
+  rejects spmd_types' plain-tensor parameters; the DTensor backend runs ``parallelize_llama``
+  whole, FSDP included.
+"""
+
+import glob
+import json
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+from overlap_pass import config
+
+TP = 2
+DIM, HEADS, KV_HEADS, LAYERS, VOCAB, SEQ = 128, 8, 4, 2, 256, 64
+TOL = dict(atol=2e-5, rtol=2e-5)
+
+
+def _on_cpu() -> None:
+    import torchtitan.distributed.parallel_dims as parallel_dims
+    import torchtitan.tools.utils as tools_utils
+
+    tools_utils.device_type = parallel_dims.device_type = "cpu"
+
+
+def _model_config():
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm, compute_ffn_hidden_dim
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import (
+        _EMBEDDING_INIT,
+        _NORM_INIT,
+        Llama3Model,
+        _build_llama3_layers,
+        _output_linear_init,
+    )
+
+    layers = _build_llama3_layers(
+        fuse_qkv=True, n_layers=LAYERS, dim=DIM, n_heads=HEADS, n_kv_heads=KV_HEADS,
+        hidden_dim=compute_ffn_hidden_dim(DIM, multiple_of=64),
+        rope=ComplexRoPE.Config(dim=DIM // HEADS, max_seq_len=SEQ, theta=500000, scaling="llama"),
+        attn_backend="flex",
+    )  # fmt: skip
+    for layer in layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    return Llama3Model.Config(
+        dim=DIM, vocab_size=VOCAB,
+        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM, param_init=_EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=DIM, param_init=_NORM_INIT),
+        lm_head=Linear.Config(in_features=DIM, out_features=VOCAB, param_init=_output_linear_init(DIM)),
+        layers=layers,
+    )  # fmt: skip
+
+
+def _parallel_model(parallelism, parallel_dims, compiled: bool):
+    """The model on the meta device, parallelized (and compiled) by torchtitan."""
+    from torchtitan.config import CompileConfig, TrainingConfig
+    from torchtitan.distributed.compile import apply_compile
+    from torchtitan.models.llama3 import parallelize_llama
+    from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+    training = TrainingConfig(dtype="float32", mixed_precision_param="float32", mixed_precision_reduce="float32")
+    compile_config = CompileConfig(enable=compiled, backend="overlap", components=["model"])
+    model_config = _model_config()
+    set_llama3_sharding_config(model_config, enable_sp=True)
+    with torch.device("meta"):
+        model = model_config.build()
+    if parallelism.spmd_backend == "spmd_types":  # parallelize_llama without FSDP (module docstring)
+        model.parallelize(parallel_dims)
+        if compiled:
+            apply_compile(model, compile_config=compile_config, parallel_dims=parallel_dims)
+        return model
+    folder = tempfile.mkdtemp(prefix="torchtitan-")
+    return parallelize_llama(
+        model, parallel_dims=parallel_dims, training=training, parallelism=parallelism,
+        compile_config=compile_config, ac_config=None, dump_folder=folder,
+    )  # fmt: skip
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _decisions(folder: str) -> dict:
+    """{graph name: [(kind, rewritten, reason), ...]} of this rank's dumps."""
+    found = {}
+    for path in sorted(glob.glob(os.path.join(folder, f"rank{dist.get_rank()}", "*", "decisions.json"))):
+        with open(path) as f:
+            record = json.load(f)
+        found[record["graph"]] = [(c["kind"], c["rewritten"], c["reason"]) for c in record["candidates"]]
+    return found
+
+
+def llama3_forward_backward(spmd_backend: str, batch: int, seed: int = 0) -> dict:
+    """One training step of the compiled model against the eager one (same weights, same
+    tokens): the loss and every gradient at fp32 tolerance. Returns the pass's decisions per
+    graph and the step's losses."""
+    import spmd_types
+    from torchtitan.components.loss import cross_entropy_loss
+    from torchtitan.config import ParallelismConfig
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.distributed.full_dtensor import parallelize_inputs
+    from torchtitan.distributed.spmd_types import annotate_input_spmd_types
+
+    _on_cpu()
+    torch._dynamo.reset()
+    torch.autograd.set_multithreading_enabled(False)  # as torchtitan's init_distributed
+    dist_utils.set_spmd_backend(spmd_backend)
+    parallelism = ParallelismConfig(
+        data_parallel_shard_degree=1, tensor_parallel_degree=TP, enable_sequence_parallel=True,
+        spmd_backend=spmd_backend,
+    )  # fmt: skip
+    parallel_dims = ParallelDims.from_config(parallelism, dist.get_world_size())
+    parallel_dims.build_mesh()
+    context = dist_utils.get_spmd_context(parallel_dims=parallel_dims)
+
+    folder = tempfile.mkdtemp(prefix="overlap-torchtitan-")
+    eager = _parallel_model(parallelism, parallel_dims, compiled=False)
+    compiled = _parallel_model(parallelism, parallel_dims, compiled=True)
+    for model in (eager, compiled):
+        model.to_empty(device="cpu")
+    with torch.no_grad(), context():
+        torch.manual_seed(seed)
+        eager.init_weights(buffer_device=None)
+        compiled.init_weights(buffer_device=None)
+        for (name, theirs), (_, ours) in zip(eager.named_parameters(), compiled.named_parameters()):
+            _local(ours).copy_(_local(theirs))
+
+    gen = torch.Generator().manual_seed(seed + 1)  # the same tokens on every rank (TP)
+    tokens = torch.randint(0, VOCAB, (batch, SEQ), generator=gen)
+    labels = torch.randint(0, VOCAB, (batch, SEQ), generator=gen)
+    positions = torch.arange(SEQ).expand(batch, SEQ).contiguous()
+
+    def step(model):
+        inputs, targets, extra = tokens, labels, {"positions": positions}
+        if spmd_backend == "spmd_types":
+            inputs, targets, extra = annotate_input_spmd_types(parallel_dims, inputs, targets, extra)
+        with config.patch(debug_dir=folder), context():
+            loss = cross_entropy_loss(model(inputs, **extra), targets, global_vocab_size=VOCAB) / targets.numel()
+            with spmd_types.no_typecheck():
+                loss.backward()
+        return loss.detach()
+
+    losses = [step(eager), step(compiled)]
+    full = [loss.full_tensor() if hasattr(loss, "full_tensor") else loss for loss in losses]
+    torch.testing.assert_close(full[1], full[0], **TOL)
+    for (name, theirs), (_, ours) in zip(eager.named_parameters(), compiled.named_parameters()):
+        assert ours.grad is not None and theirs.grad is not None, f"{name}: no gradient"
+        torch.testing.assert_close(_local(ours.grad), _local(theirs.grad), **TOL, msg=name)
+    return {"decisions": _decisions(folder), "loss": full[0].item()}
