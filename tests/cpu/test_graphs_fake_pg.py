@@ -625,3 +625,34 @@ def test_decisions_look_up_the_choice_under_the_key_the_op_files_it(tmp_path, mo
     shapes = [a.shape for a in inputs]
     shapes = dispatch.matmul_reduce_scatter_shapes(shapes, [w1, w2], False, "sum", 1, torch.float32)
     assert decide._choice_key(match) == choose.shape_key("matmul_reduce_scatter", 2, shapes, torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hand-written sequence parallelism, as the README's "Sequence parallel by hand" writes it
+
+
+def hand_written_sp_mlp(x, w1, w2, group):
+    """[batch, seq / W, dim] -> gather along seq -> up -> gelu -> down -> scatter along seq."""
+    hidden = F.gelu(F.linear(funcol.all_gather_tensor(x, gather_dim=1, group=group), w1))
+    return funcol.reduce_scatter_tensor(F.linear(hidden, w2), "sum", scatter_dim=1, group=group)
+
+
+TORCH_2_12 = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 12)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_hand_written_sp_gather_along_seq(tmp_path, world_size):
+    """funcol.all_gather_tensor(x, gather_dim=1) in one graph with its backward (torch 2.13),
+    every collective rewritten. torch 2.11's Dynamo cannot trace it (a function inside is marked
+    as skipped), so its gathers would run eagerly outside the graphs: the README's workaround."""
+    with fake_world(world_size) as group:
+        x = torch.randn(4, 3, 8, requires_grad=True)
+        w1, w2 = torch.randn(16, 8, requires_grad=True), torch.randn(8, 16, requires_grad=True)
+        if not TORCH_2_12:
+            with pytest.raises(torch._dynamo.exc.Unsupported, match="marked as skipped"):
+                compile_and_dump(hand_written_sp_mlp, (x, w1, w2, group), tmp_path, backward=True)
+            return
+        _, dump = compile_and_dump(hand_written_sp_mlp, (x, w1, w2, group), tmp_path, backward=True)
+    for kind in ("forward", "backward"):
+        decisions = sorted((c["kind"], c["rewritten"], c["dim"]) for c in dump.candidates(kind))
+        assert decisions == [(AGM, True, 1), (MRS, True, 1)], (kind, dump.candidates(kind))
