@@ -140,3 +140,35 @@ def test_env_var_sets_a_flag(value):
     env = {"OVERLAP_PASS_ENABLED": value, "PATH": ""}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert result.stdout.strip() == str(value == "1"), result.stderr[-2000:]
+
+
+LAUNCHED = """
+import sys, torch, torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch._dynamo.utils import counters
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+def chain(x, w1, w2, group):
+    hidden = funcol.all_gather_tensor(x, 0, group) @ w1
+    return funcol.reduce_scatter_tensor(hidden @ w2, "sum", 0, group)
+
+if __name__ == "__main__":
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    torch.compile(chain)(torch.randn(4, 8), torch.randn(8, 8), torch.randn(8, 8), dist.group.WORLD)
+    print(sys.argv[1:], dict(counters["overlap_pass"]))
+"""
+
+
+@pytest.mark.parametrize("form", ["script", "module"])
+def test_launch_runs_a_program_with_the_pass_in_the_default_compile(tmp_path, form):
+    """python3 -m overlap_pass.launch: the program's plain torch.compile rewrites its collectives,
+    and the program gets its own arguments (torchtitan.train's way in)."""
+    (tmp_path / "launched_program.py").write_text(LAUNCHED)
+    target = str(tmp_path / "launched_program.py") if form == "script" else "launched_program"
+    # a cache of its own: a graph served from Inductor's caches skips the pass and its counters
+    env = {"PATH": "", "PYTHONPATH": f"{tmp_path}:{':'.join(sys.path)}", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    command = [sys.executable, "-m", "overlap_pass.launch", target, "--compile.enable", "x"]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = "['--compile.enable', 'x'] {'all_gather_matmul_rewritten': 1, 'matmul_reduce_scatter_rewritten': 1}"
+    assert result.stdout.strip().splitlines()[-1] == expected, result.stdout + result.stderr[-2000:]
