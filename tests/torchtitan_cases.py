@@ -65,15 +65,15 @@ def _model_config():
     )  # fmt: skip
 
 
-def _parallel_model(parallelism, parallel_dims, compiled: bool):
-    """The model on the meta device, parallelized (and compiled) by torchtitan."""
+def _parallel_model(parallelism, parallel_dims, compiled: bool, backend: str = "overlap"):
+    """The model on the meta device, parallelized (and compiled with ``backend``) by torchtitan."""
     from torchtitan.config import CompileConfig, TrainingConfig
     from torchtitan.distributed.compile import apply_compile
     from torchtitan.models.llama3 import parallelize_llama
     from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 
     training = TrainingConfig(dtype="float32", mixed_precision_param="float32", mixed_precision_reduce="float32")
-    compile_config = CompileConfig(enable=compiled, backend="overlap", components=["model"])
+    compile_config = CompileConfig(enable=compiled, backend=backend, components=["model"])
     model_config = _model_config()
     set_llama3_sharding_config(model_config, enable_sp=True)
     with torch.device("meta"):
@@ -104,10 +104,12 @@ def _decisions(folder: str) -> dict:
     return found
 
 
-def llama3_forward_backward(spmd_backend: str, batch: int, seed: int = 0) -> dict:
+def llama3_forward_backward(spmd_backend: str, batch: int, backend: str = "overlap", seed: int = 0) -> dict:
     """One training step of the compiled model against the eager one (same weights, same
-    tokens): the loss and every gradient at fp32 tolerance. Returns the pass's decisions per
-    graph and the step's losses."""
+    tokens): the loss and every gradient at fp32 tolerance. ``backend``: "overlap"
+    (--compile.backend overlap), or "inductor" with the pass turned on in it (what
+    ``python3 -m overlap_pass.launch torchtitan.train`` does). Returns the pass's decisions
+    per graph and the step's losses."""
     import spmd_types
     from torchtitan.components.loss import cross_entropy_loss
     from torchtitan.config import ParallelismConfig
@@ -130,7 +132,7 @@ def llama3_forward_backward(spmd_backend: str, batch: int, seed: int = 0) -> dic
 
     folder = tempfile.mkdtemp(prefix="overlap-torchtitan-")
     eager = _parallel_model(parallelism, parallel_dims, compiled=False)
-    compiled = _parallel_model(parallelism, parallel_dims, compiled=True)
+    compiled = _parallel_model(parallelism, parallel_dims, compiled=True, backend=backend)
     for model in (eager, compiled):
         model.to_empty(device="cpu")
     with torch.no_grad(), context():
@@ -149,7 +151,7 @@ def llama3_forward_backward(spmd_backend: str, batch: int, seed: int = 0) -> dic
         inputs, targets, extra = tokens, labels, {"positions": positions}
         if spmd_backend == "spmd_types":
             inputs, targets, extra = annotate_input_spmd_types(parallel_dims, inputs, targets, extra)
-        with config.patch(debug_dir=folder), context():
+        with config.patch(debug_dir=folder, enabled=backend == "inductor"), context():
             loss = cross_entropy_loss(model(inputs, **extra), targets, global_vocab_size=VOCAB) / targets.numel()
             with spmd_types.no_typecheck():
                 loss.backward()

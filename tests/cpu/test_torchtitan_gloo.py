@@ -23,10 +23,18 @@ def pool():
     pool.close()
 
 
-@pytest.mark.parametrize("batch", [1, 4])
-@pytest.mark.parametrize("spmd_backend", ["spmd_types", "partial_dtensor"])
-def test_llama3_every_collective_is_rewritten_and_training_matches_eager(pool, spmd_backend, batch):
-    results = pool.run(cases.llama3_forward_backward, spmd_backend, batch)
+@pytest.mark.parametrize(
+    "spmd_backend, batch, backend",
+    [
+        ("spmd_types", 1, "overlap"),
+        ("spmd_types", 4, "overlap"),
+        ("partial_dtensor", 1, "overlap"),
+        ("partial_dtensor", 4, "overlap"),
+        ("spmd_types", 4, "inductor"),  # --compile.backend inductor under overlap_pass.launch
+    ],
+)
+def test_llama3_every_collective_is_rewritten_and_training_matches_eager(pool, spmd_backend, batch, backend):
+    results = pool.run(cases.llama3_forward_backward, spmd_backend, batch, backend)
     for rank, result in enumerate(results):
         graphs = result["decisions"]
         forward = [g for g in graphs if "forward" in g]
