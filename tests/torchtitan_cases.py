@@ -115,7 +115,6 @@ def llama3_forward_backward(spmd_backend: str, batch: int, backend: str = "overl
     from torchtitan.config import ParallelismConfig
     from torchtitan.distributed import ParallelDims
     from torchtitan.distributed import utils as dist_utils
-    from torchtitan.distributed.full_dtensor import parallelize_inputs
     from torchtitan.distributed.spmd_types import annotate_input_spmd_types
 
     _on_cpu()

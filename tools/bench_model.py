@@ -30,9 +30,6 @@ import functools
 import json
 import os
 import pstats
-import random
-import statistics
-import time
 
 for _var, _value in (
     ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"),
@@ -43,7 +40,7 @@ for _var, _value in (
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from tools.measure import relative_error, slowest  # noqa: E402
+from tools.measure import relative_error, time_interleaved  # noqa: E402
 from tools.no_comm import NoCommunication  # noqa: E402
 
 # (dim, heads, K/V heads, hidden)
@@ -179,38 +176,14 @@ def bench_size(name, args, device, mesh) -> dict:
         runners[(c, "forward+backward")] = lambda m=model: (step(m), zero(m))
     for key in [k for k in runners if k[0] in EXTRA_COMPILERS]:
         runners[key] = functools.partial(_patched, EXTRA_COMPILERS[key[0]], runners[key])
-    samples = {key: [] for key in runners}
-    order = list(runners)
-    shuffle = random.Random(0)  # the same order on every rank
-    for round_ in range(args.warmup + args.rounds):
-        shuffle.shuffle(order)
-        for key in order:
-            torch.cuda.synchronize(device)
-            dist.barrier()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            issued = time.perf_counter()
-            for _ in range(args.calls):
-                runners[key]()
-            issued = time.perf_counter() - issued  # host time to queue the calls
-            end.record()
-            if round_ >= args.warmup:
-                samples[key].append((start, end, issued))
-    torch.cuda.synchronize(device)
+    timed, host = time_interleaved(runners, device, args.rounds, args.calls, args.warmup)
     if args.profile and "overlap" in models:
         for mode in ("forward", "forward+backward"):
             report = _host_profile(runners[("overlap", mode)], args.profile, device)
             if dist.get_rank() == 0:
                 print(f"== host profile, overlap {mode}, {name}, {args.profile} calls, rank 0\n{report}", flush=True)
-    us = {
-        f"{c} {mode}": slowest(statistics.median(s.elapsed_time(e) * 1e3 / args.calls for s, e, _ in runs), device)
-        for (c, mode), runs in samples.items()
-    }
-    # host time to queue one call: near the time above, the GPU waits for the host
-    host_us = {
-        f"{c} {mode}": slowest(statistics.median(h * 1e6 / args.calls for _, _, h in runs), device)
-        for (c, mode), runs in samples.items()
-    }
+    us = {f"{c} {mode}": t for (c, mode), t in timed.items()}
+    host_us = {f"{c} {mode}": t for (c, mode), t in host.items()}
     from overlap_pass.lowering import choose, replay
 
     return {

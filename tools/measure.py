@@ -1,4 +1,8 @@
-"""Helpers the tools share: the slowest rank's value, and a relative error."""
+"""Helpers the tools share: the slowest rank's value, a relative error, and interleaved timing."""
+
+import random
+import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -14,3 +18,32 @@ def slowest(value: float, device: torch.device) -> float:
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     """||a - b|| / ||b||, in fp32."""
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def time_interleaved(runners: dict, device, rounds: int, calls: int, warmup: int) -> tuple[dict, dict]:
+    """Times every runner (key -> function of no arguments) in shuffled, interleaved rounds of
+    ``calls`` back-to-back calls, ranks in step (a barrier before each). Returns ({key: µs per
+    call}, {key: host µs to queue one call}), each the median over rounds of the slowest rank:
+    interleaving keeps the machine's drift out of the comparison, and a host time near the
+    call's time means the GPU waits for the host."""
+    samples = {key: [] for key in runners}
+    order = list(runners)
+    shuffle = random.Random(0)  # the same order on every rank
+    for round_ in range(warmup + rounds):
+        shuffle.shuffle(order)
+        for key in order:
+            torch.cuda.synchronize(device)
+            dist.barrier()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            issued = time.perf_counter()
+            for _ in range(calls):
+                runners[key]()
+            issued = time.perf_counter() - issued
+            end.record()
+            if round_ >= warmup:
+                samples[key].append((start, end, issued))
+    torch.cuda.synchronize(device)
+    us = {key: slowest(statistics.median(s.elapsed_time(e) * 1e3 / calls for s, e, _ in runs), device) for key, runs in samples.items()}
+    host_us = {key: slowest(statistics.median(h * 1e6 / calls for _, _, h in runs), device) for key, runs in samples.items()}
+    return us, host_us
