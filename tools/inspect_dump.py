@@ -71,6 +71,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     table = rows(args.folder)
     if not table:
+        graphs = glob.glob(os.path.join(args.folder, "**", "decisions.json"), recursive=True)
+        if graphs:  # dumped graphs with no all-gather or reduce-scatter in them
+            count = f"{len(graphs)} graph{'s' if len(graphs) > 1 else ''}"
+            print(f"{count} under {args.folder}, none with an all-gather or reduce-scatter")
+            return 0
         print(f"no decisions.json under {args.folder}", file=sys.stderr)
         return 1
     print(format_table(table))

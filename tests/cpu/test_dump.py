@@ -174,3 +174,12 @@ def test_inspect_dump_command(tmp_path):
         capture_output=True, text=True, timeout=120,
     )
     assert missing.returncode == 1 and "no decisions.json" in missing.stderr
+
+
+def test_inspect_dump_of_graphs_without_collectives(tmp_path):
+    compile_and_dump(lambda x: x.sin() @ x, (torch.randn(4, 4),), tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "tools.inspect_dump", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "1 graph under" in result.stdout and "none with an all-gather or reduce-scatter" in result.stdout
