@@ -24,7 +24,6 @@ recorded as such. Dynamo is reset between points, so each compiles its own stati
 """
 
 import argparse
-import copy
 import json
 import os
 
@@ -57,21 +56,25 @@ def _compiled(model, compiler: str):
 
 
 def _models(size: str, seq: int, layers: int, mesh, device, compilers) -> tuple:
-    """The eager stock model and {compiler: compiled model}, every one with the same weights."""
-    from tools.titan_llama3 import FLAVORS, TitanLayers, parallelize_titan
+    """The eager stock model and {compiler: compiled model}, every one built from the same seed,
+    so with the same weights. Attention runs Flash (Math as the fallback), not torchtitan's
+    cuDNN-first order: torch 2.11's cuDNN attention returns wrong gradients to a later call of
+    the same shapes whose output gradient is laid out otherwise (tools/titan_llama3.py), which
+    the stock and dist_gemm models, and eager and compiled ones, are."""
+    from torch.nn.attention import SDPBackend
+
+    from tools.titan_llama3 import TitanLayers, parallelize_titan
 
     def build(gemm_backend: str):
-        torch.manual_seed(0)  # the same full weights on every rank, sharded by the plan
-        model = TitanLayers(n_layers=layers, seq_len=seq, gemm_backend=gemm_backend, **FLAVORS[size])
-        return parallelize_titan(model.to(device=device, dtype=torch.bfloat16), mesh)
+        torch.manual_seed(0)  # the same full weights on every rank and in every model
+        model = TitanLayers(
+            size, n_layers=layers, seq_len=seq, gemm_backend=gemm_backend, device=device,
+            dtype=torch.bfloat16, sdpa_backends=[SDPBackend.FLASH_ATTENTION, SDPBackend.MATH],
+        )  # fmt: skip
+        return parallelize_titan(model, mesh)
 
     eager = build("default")
-    models = {}
-    for compiler in compilers:
-        model = build("dist_gemm") if compiler == "dist_gemm" else copy.deepcopy(eager)
-        if compiler == "dist_gemm":
-            model.load_state_dict(eager.state_dict())
-        models[compiler] = _compiled(model, compiler)
+    models = {c: _compiled(build("dist_gemm" if c == "dist_gemm" else "default"), c) for c in compilers}
     return eager, models
 
 
@@ -87,7 +90,7 @@ def bench_point(size: str, batch: int, args, mesh, device) -> dict:
     world = dist.get_world_size()
     compilers = args.compilers.split(",")
     eager, models = _models(size, args.seq, args.layers, mesh, device, compilers)
-    dim = eager.dim
+    dim = eager.args.dim
     gen = torch.Generator(device=device).manual_seed(1 + dist.get_rank())
     x = torch.randn(batch, args.seq // world, dim, device=device, dtype=torch.bfloat16, generator=gen)
     grad = torch.randn(x.shape, device=device, dtype=torch.bfloat16, generator=gen)
