@@ -11,6 +11,7 @@ process, interleaved, on the same inputs and weights:
 
     torchrun --nproc-per-node 2 -m tools.bench_torchtitan --sizes llama3-8b --batches 1,2,4,8 \\
         --out titan.json --png titan.png
+    python3 -m tools.bench_torchtitan --render a.json,b.json --png titan.png   # tables again
 
 The layers are tools/titan_llama3.py's copy of torchtitan 0.3.0's block and plan: torchtitan
 itself needs a torch newer than the GPU machines' 2.11 (tests/cpu check the copy against it).
@@ -197,7 +198,18 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", default="bench_torchtitan.json")
     parser.add_argument("--png", default=None)
+    parser.add_argument("--render", default=None, help="JSON files of earlier runs (commas): print their table, draw --png")
     args = parser.parse_args()
+    if args.render:
+        rows = []
+        for path in args.render.split(","):
+            with open(path) as f:
+                rows += json.load(f)["rows"]
+        rows.sort(key=lambda r: (r["size"], r["batch"]))
+        print(table(rows))
+        if args.png:
+            chart(rows, args.png)
+        return
     unknown = set(args.compilers.split(",")) - set(COMPILERS)
     if unknown:
         parser.error(f"unknown compilers {sorted(unknown)}; choose from {','.join(COMPILERS)}")
