@@ -28,6 +28,7 @@ from overlap_pass import config
 TP = 2
 DIM, HEADS, KV_HEADS, LAYERS, VOCAB, SEQ = 128, 8, 4, 2, 256, 64
 TOL = dict(atol=2e-5, rtol=2e-5)
+AGM, MRS = "all_gather_matmul", "matmul_reduce_scatter"
 
 
 def _on_cpu() -> None:
@@ -102,6 +103,22 @@ def _decisions(folder: str) -> dict:
             record = json.load(f)
         found[record["graph"]] = [(c["kind"], c["rewritten"], c["reason"]) for c in record["candidates"]]
     return found
+
+
+def assert_every_block_collective_rewritten(results: list[dict]) -> None:
+    """Per rank, the decisions of every compiled block graph (``results[r]["decisions"]``): as
+    many backward graphs as forward ones, and in each the gathers before wqkv and w1/w3 and the
+    scatters after wo and w2, all rewritten."""
+    for rank, result in enumerate(results):
+        graphs = result["decisions"]
+        forward = [g for g in graphs if "forward" in g]
+        backward = [g for g in graphs if "backward" in g]
+        assert forward and len(forward) == len(backward), f"rank {rank}: graphs {sorted(graphs)}"
+        for name, candidates in graphs.items():
+            kinds = sorted(kind for kind, _, _ in candidates)
+            assert kinds == [AGM, AGM, MRS, MRS], f"rank {rank} {name}: {candidates}"
+            skipped = [c for c in candidates if not c[1]]
+            assert not skipped, f"rank {rank} {name}: {skipped}"
 
 
 def llama3_forward_backward(spmd_backend: str, batch: int, backend: str = "overlap", seed: int = 0) -> dict:

@@ -10,9 +10,8 @@ import pytest
 pytest.importorskip("torchtitan", reason="pip install -e .[torchtitan]")
 
 from tests import titan_mirror_cases as cases  # noqa: E402
+from tests import torchtitan_cases  # noqa: E402
 from tests.rank_pool import RankPool  # noqa: E402
-
-AGM, MRS = "all_gather_matmul", "matmul_reduce_scatter"
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +32,4 @@ def test_mirror_computes_what_torchtitan_computes(pool, gemm_backend, batch):
 
 @pytest.mark.parametrize("batch", [1, 4])
 def test_overlap_rewrites_every_collective_of_the_mirror(pool, batch):
-    for rank, result in enumerate(pool.run(cases.overlap_rewrites_mirror, batch)):
-        graphs = result["decisions"]
-        forward = [g for g in graphs if "forward" in g]
-        backward = [g for g in graphs if "backward" in g]
-        assert forward and len(forward) == len(backward), f"rank {rank}: graphs {sorted(graphs)}"
-        for name, candidates in graphs.items():
-            # per block and pass: the gathers before wqkv and w1/w3, the scatters after wo and w2
-            kinds = sorted(kind for kind, _, _ in candidates)
-            assert kinds == [AGM, AGM, MRS, MRS], f"rank {rank} {name}: {candidates}"
-            skipped = [c for c in candidates if not c[1]]
-            assert not skipped, f"rank {rank} {name}: {skipped}"
+    torchtitan_cases.assert_every_block_collective_rewritten(pool.run(cases.overlap_rewrites_mirror, batch))

@@ -11,9 +11,6 @@ pytest.importorskip("torchtitan", reason="pip install -e .[torchtitan]")
 from tests import torchtitan_cases as cases  # noqa: E402
 from tests.rank_pool import RankPool  # noqa: E402
 
-AGM, MRS = "all_gather_matmul", "matmul_reduce_scatter"
-
-
 @pytest.fixture(scope="module")
 def pool():
     """Ranks of their own: torchtitan's setup changes process-wide settings (its device type,
@@ -35,15 +32,5 @@ def pool():
 )
 def test_llama3_every_collective_is_rewritten_and_training_matches_eager(pool, spmd_backend, batch, backend):
     results = pool.run(cases.llama3_forward_backward, spmd_backend, batch, backend)
-    for rank, result in enumerate(results):
-        graphs = result["decisions"]
-        forward = [g for g in graphs if "forward" in g]
-        backward = [g for g in graphs if "backward" in g]
-        assert forward and len(forward) == len(backward), f"rank {rank}: graphs {sorted(graphs)}"
-        for name, candidates in graphs.items():
-            # per block and pass: the gathers before wqkv and w1/w3, the scatters after wo and w2
-            kinds = sorted(kind for kind, _, _ in candidates)
-            assert kinds == [AGM, AGM, MRS, MRS], f"rank {rank} {name}: {candidates}"
-            skipped = [c for c in candidates if not c[1]]
-            assert not skipped, f"rank {rank} {name}: {skipped}"
+    cases.assert_every_block_collective_rewritten(results)
     assert results[0]["loss"] == results[1]["loss"]
