@@ -391,14 +391,10 @@ def _scattered_layout(collective_input: Node, world_size: int) -> tuple[Node, in
 def _moved_to_front(node: Node) -> tuple[Node, int, set[Node], tuple] | None:
     """(x, d, the nodes, the permutation) when ``node`` is x.movedim(d, 0) for d > 0, made
     contiguous or not: a permute that puts dim d first and keeps the others in order, then
-    maybe a clone, each read once."""
+    maybe a clone, each read only on the way to the collective."""
     between = set()
-    if (
-        node.target is aten.clone.default
-        and node.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format
-        and len(node.args) == 1
-    ):
-        between.add(node)
+    if node.target is aten.clone.default and len(node.args) == 1 and len(node.users) == 1:
+        between.add(node)  # a copy of the same values, in whatever layout
         node = node.args[0]
     if node.target is not aten.permute.default or len(node.users) != 1:
         return None
