@@ -22,6 +22,12 @@ matmul_reduce_scatter: bool = Config(
     default=True, env_name_default="OVERLAP_PASS_MATMUL_REDUCE_SCATTER"
 )
 
+# Split each all-reduce that row-wise ops (residual add, norm, casts) lead from a matmul to the
+# next matmuls into a reduce-scatter and an all-gather around those ops, run on the rank's 1/W of
+# the tokens, so that both fuse with their matmuls (tensor parallelism without sequence
+# parallelism; all_reduce_split.py). Off: all-reduces stay as they are.
+split_all_reduce: bool = Config(default=True, env_name_default="OVERLAP_PASS_SPLIT_ALL_REDUCE")
+
 # Which implementation the rewritten ops run. "auto": on CUDA with an NCCL group, the fastest of
 # the variants measured at a shape's first call (lowering/choose.py); elsewhere the reference
 # decomposition. "reference" forces the torch.distributed decomposition; "fused",

@@ -16,7 +16,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch._inductor.pattern_matcher import stable_topological_sort
 from torch.fx import Graph
 
-from . import casts, config, debug, decide, patterns, rewrite
+from . import all_reduce_split, casts, config, debug, decide, patterns, rewrite
 from .debug import describe_node, log
 from .patterns import AllGatherMatmulMatch, Candidate
 
@@ -48,7 +48,14 @@ class OverlapPass(CustomGraphPass):
             return "overlap_pass:off"
         if debug.dumping():
             return None  # no FX graph cache, so every compile writes its dump
-        return (_source_hash(), config.get_hash())
+        # the all-reduce split slices each rank's rows into its graph
+        return (_source_hash(), config.get_hash(), _rank() if config.split_all_reduce else None)
+
+
+def _rank() -> int | None:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
 
 
 @functools.cache
@@ -100,10 +107,11 @@ def install() -> None:
 
 
 def overlap_graph_pass(graph: Graph) -> list[dict]:
-    """move casts (casts.py) -> find -> decide -> rewrite on one graph; returns the decision
-    records."""
+    """split all-reduces (all_reduce_split.py) -> move casts (casts.py) -> find -> decide ->
+    rewrite on one graph; returns the decision records."""
     dumping = debug.dumping()
     before = debug.graph_text(graph) if dumping else ""
+    split_records = _split_all_reduces(graph) if config.split_all_reduce else []
     moved = _move_casts(graph, casts.plan(graph)) if config.all_gather_matmul else {}
     candidates = patterns.find_all_gather_matmuls(graph) + patterns.find_matmul_reduce_scatters(
         graph
@@ -115,7 +123,7 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
     if any(record["rewritten"] for _, record in decisions):
         _rewrite_all(graph, decisions)
 
-    records = [record for _, record in decisions]
+    records = split_records + [record for _, record in decisions]
     _count_and_log(records)
     if dumping:
         _dump(before, debug.graph_text(graph), records)
@@ -160,6 +168,31 @@ def _rewrite_all(graph: Graph, decisions: list[tuple[Candidate, dict]]) -> None:
 
 
 CYCLE = "its op would read a value computed from its own result (through another rewrite)"
+
+
+def _split_all_reduces(graph: Graph) -> list[dict]:
+    """Plans and applies all_reduce_split.py's splits; returns a record per all-reduce. Should
+    the rewrite fail, the graph is restored and no all-reduce is split."""
+    try:
+        split_plan = all_reduce_split.plan(graph)
+    except Exception as error:  # never crash compilation on a graph we did not foresee
+        log.warning("overlap_pass: planning the all-reduce split failed: %r", error)
+        return []
+    records = list(split_plan.records.values())
+    if not split_plan.accepted():
+        return records
+    snapshot = _copy_graph(graph)
+    try:
+        all_reduce_split.apply(graph, split_plan)
+        stable_topological_sort(graph)
+        graph.lint()
+    except Exception as error:  # never crash compilation on a graph we did not foresee
+        log.warning("overlap_pass: splitting all-reduces failed, graph left as it was: %r", error)
+        _restore_graph(graph, snapshot)
+        for record in records:
+            if record["rewritten"]:
+                record.update(rewritten=False, reason=f"split failed ({type(error).__name__}: {error})")
+    return records
 
 
 def _move_casts(graph: Graph, moves: list) -> dict:

@@ -26,24 +26,24 @@ from .patterns import (
 aten = torch.ops.aten
 
 
-def _call(graph: Graph, target, args: tuple) -> Node:
+def call(graph: Graph, target, args: tuple, kwargs: dict | None = None) -> Node:
     """Adds a call_function node and fills its meta["val"] by running ``target`` on fake
     tensors, as Inductor's lowering needs it."""
-    node = graph.call_function(target, args)
-    vals = map_arg(args, lambda n: n.meta["val"])
+    node = graph.call_function(target, args, kwargs)
+    vals, kwvals = map_arg((args, kwargs or {}), lambda n: n.meta["val"])
     if target is operator.getitem:
         node.meta["val"] = target(*vals)
     else:
         flat = [v for v in torch.utils._pytree.tree_leaves(vals) if isinstance(v, torch.Tensor)]
         with detect_fake_mode(flat):
-            node.meta["val"] = target(*vals)
+            node.meta["val"] = target(*vals, **kwvals)
     return node
 
 
-def _reshape(graph: Graph, node: Node, shape) -> Node:
+def reshape(graph: Graph, node: Node, shape) -> Node:
     if tuple(node.meta["val"].shape) == tuple(shape):
         return node
-    return _call(graph, aten.reshape.default, (node, list(shape)))
+    return call(graph, aten.reshape.default, (node, list(shape)))
 
 
 def _mm_operands(mm: Node) -> tuple[Node, Node, Node | None]:
@@ -53,7 +53,7 @@ def _mm_operands(mm: Node) -> tuple[Node, Node, Node | None]:
     return mm.args[0], mm.args[1], None
 
 
-def _erase_dead(graph: Graph, nodes) -> None:
+def erase_dead(graph: Graph, nodes) -> None:
     """Erases ``nodes`` that nothing reads any more, consumers before producers."""
     order = graph_order(graph)
     for node in sorted(set(nodes), key=lambda n: order.get(n, -1), reverse=True):
@@ -103,7 +103,7 @@ def _rows_operand(graph: Graph, use: ContractionUse) -> Node:
         return operand
     if is_transpose(operand) and operand.args[0].meta["val"].dim() == 2:
         return operand.args[0]
-    return _call(graph, aten.permute.default, (operand, [1, 0]))
+    return call(graph, aten.permute.default, (operand, [1, 0]))
 
 
 def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node:
@@ -128,7 +128,7 @@ def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node
         gathered_side = use.mm.args[0] if use.gathered_left else use.mm.args[1]
         dead += _chain(gathered_side, match.gathered) + [_contracted_operand(use)]
     with graph.inserting_before(first_mm):
-        op = _call(
+        op = call(
             graph,
             torch.ops.overlap.all_gather_matmul.default,
             (
@@ -143,14 +143,14 @@ def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node
                 [use.gathered_left for use in match.contractions],
             ),
         )
-        outputs = _call(graph, operator.getitem, (op, 1))
+        outputs = call(graph, operator.getitem, (op, 1))
         for index, use in enumerate(match.matmuls + match.contractions):
-            out = _call(graph, operator.getitem, (outputs, index))
-            use.mm.replace_all_uses_with(_reshape(graph, out, use.mm.meta["val"].shape))
+            out = call(graph, operator.getitem, (outputs, index))
+            use.mm.replace_all_uses_with(reshape(graph, out, use.mm.meta["val"].shape))
         if return_gathered:
-            match.gathered.replace_all_uses_with(_call(graph, operator.getitem, (op, 0)))
+            match.gathered.replace_all_uses_with(call(graph, operator.getitem, (op, 0)))
 
-    _erase_dead(graph, dead)
+    erase_dead(graph, dead)
     return op
 
 
@@ -170,14 +170,14 @@ def rewrite_matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch)
     scattered_shape = match.scattered.meta["val"].shape
     with graph.inserting_before(last_mm):
         inputs = [
-            _reshape(graph, rows, list(scattered_shape[:-1]) + [rows.meta["val"].shape[-1]])
+            reshape(graph, rows, list(scattered_shape[:-1]) + [rows.meta["val"].shape[-1]])
             for rows, _, _ in terms
         ]
         bias = None
         for _, _, term_bias in terms:
             if term_bias is not None:
-                bias = term_bias if bias is None else _call(graph, aten.add.Tensor, (bias, term_bias))
-        op = _call(
+                bias = term_bias if bias is None else call(graph, aten.add.Tensor, (bias, term_bias))
+        op = call(
             graph,
             torch.ops.overlap.matmul_reduce_scatter.default,
             (
@@ -191,8 +191,8 @@ def rewrite_matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch)
                 *([match.out_dtype] if match.out_dtype is not None else []),
             ),
         )
-        result = op if match.moved is None else _call(graph, aten.permute.default, (op, list(match.moved)))
+        result = op if match.moved is None else call(graph, aten.permute.default, (op, list(match.moved)))
     match.wait.replace_all_uses_with(result)
-    _erase_dead(graph, dead)
+    erase_dead(graph, dead)
     return op
 

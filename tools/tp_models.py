@@ -2,7 +2,8 @@
 
 Sequence parallel in the torchtitan layout: activations between blocks are sharded along the
 sequence (dim 1); each block all-gathers its normed input once, runs column-parallel linears on
-it, and reduce-scatters the output of its row-parallel linear.
+it, and reduce-scatters the output of its row-parallel linear. Plain TP (``parallelize_block_plain``):
+activations are replicated, each row-parallel linear ends in an all-reduce.
 """
 
 import torch
@@ -102,6 +103,15 @@ def parallelize_block(block: TransformerBlock, mesh) -> TransformerBlock:
         "feed_forward.up": ColwiseParallel(),
         "feed_forward.down": RowwiseParallel(output_layouts=Shard(1)),
     }
+    return parallelize_module(block, mesh, plan)
+
+
+def parallelize_block_plain(block: TransformerBlock, mesh) -> TransformerBlock:
+    """Megatron TP without sequence parallel (Hugging Face's tp_plan, torchtitan with SP off):
+    the block takes and returns the whole [batch, seq, dim] on every rank."""
+    plan = {f"attention.{name}": ColwiseParallel() for name in ("q", "k", "v")}
+    plan |= {f"feed_forward.{name}": ColwiseParallel() for name in ("gate", "up")}
+    plan |= {"attention.o": RowwiseParallel(), "feed_forward.down": RowwiseParallel()}
     return parallelize_module(block, mesh, plan)
 
 

@@ -11,6 +11,7 @@ import glob
 import json
 import os
 import tempfile
+import unittest.mock
 
 import torch
 import torch.distributed as dist
@@ -18,8 +19,8 @@ import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from overlap_pass import config
-from tools.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
+from overlap_pass import all_reduce_split, config
+from tools.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_block_plain, parallelize_mlp
 
 TOL = dict(atol=2e-5, rtol=2e-5)
 
@@ -55,12 +56,15 @@ def _decided(fn):
     return wrapper
 
 
-def _compare_module(model, make_input, seed: int, tol: dict = TOL, autocast: bool = False) -> None:
+def _compare_module(
+    model, make_input, seed: int, tol: dict = TOL, autocast: bool = False, replicated: bool = False
+) -> None:  # fmt: skip
     """Compiled vs eager copies of one parallelized model: outputs, input and parameter grads
-    (forward under CPU autocast to bf16 if asked)."""
+    (forward under CPU autocast to bf16 if asked). Inputs and output grads differ between ranks
+    (sequence shards) unless ``replicated``."""
     eager, compiled = model, copy.deepcopy(model)
     compiled_fn = torch.compile(compiled, backend="overlap")
-    torch.manual_seed(seed + 1000 * dist.get_rank())
+    torch.manual_seed(seed + (0 if replicated else 1000 * dist.get_rank()))
     x = make_input()
     for step in range(2):  # the second step reuses the compiled graphs
         xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -88,6 +92,19 @@ def tp_block(bias: bool, seed: int = 0, autocast: bool = False) -> dict:
     seq = 4 * dist.get_world_size()
     tol = dict(atol=3e-2, rtol=3e-2) if autocast else TOL
     _compare_module(block, lambda: torch.randn(2, seq // dist.get_world_size(), 32), seed, tol, autocast)
+
+
+@_decided
+def plain_tp_block(bias: bool, batch: int, seed: int = 0) -> dict:
+    """The block without sequence parallel: each all-reduce split around the row-wise ops
+    (all_reduce_split.py), here at a size where the cost model would keep them, so the split is
+    forced (collectives' latency counted as nothing)."""
+    torch.manual_seed(seed)
+    heads = max(4, dist.get_world_size())
+    block = parallelize_block_plain(TransformerBlock(dim=32, heads=heads, hidden=64, bias=bias), _mesh())
+    seq = 3 * dist.get_world_size()  # tokens divisible by W at batch 1, yet chunks cross sequences
+    with unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0):
+        _compare_module(block, lambda: torch.randn(batch, seq, 32), seed, replicated=True)
 
 
 @_decided

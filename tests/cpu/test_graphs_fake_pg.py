@@ -589,7 +589,7 @@ def test_failure_halfway_through_an_unsorted_rewrite_restores_the_graph(tmp_path
         raise RuntimeError("injected")
 
     # the op is in the graph and the matmuls are replaced, not yet sorted: then the failure
-    monkeypatch.setattr(rewrite, "_erase_dead", fail)
+    monkeypatch.setattr(rewrite, "erase_dead", fail)
     with fake_world(2) as group:
         args = (torch.randn(4, 8), torch.randn(6, 8), torch.randn(6, 8), torch.randn(6), group)
         out, dump = compile_and_dump(broadcast_bias, args, tmp_path)

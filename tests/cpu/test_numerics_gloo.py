@@ -28,6 +28,28 @@ def test_tp_transformer_block_under_autocast(gloo_world):
     assert sorted(decisions[0]) == [(AGM, True, None)] * 4 + [(MRS, True, None)] * 4, decisions[0]
 
 
+SPLIT = "all_reduce_split"
+
+
+@pytest.mark.parametrize("world_size, bias, batch", [(2, False, 1), (2, True, 4), (4, True, 1), (4, False, 4)])
+def test_plain_tp_block(gloo_world, world_size, bias, batch):
+    """No sequence parallel: forward and backward equal eager at fp32 tolerance with every
+    all-reduce split; the split's reduce-scatters fuse with the row-parallel matmuls and its
+    gathers with the column-parallel ones; the gathers for graph outputs and saved activations
+    stay plain. Chunks of the flattened tokens cross sequence boundaries (3 W tokens a sequence)."""
+    decisions = gloo_world(world_size).run(cases.plain_tp_block, bias, batch)
+    assert all(d == decisions[0] for d in decisions), "ranks decided differently"
+    plain = (AGM, False, "no matmul reads the gathered rows; users: output (output)")
+    # forward: 2 all-reduces split -> 2 fused reduce-scatters, the FFN's gather fused, the block
+    # output and 2 saved activations gathered plainly. backward: 5 all-reduces (Q, K, V, gate, up
+    # input grads) -> 2 fused reduce-scatters of sums, the gather of the block output's grad fused
+    # with O's grads, the input grad gathered plainly
+    assert decisions[0] == sorted(
+        [(SPLIT, True, None)] * 7 + [(AGM, True, None)] * 2 + [plain] * 4 + [(MRS, True, None)] * 4,
+        key=str,
+    )
+
+
 @pytest.mark.parametrize("world_size, bias", [(2, False), (2, True), (4, False), (4, True), (8, False)])
 def test_tp_mlp(gloo_world, world_size, bias):
     (decisions, *_) = gloo_world(world_size).run(cases.tp_mlp, bias)

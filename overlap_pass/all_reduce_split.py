@@ -1,0 +1,455 @@
+"""Before matching: split each all-reduce into a reduce-scatter and an all-gather around the
+row-wise ops that follow it (tensor parallelism without sequence parallelism).
+
+all_reduce(x) = all_gather(reduce_scatter(x)). In plain TP each row-parallel linear ends in an
+all-reduce, and the next column-parallel linear reads its result after row-wise ops (residual
+add, RMSNorm, casts; rows.py). Those ops give the same rows on a shard of the tokens, so
+
+    y = all_reduce(mm(a, w));  h = norm(x + y);  z = mm(h, w2)
+becomes
+    ys = reduce_scatter(mm(a, w));  hs = norm(x[rank's rows] + ys);  z = mm(all_gather(hs), w2)
+
+and the matchers that run next fuse the reduce-scatter with its matmul and the all-gather with
+its consumers. The tokens are the flattened leading dims: rank r holds rows [r T/W, (r+1) T/W),
+the reduce-scatter's and the all-gather's order. A sum of all-reduces (DTensor all-reduces the
+input gradient of Q, K and V one by one) becomes one reduce-scatter of the sum.
+
+- A region tensor read by anything else (a graph output, a saved activation, an op that is not
+  row-wise) is all-gathered for it; where a matmul reads it, that gather is fused.
+- A sum over every token (a norm weight's or a bias's gradient) becomes the shard's sum,
+  all-reduced: sums are linear.
+- A region is split when the bytes its collectives then move outside a fused op are fewer than
+  its all-reduces move.
+
+Numerics: each token's sum over ranks now runs in the reduce-scatter (in fp32, in rank order, on
+GPUs), a sum of all-reduces is reduced once, and a sum over tokens adds the shards' sums: the
+order of these sums differs from NCCL's all-reduce, as a different NCCL algorithm's would.
+
+Operands that a region op reads from outside it (the residual, a saved activation) are sliced to
+the rank's rows. That is exact when they hold the same values on every rank, as every such
+tensor does in plain TP. Matmul and reduce-scatter outputs, and anything computed from them,
+count as rank-local and are never sliced; graph inputs count as replicated.
+
+The slices name the rank, so each rank's graph differs: the pass's cache key carries the rank.
+"""
+
+import dataclasses
+import operator
+
+import torch
+import torch.distributed as dist
+from torch.fx import Graph, Node
+from torch.fx.node import map_arg
+
+from . import rows
+from .debug import describe_node
+from .patterns import ALL_GATHER, REDUCE_SCATTER, VIEWS, WAIT, is_transpose, meta_val
+from .rewrite import call, erase_dead, reshape
+
+aten = torch.ops.aten
+ALL_REDUCE = torch.ops._c10d_functional.all_reduce.default
+KIND = "all_reduce_split"
+
+# ops whose output differs between ranks in plain TP although their inputs may not
+_RANK_LOCAL = (
+    aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+    aten._scaled_mm.default, aten.convolution.default,
+)  # fmt: skip
+_MATMULS = (aten.mm.default, aten.addmm.default)
+# what one more collective costs beyond its bytes, in bytes (launch and latency, ~10 us)
+LATENCY_BYTES = 1 << 20
+
+
+@dataclasses.dataclass
+class Region:
+    """Row-wise ops reached from one or more all-reduces, all in one group, on one token count."""
+
+    group_name: str
+    world_size: int
+    rank: int
+    tokens: int
+    entries: dict = dataclasses.field(default_factory=dict)  # entry node -> its all-reduces
+    absorbed: set = dataclasses.field(default_factory=set)  # the all-reduces, waits and adds summed
+    nodes: dict = dataclasses.field(default_factory=dict)  # region node -> rows.* rule
+    row_sums: list = dataclasses.field(default_factory=list)
+    exits: dict = dataclasses.field(default_factory=dict)  # region node -> its outside users
+    sliced: set = dataclasses.field(default_factory=set)  # outside operands cut to the shard
+    split: bool = False
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    regions: tuple[Region, ...]
+    records: dict  # all-reduce node -> its decision record
+
+    def accepted(self) -> list[Region]:
+        return [r for r in self.regions if r.split]
+
+
+def _group(group_name: str):
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(group_name)
+
+
+def _why_not(all_reduce: Node) -> str | None:
+    """Why this all-reduce cannot be split, or None."""
+    x, reduce_op, group_name = all_reduce.args[:3]
+    users = list(all_reduce.users)
+    if len(users) != 1 or users[0].target is not WAIT:
+        return "all-reduce result is not read through exactly one wait_tensor"
+    if reduce_op != "sum":
+        return f"reduce op {reduce_op!r} (only sum)"
+    shape = rows.tensor_shape(x)
+    if shape is None or not all(isinstance(s, int) for s in shape):
+        return "dynamic shapes are not supported yet"
+    tokens = rows.tokens(shape)
+    if tokens is None:
+        return "a 1-D all-reduce has no rows to shard"
+    try:
+        world_size = _group(group_name).size()
+    except Exception as error:
+        return f"group {group_name!r} cannot be resolved ({error})"
+    if world_size == 1:
+        return "group of size 1"
+    if tokens % world_size:
+        return f"the token count {tokens} (the leading dims of {list(shape)}) is not divisible by {world_size}"
+    if not meta_val(x).dtype.is_floating_point:
+        return f"dtype {meta_val(x).dtype} is not a floating-point dtype"
+    return None
+
+
+def _entries(graph: Graph, eligible: list[Node]) -> dict[Node, tuple[list[Node], set[Node]]]:
+    """{the node holding an all-reduced value: (the all-reduces it sums, the nodes on the way)}:
+    a wait, or an add of two such values (each read only there) in one group, shape and dtype."""
+    sums = {next(iter(ar.users)): ([ar], {ar}) for ar in eligible}
+    for node in graph.find_nodes(op="call_function", target=aten.add.Tensor):
+        if len(node.args) != 2 or node.kwargs:
+            continue
+        a, b = node.args
+        if a in sums and b in sums and a is not b and len(a.users) == 1 and len(b.users) == 1:
+            (ars_a, on_a), (ars_b, on_b) = sums[a], sums[b]
+            if len({(ar.args[2], rows.tensor_shape(ar), meta_val(ar).dtype) for ar in ars_a + ars_b}) == 1:
+                del sums[a], sums[b]
+                sums[node] = (ars_a + ars_b, on_a | on_b | {a, b})
+    return sums
+
+
+def _rank_local(graph: Graph) -> set[Node]:
+    """Nodes whose values may differ between ranks: matmul and reduce-scatter outputs, random
+    values, and what is computed from them. All-reduces and all-gathers make values replicated
+    again; graph inputs count as replicated."""
+    local = set()
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if target is WAIT:
+            collective = node.args[0]
+            if collective.target not in (ALL_REDUCE, ALL_GATHER):
+                local.add(node)
+        elif target in _RANK_LOCAL or target is REDUCE_SCATTER:
+            local.add(node)
+        elif isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags:
+            local.add(node)
+        elif any(arg in local for arg in node.all_input_nodes):
+            local.add(node)
+    return local
+
+
+def _feeds_matmul(node: Node) -> bool:
+    """Whether a matmul reads ``node`` (through reshapes and a transpose): its all-gather will
+    be fused there."""
+    for user in node.users:
+        if user.target in _MATMULS:
+            return True
+        if (user.target in VIEWS or is_transpose(user)) and _feeds_matmul(user):
+            return True
+    return False
+
+
+class _Regions:
+    """Union-find over regions, keyed by the entry that started each."""
+
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+        self.regions: dict[int, Region] = {}
+        self.of: dict[Node, int] = {}  # region node -> region id
+
+    def new(self, region: Region) -> int:
+        key = len(self.parent)
+        self.parent[key], self.regions[key] = key, region
+        return key
+
+    def find(self, key: int) -> int:
+        while self.parent[key] != key:
+            key = self.parent[key]
+        return key
+
+    def region(self, node: Node) -> Region:
+        return self.regions[self.find(self.of[node])]
+
+    def union(self, keys: list[int]) -> int:
+        roots = sorted({self.find(k) for k in keys})
+        first = self.regions[roots[0]]
+        for other in roots[1:]:
+            self.parent[other] = roots[0]
+            merged = self.regions.pop(other)
+            first.entries.update(merged.entries)
+            first.absorbed |= merged.absorbed
+            first.nodes.update(merged.nodes)
+            first.row_sums += merged.row_sums
+            first.sliced |= merged.sliced
+            for node, users in merged.exits.items():
+                first.exits.setdefault(node, []).extend(users)
+        return roots[0]
+
+
+def plan(graph: Graph) -> Plan:
+    """Finds the regions, grows them along row-wise ops in graph order, and decides each."""
+    records, eligible = {}, []
+    for all_reduce in graph.find_nodes(op="call_function", target=ALL_REDUCE):
+        reason = _why_not(all_reduce)
+        records[all_reduce] = _record(all_reduce, reason)
+        if reason is None:
+            eligible.append(all_reduce)
+    entries = _entries(graph, eligible)
+    absorbed = {n for _, on_the_way in entries.values() for n in on_the_way}
+    local = _rank_local(graph)
+    regions = _Regions()
+
+    for node in graph.nodes:
+        if node in absorbed:
+            continue
+        if node in entries:
+            all_reduces, on_the_way = entries[node]
+            group = _group(all_reduces[0].args[2])
+            tokens = rows.tokens(rows.tensor_shape(all_reduces[0]))
+            region = Region(all_reduces[0].args[2], group.size(), dist.get_rank(group), tokens)
+            region.entries[node], region.absorbed = all_reduces, on_the_way
+            region.nodes[node] = "entry"
+            regions.of[node] = regions.new(region)
+            continue
+        inside = [a for a in node.all_input_nodes if a in regions.of]
+        if not inside:
+            continue
+        keys = [regions.of[a] for a in inside]
+        kinds = {(r.group_name, r.tokens) for r in (regions.region(a) for a in inside)}
+        rule = None
+        if len(kinds) == 1:
+            tokens = regions.region(inside[0]).tokens
+            rule = rows.rule(node, inside[0], lambda n: n in regions.of, tokens)
+            if rule == rows.POINTWISE:
+                outside = [a for a in node.all_input_nodes if a not in regions.of]
+                if any(not rows.row_free(rows.tensor_shape(a)) and a in local for a in outside):
+                    rule = None  # a rank-local operand cannot be cut to the shard
+                else:
+                    sliced = {a for a in outside if not rows.row_free(rows.tensor_shape(a))}
+        if rule == rows.ROW_SUM:
+            regions.region(inside[0]).row_sums.append(node)
+        elif rule is not None:
+            key = regions.union(keys)
+            regions.regions[key].nodes[node] = rule
+            if rule == rows.POINTWISE:
+                regions.regions[key].sliced |= sliced
+            regions.of[node] = key
+        else:
+            for a in inside:
+                regions.region(a).exits.setdefault(a, []).append(node)
+
+    found = list(regions.regions.values())
+    for region in found:
+        region.split, region.reason = _decide(region)
+        merged = [ar for ars in region.entries.values() for ar in ars]
+        for ar in merged:
+            records[ar].update(_region_record(region, merged))
+    return Plan(tuple(found), records)
+
+
+def _bytes(node: Node) -> int:
+    val = meta_val(node)
+    return val.numel() * val.element_size()
+
+
+def _decide(region: Region) -> tuple[bool, str]:
+    """Split when the collectives left in the open (not fused with a matmul) cost less than the
+    all-reduces: bytes each rank sends, plus LATENCY_BYTES a collective."""
+    if any(isinstance(meta_val(n), (tuple, list)) for n in region.exits):
+        return False, "a row-wise op's tuple result is read whole"
+    share = (region.world_size - 1) / region.world_size
+    all_reduces = [ar for ars in region.entries.values() for ar in ars]
+    before = sum(2 * share * _bytes(ar) + LATENCY_BYTES for ar in all_reduces)
+    after = 0.0
+    for entry, ars in region.entries.items():
+        if not all(_feeds_from_matmul(ar.args[0]) for ar in ars):
+            after += share * _bytes(ars[0]) + LATENCY_BYTES
+    gathered = {_root(region, n) for n in region.exits if not _feeds_matmul(n)}
+    after += sum(share * _bytes(n) + LATENCY_BYTES for n in gathered)
+    after += sum(2 * share * _bytes(n) + LATENCY_BYTES for n in region.row_sums)
+    mib = 1 << 20
+    summary = (
+        f"{len(all_reduces)} all-reduce(s) move {before / mib:.1f} MiB-equivalents in the open; "
+        f"split, {after / mib:.1f}"
+    )
+    if after >= before:
+        return False, f"splitting does not pay: {summary}"
+    return True, summary
+
+
+def _feeds_from_matmul(node: Node) -> bool:
+    """Whether ``node`` is a matmul's result seen through reshapes and adds (the reduce-scatter
+    will be fused with it)."""
+    while node.target in VIEWS:
+        node = node.args[0]
+    if node.target is aten.add.Tensor:
+        return all(isinstance(a, Node) and _feeds_from_matmul(a) for a in node.args[:2])
+    return node.target in _MATMULS
+
+
+def _root(region: Region, node: Node) -> Node:
+    """The region node whose shard ``node`` shares (reshapes between row forms are no ops)."""
+    while region.nodes.get(node) == rows.SAME:
+        node = node.args[0]
+    return node
+
+
+def _record(all_reduce: Node, reason: str | None) -> dict:
+    group_name = all_reduce.args[2]
+    return {
+        "kind": KIND,
+        "collective": describe_node(all_reduce),
+        "group": {"name": group_name},
+        "rewritten": False,
+        "reason": reason,
+        "implementation": None,
+    }
+
+
+def _region_record(region: Region, all_reduces: list[Node]) -> dict:
+    return {
+        "rewritten": region.split,
+        "reason": None if region.split else region.reason,
+        "group": {"name": region.group_name, "size": region.world_size},
+        "split": {
+            "cost": region.reason,
+            "all_reduces": sorted(ar.name for ar in all_reduces),
+            "row_wise_ops": len(region.nodes) - len(region.entries),
+            "sliced_operands": sorted(n.name for n in region.sliced),
+            "gathered": [
+                {**describe_node(n), "fused_with_matmul": _feeds_matmul(n)}
+                for n in sorted(region.exits, key=lambda n: n.name)
+            ],
+            "summed_over_tokens": sorted(n.name for n in region.row_sums),
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# the rewrite
+
+
+class _Sharder:
+    """Builds one region's ops on the shard, each placed before the op it replaces."""
+
+    def __init__(self, graph: Graph, region: Region) -> None:
+        self.graph, self.region = graph, region
+        self.rows = region.tokens // region.world_size
+        self.start = region.rank * self.rows
+        self.shard: dict[Node, Node] = {}
+        self.cut: dict[Node, Node] = {}  # replicated operand -> this rank's rows of it
+
+    def entry(self, node: Node) -> Node:
+        terms = [reshape(self.graph, ar.args[0], self._rows_shape(ar)) for ar in self.region.entries[node]]
+        summed = terms[0]
+        for term in terms[1:]:
+            summed = call(self.graph, aten.add.Tensor, (summed, term))
+        scattered = call(
+            self.graph, REDUCE_SCATTER, (summed, "sum", self.region.world_size, self.region.group_name)
+        )
+        return call(self.graph, WAIT, (scattered,))
+
+    def _rows_shape(self, node: Node) -> list[int]:
+        shape = rows.tensor_shape(node)
+        return [self.region.tokens, shape[-1]]
+
+    def _operand(self, node, out_shape: tuple):
+        """An argument of a row-wise op whose output has ``out_shape``, on the shard."""
+        if not isinstance(node, Node):
+            return node
+        if node in self.shard:
+            return self.shard[node]
+        shape = rows.tensor_shape(node)
+        if shape is None:
+            return node
+        if rows.row_free(shape):
+            return reshape(self.graph, node, shape[-1:]) if len(shape) > 1 else node
+        if node not in self.cut:
+            full = node
+            rows_shape = [*out_shape[:-1], shape[-1]]
+            if list(shape) != rows_shape:  # broadcast along some rows: make every row explicit
+                full = call(self.graph, aten.expand.default, (node, rows_shape))
+            flat = reshape(self.graph, full, [self.region.tokens, shape[-1]])
+            self.cut[node] = call(
+                self.graph, aten.slice.Tensor, (flat, 0, self.start, self.start + self.rows)
+            )
+        return self.cut[node]
+
+    def op(self, node: Node, rule: str) -> Node:
+        source = next(a for a in node.all_input_nodes if a in self.shard)
+        if rule == rows.SAME:
+            return self.shard[source]
+        if rule == rows.GETITEM:
+            return call(self.graph, operator.getitem, (self.shard[source], node.args[1]))
+        if rule == rows.EXPAND:
+            return call(self.graph, aten.expand.default, (self.shard[source], [self.rows, node.args[1][-1]]))
+        if rule == rows.REDUCE_LAST:
+            args = (self.shard[source], [-1], *node.args[2:])
+            return call(self.graph, node.target, args, dict(node.kwargs))
+        out_shape = rows.tensor_shape(node)
+        args, kwargs = map_arg((node.args, dict(node.kwargs)), lambda a: self._operand(a, out_shape))
+        return call(self.graph, node.target, args, kwargs)
+
+    def row_sum(self, node: Node) -> Node:
+        """sum over every token = all_reduce(the shard's sum)."""
+        local = call(self.graph, aten.sum.dim_IntList, (self.shard[node.args[0]], [0]), dict(node.kwargs))
+        summed = call(self.graph, ALL_REDUCE, (local, "sum", self.region.group_name))
+        return reshape(self.graph, call(self.graph, WAIT, (summed,)), meta_val(node).shape)
+
+    def gather_exits(self, order: dict[Node, int]) -> None:
+        """All-gathers each region tensor that is read outside, once per shard, right after the
+        shard exists; its wait sits before the first reader."""
+        outside = self.region.exits
+        by_root: dict[Node, list[Node]] = {}
+        for node in outside:
+            by_root.setdefault(self.shard[node], []).append(node)
+        for shard, nodes in by_root.items():
+            readers = sorted({u for n in nodes for u in outside[n]}, key=order.__getitem__)
+            with self.graph.inserting_after(shard):
+                gather = call(self.graph, ALL_GATHER, (shard, self.region.world_size, self.region.group_name))
+            with self.graph.inserting_before(readers[0]):
+                gathered = call(self.graph, WAIT, (gather,))
+                for node in nodes:
+                    full = reshape(self.graph, gathered, meta_val(node).shape)
+                    for user in set(outside[node]):
+                        user.replace_input_with(node, full)
+
+
+def apply(graph: Graph, split_plan: Plan) -> None:
+    """Rewrites every accepted region onto the shard; the all-reduces and the full-size ops
+    they fed go."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    dead = []
+    for region in split_plan.accepted():
+        sharder = _Sharder(graph, region)
+        for node in sorted([*region.nodes, *region.row_sums], key=order.__getitem__):
+            with graph.inserting_before(node):
+                if node in region.entries:
+                    sharder.shard[node] = sharder.entry(node)
+                elif node in region.nodes:
+                    sharder.shard[node] = sharder.op(node, region.nodes[node])
+                else:
+                    node.replace_all_uses_with(sharder.row_sum(node))
+        sharder.gather_exits(order)
+        dead += [*region.nodes, *region.row_sums, *region.absorbed]
+    erase_dead(graph, dead)
