@@ -211,7 +211,7 @@ def plan(graph: Graph) -> Plan:
     records, eligible = {}, []
     for all_reduce in graph.find_nodes(op="call_function", target=ALL_REDUCE):
         reason = _why_not(all_reduce)
-        records[all_reduce] = _record(all_reduce, reason)
+        records[all_reduce] = record(all_reduce, reason)
         if reason is None:
             eligible.append(all_reduce)
     entries = _entries(graph, eligible)
@@ -242,8 +242,8 @@ def plan(graph: Graph) -> Plan:
             rule = rows.rule(node, inside[0], lambda n: n in regions.of, tokens)
             if rule == rows.POINTWISE:
                 outside = [a for a in node.all_input_nodes if a not in regions.of]
-                if any(not rows.row_free(rows.tensor_shape(a)) and a in local for a in outside):
-                    rule = None  # a rank-local operand cannot be cut to the shard
+                if any(a in local for a in outside):
+                    rule = None  # the shard's rows of it would be another rank's values
                 else:
                     sliced = {a for a in outside if not rows.row_free(rows.tensor_shape(a))}
         if rule == rows.ROW_SUM:
@@ -281,7 +281,7 @@ def _decide(region: Region) -> tuple[bool, str]:
     all_reduces = [ar for ars in region.entries.values() for ar in ars]
     before = sum(2 * share * _bytes(ar) + LATENCY_BYTES for ar in all_reduces)
     after = 0.0
-    for entry, ars in region.entries.items():
+    for ars in region.entries.values():
         if not all(_feeds_from_matmul(ar.args[0]) for ar in ars):
             after += share * _bytes(ars[0]) + LATENCY_BYTES
     gathered = {_root(region, n) for n in region.exits if not _feeds_matmul(n)}
@@ -314,7 +314,7 @@ def _root(region: Region, node: Node) -> Node:
     return node
 
 
-def _record(all_reduce: Node, reason: str | None) -> dict:
+def record(all_reduce: Node, reason: str | None) -> dict:
     group_name = all_reduce.args[2]
     return {
         "kind": KIND,
@@ -337,8 +337,12 @@ def _region_record(region: Region, all_reduces: list[Node]) -> dict:
             "row_wise_ops": len(region.nodes) - len(region.entries),
             "sliced_operands": sorted(n.name for n in region.sliced),
             "gathered": [
-                {**describe_node(n), "fused_with_matmul": _feeds_matmul(n)}
-                for n in sorted(region.exits, key=lambda n: n.name)
+                {
+                    **describe_node(n),
+                    "fused_with_matmul": _feeds_matmul(n),
+                    "read_by": sorted({describe_node(u)["op"] for u in users}),
+                }
+                for n, users in sorted(region.exits.items(), key=lambda item: item[0].name)
             ],
             "summed_over_tokens": sorted(n.name for n in region.row_sums),
         },

@@ -111,7 +111,7 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
     rewrite on one graph; returns the decision records."""
     dumping = debug.dumping()
     before = debug.graph_text(graph) if dumping else ""
-    split_records = _split_all_reduces(graph) if config.split_all_reduce else []
+    split_records = _split_all_reduces(graph)
     moved = _move_casts(graph, casts.plan(graph)) if config.all_gather_matmul else {}
     candidates = patterns.find_all_gather_matmuls(graph) + patterns.find_matmul_reduce_scatters(
         graph
@@ -173,6 +173,11 @@ CYCLE = "its op would read a value computed from its own result (through another
 def _split_all_reduces(graph: Graph) -> list[dict]:
     """Plans and applies all_reduce_split.py's splits; returns a record per all-reduce. Should
     the rewrite fail, the graph is restored and no all-reduce is split."""
+    if not config.split_all_reduce:
+        return [
+            all_reduce_split.record(node, "disabled by overlap_pass.config.split_all_reduce")
+            for node in graph.find_nodes(op="call_function", target=all_reduce_split.ALL_REDUCE)
+        ]
     try:
         split_plan = all_reduce_split.plan(graph)
     except Exception as error:  # never crash compilation on a graph we did not foresee

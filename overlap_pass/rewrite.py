@@ -18,9 +18,9 @@ from .patterns import (
     ContractionUse,
     Match,
     MatmulReduceScatterMatch,
-    is_transpose,
     depends_on,
     graph_order,
+    is_transpose,
 )
 
 aten = torch.ops.aten

@@ -108,6 +108,24 @@ def plain_tp_block(bias: bool, batch: int, seed: int = 0) -> dict:
 
 
 @_decided
+def plain_tp_functional(name: str, seed: int = 0) -> dict:
+    """A hand-written plain-TP graph (tests/plain_tp_cases.py), compiled for inference, against
+    eager: the residual and the norm weight are the same on every rank, the row-parallel input
+    and the linears' weights are each rank's own."""
+    from tests import plain_tp_cases
+
+    fn = getattr(plain_tp_cases, name)
+    torch.manual_seed(seed)
+    residual, norm_weight = torch.randn(4 * dist.get_world_size(), 32), torch.randn(32)
+    torch.manual_seed(seed + 1 + dist.get_rank())
+    x, w_row, w_col = torch.randn(residual.shape[0], 24), torch.randn(24, 32), torch.randn(32, 40)
+    args = (x, residual, w_row, w_col, norm_weight)
+    with unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0):
+        compiled = torch.compile(fn, backend="overlap", fullgraph=True)(*args, _group_name())
+    torch.testing.assert_close(compiled, fn(*args, _group_name()), **TOL)
+
+
+@_decided
 def tp_mlp(bias: bool, seed: int = 0) -> dict:
     torch.manual_seed(seed)
     mlp = parallelize_mlp(MLP(dim=24, hidden=40 * dist.get_world_size(), bias=bias), _mesh())

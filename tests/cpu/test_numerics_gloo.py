@@ -50,6 +50,15 @@ def test_plain_tp_block(gloo_world, world_size, bias, batch):
     )
 
 
+@pytest.mark.parametrize("name", ["row_then_column", "mean_over_tokens", "rank_local_operand"])
+def test_hand_written_plain_tp(gloo_world, name):
+    """Split with a plain gather for h (returned), for a mean over the tokens, and for an add of
+    a rank-local tensor (not cut to the shard); equal to eager."""
+    decisions = gloo_world(2).run(cases.plain_tp_functional, name)
+    assert all(d == decisions[0] for d in decisions), "ranks decided differently"
+    assert (SPLIT, True, None) in decisions[0] and (MRS, True, None) in decisions[0]
+
+
 @pytest.mark.parametrize("world_size, bias", [(2, False), (2, True), (4, False), (4, True), (8, False)])
 def test_tp_mlp(gloo_world, world_size, bias):
     (decisions, *_) = gloo_world(world_size).run(cases.tp_mlp, bias)

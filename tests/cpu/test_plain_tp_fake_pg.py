@@ -1,0 +1,175 @@
+"""Plain tensor parallelism (no sequence parallel) on the fake process group: each all-reduce is
+split into a reduce-scatter and an all-gather around the row-wise ops after it
+(all_reduce_split.py), and those fuse with their matmuls. Graphs and decisions only; the gloo
+tests check the numbers."""
+
+import re
+
+import pytest
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+
+from overlap_pass import all_reduce_split
+from tests.plain_tp_cases import (
+    max_reduced,
+    mean_over_tokens,
+    rank_local_operand,
+    row_then_column,
+)
+from tools.tp_models import TransformerBlock, parallelize_block_plain
+
+from .fake_world import compile_and_dump, fake_world
+
+AGM, MRS, SPLIT = "all_gather_matmul", "matmul_reduce_scatter", all_reduce_split.KIND
+DIM, SEQ = 32, 8
+
+_COLLECTIVE = re.compile(r'"(\w+)\[([\d, ]*)\][^"]*" = torch\.ops\.(?:_c10d_functional|overlap)\.(\w+)\.default')
+_TUPLE_OP = re.compile(r"= torch\.ops\.overlap\.(\w+)\.default")
+
+
+def collectives(graph_text: str) -> list[tuple]:
+    """Every collective of a graph as (op, dtype, shape); the overlap ops that return tuples
+    as (op,)."""
+    found = [(op, dtype, shape) for dtype, shape, op in _COLLECTIVE.findall(graph_text) if op != "wait_tensor"]
+    typed = {op for op, _, _ in found}
+    found += [(op,) for op in _TUPLE_OP.findall(graph_text) if op not in typed]
+    return sorted(found, key=str)
+
+
+@pytest.fixture
+def latency_free(monkeypatch):
+    """The cost model with a collective's latency counted as nothing, as it is next to the bytes
+    of a real model's activations; the test models are far smaller."""
+    monkeypatch.setattr(all_reduce_split, "LATENCY_BYTES", 0)
+
+
+def _plain_block(world_size: int, bias: bool):
+    block = TransformerBlock(dim=DIM, heads=world_size, hidden=16 * world_size, bias=bias)
+    return parallelize_block_plain(block, init_device_mesh("cpu", (world_size,)))
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_plain_tp_block(tmp_path, latency_free, world_size, bias, batch):
+    """Forward: the O and down all-reduces become reduce-scatters fused with O and down; the
+    FFN's gather is fused with gate and up; the block output and two saved activations (the
+    attention output and the norm's rsqrt, as AOTAutograd's partitioner chose to save them
+    whole) are gathered plainly. Backward: the five all-reduced input grads of Q, K, V, gate and
+    up become two reduce-scatters of sums; the block output's grad after the FFN norm's backward
+    is gathered once for O's input and weight grads; the input grad is gathered plainly; each
+    norm weight's grad (a sum over tokens) and a bias grad are all-reduced from the shards'
+    sums."""
+    tokens, rows = batch * SEQ, batch * SEQ // world_size
+    with fake_world(world_size):
+        x = torch.randn(batch, SEQ, DIM, requires_grad=True)
+        _, dump = compile_and_dump(_plain_block(world_size, bias), (x,), tmp_path, backward=True)
+
+    full = ("all_reduce", "f32", f"{batch}, {SEQ}, {DIM}")
+    assert collectives(dump.graphs["forward"]["before"]) == [full] * 2
+    assert collectives(dump.after("forward")) == sorted(
+        [("all_gather_into_tensor", "f32", f"{tokens}, {DIM}")] * 2
+        + [("all_gather_into_tensor", "f32", f"{tokens}, 1"), (AGM,)]
+        + [(MRS, "f32", f"{rows}, {DIM}")] * 2,
+        key=str,
+    )
+    assert collectives(dump.graphs["backward"]["before"]) == [full] * 5
+    norm_weight_grads = [("all_reduce", "f32", f"{DIM}")] * (3 if bias else 2)  # + O's bias grad
+    assert collectives(dump.after("backward")) == sorted(
+        [("all_gather_into_tensor", "f32", f"{tokens}, {DIM}"), (AGM,)]
+        + [(MRS, "f32", f"{rows}, {DIM}")] * 2
+        + norm_weight_grads,
+        key=str,
+    )
+    forward, backward = dump.candidates("forward"), dump.candidates("backward")
+    assert [c["rewritten"] for c in forward + backward if c["kind"] == SPLIT] == [True] * 7
+    assert sum(c["rewritten"] for c in forward + backward if c["kind"] == MRS) == 4
+    fused_gathers = [c for c in forward + backward if c["kind"] == AGM and c["rewritten"]]
+    assert sorted(len(c["nodes"]["matmuls"]) for c in fused_gathers) == [1, 2]  # O; gate and up
+    split = next(c for c in backward if c["kind"] == SPLIT)["split"]
+    assert len(split["all_reduces"]) == 5 and len(split["summed_over_tokens"]) == (3 if bias else 2)
+    assert split["sliced_operands"], "the residual and saved activations are cut to the shard"
+
+
+def test_small_all_reduces_are_kept_when_splitting_does_not_pay(tmp_path):
+    """At the test block's size a collective's latency outweighs its bytes: the forward, whose
+    split leaves three plain gathers for two all-reduces, keeps its all-reduces with the
+    costs in the reason; the backward, five all-reduces for one plain gather and two small
+    all-reduces, is still split."""
+    with fake_world(2):
+        x = torch.randn(1, SEQ, DIM, requires_grad=True)
+        _, dump = compile_and_dump(_plain_block(2, False), (x,), tmp_path, backward=True)
+    forward = [c for c in dump.candidates("forward") if c["kind"] == SPLIT]
+    assert [c["rewritten"] for c in forward] == [False, False]
+    assert all(c["reason"].startswith("splitting does not pay: 2 all-reduce(s)") for c in forward)
+    assert "all_reduce" in dump.after("forward")
+    assert [c["rewritten"] for c in dump.candidates("backward") if c["kind"] == SPLIT] == [True] * 5
+
+
+def test_config_off_keeps_every_all_reduce(tmp_path):
+    with fake_world(2):
+        x = torch.randn(1, SEQ, DIM, requires_grad=True)
+        _, dump = compile_and_dump(
+            _plain_block(2, False), (x,), tmp_path, backward=True, split_all_reduce=False
+        )
+    records = [c for c in dump.all_candidates() if c["kind"] == SPLIT]
+    assert len(records) == 7
+    assert {c["reason"] for c in records} == {"disabled by overlap_pass.config.split_all_reduce"}
+    assert not [c for c in dump.all_candidates() if c["kind"] != SPLIT]
+
+
+# ---------------------------------------------------------------------------------------------
+# hand-written plain TP through functional collectives
+
+
+def _args(tokens: int):
+    return (
+        torch.randn(tokens, 48), torch.randn(tokens, DIM), torch.randn(48, DIM),
+        torch.randn(DIM, 40), torch.randn(DIM),
+    )  # fmt: skip
+
+
+def _split_record(dump) -> dict:
+    return next(c for c in dump.all_candidates() if c["kind"] == SPLIT)
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_hand_written_row_then_column(tmp_path, latency_free, world_size):
+    """Inference graph: one split; its reduce-scatter fused with x @ w_row, its gather with
+    @ w_col; h, also returned, is gathered plainly; residual is cut to the rank's rows."""
+    with fake_world(world_size) as group:
+        _, dump = compile_and_dump(row_then_column, (*_args(8 * world_size), group), tmp_path)
+    record = _split_record(dump)
+    assert record["rewritten"], record
+    assert len(record["split"]["sliced_operands"]) == 1  # the residual
+    assert {g["fused_with_matmul"] for g in record["split"]["gathered"]} == {True, False}
+    kinds = sorted((c["kind"], c["rewritten"]) for c in dump.all_candidates())
+    assert kinds == [(AGM, False), (AGM, True), (SPLIT, True), (MRS, True)]
+
+
+def test_tokens_not_divisible_by_the_world_are_kept(tmp_path, latency_free):
+    with fake_world(4) as group:
+        _, dump = compile_and_dump(row_then_column, (*_args(10), group), tmp_path)
+    record = _split_record(dump)
+    assert not record["rewritten"]
+    assert record["reason"] == "the token count 10 (the leading dims of [10, 32]) is not divisible by 4"
+
+
+@pytest.mark.parametrize(
+    "fn, gathered_for",
+    [(mean_over_tokens, "aten::mean.dim"), (rank_local_operand, "aten::add.Tensor")],
+)
+def test_ops_that_are_not_row_wise_read_the_gathered_tensor(tmp_path, latency_free, fn, gathered_for):
+    with fake_world(2) as group:
+        _, dump = compile_and_dump(fn, (*_args(16), group), tmp_path)
+    record = _split_record(dump)
+    assert record["rewritten"], record
+    readers = {op for g in record["split"]["gathered"] for op in g["read_by"]}
+    assert gathered_for in readers, record["split"]["gathered"]
+
+
+def test_a_max_all_reduce_is_kept_with_its_reason(tmp_path, latency_free):
+    with fake_world(2) as group:
+        _, dump = compile_and_dump(max_reduced, (*_args(16), group), tmp_path)
+    record = _split_record(dump)
+    assert (record["rewritten"], record["reason"]) == (False, "reduce op 'max' (only sum)")
