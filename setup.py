@@ -23,6 +23,9 @@ setup(
     extras_require={
         "test": ["pytest", "expecttest", "numpy<2.3"],
         "torchtitan": ["torchtitan==0.3.0"],
+        # Hugging Face transformers' Llama with its own tp_plan (plain TP); accelerate: its
+        # from_pretrained with a DistributedConfig needs it
+        "hf": ["transformers==5.23.0", "accelerate==1.15.0"],
     },
     entry_points={
         "torch_dynamo_backends": ["overlap = overlap_pass.backend:overlap_backend"],

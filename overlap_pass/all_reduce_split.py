@@ -287,14 +287,17 @@ def _decide(region: Region) -> tuple[bool, str]:
     gathered = {_root(region, n) for n in region.exits if not _feeds_matmul(n)}
     after += sum(share * _bytes(n) + LATENCY_BYTES for n in gathered)
     after += sum(2 * share * _bytes(n) + LATENCY_BYTES for n in region.row_sums)
-    mib = 1 << 20
     summary = (
-        f"{len(all_reduces)} all-reduce(s) move {before / mib:.1f} MiB-equivalents in the open; "
-        f"split, {after / mib:.1f}"
+        f"{len(all_reduces)} all-reduce(s) move {_size(before)} in the open, split {_size(after)} "
+        f"(bytes a rank sends, {_size(LATENCY_BYTES)} a collective for its latency)"
     )
     if after >= before:
         return False, f"splitting does not pay: {summary}"
     return True, summary
+
+
+def _size(count: float) -> str:
+    return f"{count / (1 << 20):.1f} MiB" if count >= 1 << 20 else f"{count / 1024:.1f} KiB"
 
 
 def _feeds_from_matmul(node: Node) -> bool:

@@ -311,7 +311,7 @@ def _reaches_matmul(node: Node, depth: int = 4) -> bool:
 
 def _why_no_matmul(gathered: Node, gather_dim: int, others: list[Node], notes: list[str]) -> str:
     shape = _shape(gathered)
-    if shape is not None and gather_dim == len(shape) - 1:
+    if shape is not None and gather_dim == len(shape) - 1 and _reaches_matmul(gathered):
         return "K-sharded gather: the gathered dim is the matmul's contraction dim"
     if notes:
         return notes[0]

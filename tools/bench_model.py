@@ -53,6 +53,7 @@ EXTRA_COMPILERS = {"overlap_eager_ops": {"op_graphs": False}}
 # plain Inductor with every collective replaced by a local op of its shape (tools/no_comm.py):
 # the step without communication, the floor of any overlap. Its results are wrong by design.
 FLOOR = "no_communication"
+SP_PREFIX = "sp:"
 
 
 def _compile(model, compiler, mode=None):
@@ -73,13 +74,27 @@ def _compile(model, compiler, mode=None):
     return torch.compile(model, options=options)
 
 
-def _model(kind, dim, heads, kv_heads, hidden, mesh):
-    from tools.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
+def _model(kind, dim, heads, kv_heads, hidden, mesh, layout="sp"):
+    from tools.tp_models import (
+        MLP,
+        TransformerBlock,
+        parallelize_block,
+        parallelize_block_plain,
+        parallelize_mlp,
+    )
 
     if kind == "mlp":
         return parallelize_mlp(MLP(dim, hidden, bias=False), mesh)
     block = TransformerBlock(dim, heads, hidden, bias=False, kv_heads=kv_heads)
-    return parallelize_block(block, mesh)
+    return (parallelize_block_plain if layout == "plain" else parallelize_block)(block, mesh)
+
+
+def _layout_of(compiler: str, args) -> tuple[str, str]:
+    """(layout, compiler): "sp:<compiler>" runs the sequence-parallel block (next to a plain-TP
+    run, the comparison the plain-TP issue asks for)."""
+    if compiler.startswith(SP_PREFIX):
+        return "sp", compiler[len(SP_PREFIX):]
+    return args.layout, compiler
 
 
 @torch.no_grad()
@@ -116,24 +131,16 @@ def bench_size(name, args, device, mesh) -> dict:
     _rewrites(reset=True)
     torch.manual_seed(0)
     dtype = torch.float32 if args.autocast else torch.bfloat16
-    eager = _model(args.model, dim, heads, kv_heads, hidden, mesh).to(device=device, dtype=dtype)
-    if args.fake_world:
-        _draw_local_weights(eager)
-    models = {c: _compile(copy.deepcopy(eager), c, args.mode) for c in args.compilers.split(",")}
-    gen = torch.Generator(device=device).manual_seed(1 + dist.get_rank())
-    # [batch, seq, dim], sharded along seq: with batch > 1 each rank's rows are not one block of the
-    # gathered tensor (as in the demo)
-    x = torch.randn(args.batch, args.tokens // args.batch // world, dim, device=device, dtype=dtype, generator=gen)
-    grad = torch.randn(x.shape, device=device, dtype=dtype, generator=gen)
+    compilers = args.compilers.split(",")
     autocast = functools.partial(torch.autocast, "cuda", dtype=torch.bfloat16, enabled=args.autocast)
 
-    def forward(model):
+    def forward(model, x):
         if args.mode:  # CUDA graph trees: a new step may overwrite the last one's outputs
             torch.compiler.cudagraph_mark_step_begin()
         with torch.no_grad(), autocast():
             return model(x)
 
-    def step(model):
+    def step(model, x, grad):
         if args.mode:
             torch.compiler.cudagraph_mark_step_begin()
         inp = x.detach().requires_grad_()
@@ -141,6 +148,28 @@ def bench_size(name, args, device, mesh) -> dict:
             out = model(inp)
         out.backward(grad)
         return out, inp.grad
+
+    # per layout: the eager model (the same weights in each), its input, output grad and results
+    layouts = {}
+    for layout in dict.fromkeys(_layout_of(c, args)[0] for c in compilers):
+        torch.manual_seed(0)
+        eager = _model(args.model, dim, heads, kv_heads, hidden, mesh, layout).to(device=device, dtype=dtype)
+        if args.fake_world:
+            _draw_local_weights(eager)
+        # [batch, seq, dim]: sequence parallel shards seq (with batch > 1 each rank's rows are not
+        # one block of the gathered tensor); plain TP gives every rank the whole, the same values
+        sharded = layout == "sp"
+        seq = args.tokens // args.batch // (world if sharded else 1)
+        gen = torch.Generator(device=device).manual_seed(1 + (dist.get_rank() if sharded else 0))
+        x = torch.randn(args.batch, seq, dim, device=device, dtype=dtype, generator=gen)
+        grad = torch.randn(x.shape, device=device, dtype=dtype, generator=gen)
+        layouts[layout] = (eager, x, grad)
+    models = {}
+    for c in compilers:
+        layout, compiler = _layout_of(c, args)
+        models[c] = _compile(copy.deepcopy(layouts[layout][0]), compiler, args.mode)
+    # (after the copies, which would carry the eager weight grads along)
+    layouts = {layout: (*held, step(*held)) for layout, held in layouts.items()}
 
     def weight_grads(model):
         params = getattr(model, "_orig_mod", model).parameters()
@@ -150,12 +179,12 @@ def bench_size(name, args, device, mesh) -> dict:
         for p in getattr(model, "_orig_mod", model).parameters():
             p.grad = None
 
-    out_e, dx_e = step(eager)
     errors = {}
     for c, model in list(models.items()):
+        eager, x, grad, (out_e, dx_e) = layouts[_layout_of(c, args)[0]]
         try:  # first calls compile: forward-only and forward+backward graphs
-            fwd = forward(model).clone()
-            out, dx = step(model)
+            fwd = forward(model, x).clone()
+            out, dx = step(model, x, grad)
         except RuntimeError as error:  # every rank fails alike (e.g. a compiler under a mode)
             errors[c] = f"failed: {str(error).splitlines()[0]}"
             if dist.get_rank() == 0:
@@ -172,8 +201,9 @@ def bench_size(name, args, device, mesh) -> dict:
         zero(model)
     runners = {}
     for c, model in models.items():
-        runners[(c, "forward")] = lambda m=model: forward(m)
-        runners[(c, "forward+backward")] = lambda m=model: (step(m), zero(m))
+        _, x, grad, _ = layouts[_layout_of(c, args)[0]]
+        runners[(c, "forward")] = lambda m=model, x=x: forward(m, x)
+        runners[(c, "forward+backward")] = lambda m=model, x=x, g=grad: (step(m, x, g), zero(m))
     for key in [k for k in runners if k[0] in EXTRA_COMPILERS]:
         runners[key] = functools.partial(_patched, EXTRA_COMPILERS[key[0]], runners[key])
     timed, host = time_interleaved(runners, device, args.rounds, args.calls, args.warmup)
@@ -187,7 +217,7 @@ def bench_size(name, args, device, mesh) -> dict:
     from overlap_pass.lowering import choose, replay
 
     return {
-        "model": args.model, "size": name, "dim": dim, "heads": heads, "kv_heads": kv_heads, "hidden": hidden,
+        "model": args.model, "layout": args.layout, "size": name, "dim": dim, "heads": heads, "kv_heads": kv_heads, "hidden": hidden,
         "tokens": args.tokens, "batch": args.batch, "autocast": args.autocast, "world": world, "us": us, "host_us": host_us,
         "errors": errors, "overlap_pass": _rewrites(),
         "op_calls": dict(replay.stats),  # rank 0's, since the process started: eager, captured, replayed
@@ -225,22 +255,32 @@ def _host_profile(runner, calls: int, device, lines: int = 25) -> str:
 
 def table(rows: list[dict]) -> str:
     """The markdown table of a run; with the no-communication floor measured, also the floor
-    and the share of plain Inductor's distance to it that overlap closes."""
+    and the share of plain Inductor's distance to it that overlap closes; with the
+    sequence-parallel block measured next to a plain-TP one, its times under each compiler and
+    overlap's speedup over it."""
     floor = any(f"{FLOOR} forward" in r["us"] for r in rows)
+    sp = sorted({k.split(" ")[0] for r in rows for k in r["us"] if k.startswith(SP_PREFIX)}, key=str)
     head = (
-        "| size | pass | plain Inductor | Inductor + micro_pipeline_tp | overlap "
+        "| size | batch | pass | plain Inductor | Inductor + micro_pipeline_tp | overlap "
         "| overlap vs Inductor | overlap vs micro_pipeline_tp |"
     ) + (" no communication | gap closed |" if floor else "")
+    head += "".join(f" SP block, {c[len(SP_PREFIX):]} | overlap vs it |" for c in sp)
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         for mode in ("forward", "forward+backward"):
             t = [r["us"].get(f"{c} {mode}", float("nan")) for c in COMPILERS]  # nan: it failed
-            line = f"| {r['size']} | {mode} | {t[0]:.0f} | {t[1]:.0f} | {t[2]:.0f} | {t[0] / t[2]:.2f}x | {t[1] / t[2]:.2f}x |"
+            line = (
+                f"| {r['size']} | {r.get('batch', 1)} | {mode} | {t[0]:.0f} | {t[1]:.0f} | {t[2]:.0f} "
+                f"| {t[0] / t[2]:.2f}x | {t[1] / t[2]:.2f}x |"
+            )
             if floor:
                 # over 100% where overlap beats the floor (whose stand-ins cost a little)
                 bound = r["us"].get(f"{FLOOR} {mode}", float("nan"))
                 closed = (t[0] - t[2]) / (t[0] - bound) if t[0] != bound else float("nan")
                 line += f" {bound:.0f} | {closed:.0%} |"
+            for c in sp:
+                other = r["us"].get(f"{c} {mode}", float("nan"))
+                line += f" {other:.0f} | {other / t[2]:.2f}x |"
             lines.append(line)
     return "\n".join(lines)
 
@@ -248,6 +288,11 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=("block", "mlp"), default="block")
+    parser.add_argument(
+        "--layout", choices=("sp", "plain"), default="sp",
+        help="sequence parallel (activations sharded along seq) or plain TP (replicated, all-reduces); "
+        f"a compiler named {SP_PREFIX}<compiler> runs the sequence-parallel block in a plain run",
+    )  # fmt: skip
     parser.add_argument("--out", default="bench_model.json")
     parser.add_argument("--mode", choices=("reduce-overhead",), default=None, help="torch.compile mode, for every compiler")
     parser.add_argument("--tokens", type=int, default=8192)
@@ -271,7 +316,7 @@ def main() -> None:
         parser.error("tokens must be divisible by batch x world size")
     if args.fake_world:  # a fake group moves no data: nothing but the floor means anything
         args.compilers = FLOOR
-    unknown = set(args.compilers.split(",")) - set(known)
+    unknown = {c.removeprefix(SP_PREFIX) for c in args.compilers.split(",")} - set(known)
     if unknown:
         parser.error(f"unknown compilers {sorted(unknown)}; choose from {','.join(known)}")
 

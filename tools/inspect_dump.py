@@ -4,7 +4,8 @@
     python -m tools.inspect_dump overlap_dump/rank0/model__0_forward_1
 
 One row per candidate collective: graph, kind, collective node, dim, shapes, whether it was
-rewritten, the implementation chosen, and the reason it was not.
+rewritten, the implementation chosen, and the reason it was not. A split all-reduce shows the
+row-wise ops it runs on the shard, the tensors it gathers, and its cost estimate.
 """
 
 import argparse
@@ -24,6 +25,10 @@ def _shape(described: dict | None) -> str:
 
 def _shapes(candidate: dict) -> str:
     """The operand shapes of a candidate: shard -> matmul outputs, or input @ mat2 -> out."""
+    split = candidate.get("split")
+    if split:  # an all-reduce split around row-wise ops (overlap_pass/all_reduce_split.py)
+        gathered = ",".join(g["name"] + ("(fused)" if g["fused_with_matmul"] else "") for g in split["gathered"])
+        return f"{_shape(candidate['collective'])}: {split['row_wise_ops']} row-wise ops, gathered {gathered or '-'}"
     nodes = candidate.get("nodes")
     if not nodes:
         return _shape(candidate.get("collective"))
@@ -52,7 +57,7 @@ def rows(folder: str) -> list[tuple[str, ...]]:
                     _shapes(c),
                     "yes" if c["rewritten"] else "no",
                     c.get("implementation") or "",
-                    c.get("reason") or "",
+                    c.get("reason") or (c.get("split") or {}).get("cost", ""),
                 )
             )
     return found

@@ -6,7 +6,8 @@
 #
 # torch: kept as it is where one is installed (the GPU machines have theirs); otherwise the CPU
 # build, torch==2.13.0+cpu. With --test also triton, for its CPU interpreter, where it is missing,
-# and torchtitan 0.3.0 (the extra "torchtitan"; Python 3.11+), whose Llama 3 a test compiles.
+# torchtitan 0.3.0 (the extra "torchtitan"; Python 3.11+), whose Llama 3 a test compiles, and
+# Hugging Face transformers (the extra "hf"), whose Llama and its tp_plan a test compiles.
 # If pip cannot find the CPU build of torch, point it at PyTorch's CPU wheels:
 #   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash tools/install.sh
 set -euo pipefail
@@ -18,10 +19,11 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
 fi
 extras=""
 if [ "${1:-}" = "--test" ]; then
-  extras="[test]"
+  extras="test,hf"
   if "$PYTHON" -c "import sys; sys.exit(sys.version_info < (3, 11))"; then
-    extras="[test,torchtitan]"
+    extras="$extras,torchtitan"
   fi
+  extras="[$extras]"
   # The CPU tests run the Triton kernels in its interpreter; 3.6.0 is what the GPU machines
   # have. A triton that came with torch is kept.
   "$PYTHON" -c "import triton" 2>/dev/null || "$PYTHON" -m pip install --quiet "triton==3.6.0"

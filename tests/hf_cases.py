@@ -1,0 +1,87 @@
+"""Hugging Face transformers' Llama with its own tensor-parallel plan (``tp_plan``: plain TP, no
+sequence parallel), run on each rank of a RankPool: a small random config, saved by rank 0 and
+loaded on every rank with ``DistributedConfig(tp_size=W)`` as its users load a checkpoint."""
+
+import glob
+import json
+import os
+import tempfile
+import unittest.mock
+
+import torch
+import torch.distributed as dist
+
+from overlap_pass import all_reduce_split, config
+
+TOL = dict(atol=2e-5, rtol=2e-5)
+
+
+def _config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=False, attn_implementation="sdpa",
+    )  # fmt: skip
+
+
+def _load(folder: str):
+    from transformers import LlamaForCausalLM
+    from transformers.distributed import DistributedConfig
+
+    model = LlamaForCausalLM.from_pretrained(
+        folder, distributed_config=DistributedConfig(tp_size=dist.get_world_size()), dtype=torch.float32
+    )
+    return model.train()
+
+
+def _grads(model) -> dict:
+    """Each parameter's local gradient by name (a DTensor's shard)."""
+    grads = {}
+    for name, param in model.named_parameters():
+        grad = param.grad.to_local() if hasattr(param.grad, "to_local") else param.grad
+        grads[name.removeprefix("_orig_mod.")] = grad
+    return grads
+
+
+def llama_forward_backward(folder: str, batch: int, seq: int) -> list[dict]:
+    """Two training steps of the compiled model (backend="overlap") against the same model
+    eager: loss, logits and every gradient at fp32 tolerance. Returns the pass's decisions,
+    per graph: [{"graph", "kind", "rewritten", "reason"}]."""
+    torch._dynamo.reset()  # static shapes: no recompile as dynamic after another test's shapes
+    if dist.get_rank() == 0:
+        from transformers import LlamaForCausalLM
+
+        torch.manual_seed(0)
+        LlamaForCausalLM(_config()).save_pretrained(folder)
+    dist.barrier()
+    eager, compiled = _load(folder), _load(folder)
+    compiled_fn = torch.compile(compiled, backend="overlap")
+    dump = tempfile.mkdtemp(prefix="overlap-hf-")
+    # the test model is small enough that a collective's latency would outweigh its bytes and the
+    # cost model would keep the forward's all-reduces: counted as nothing, as at real sizes
+    with config.patch(debug_dir=dump), unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0):
+        for step in range(2):
+            ids = torch.randint(0, 128, (batch, seq), generator=torch.Generator().manual_seed(step))
+            out_c, out_e = compiled_fn(input_ids=ids, labels=ids), eager(input_ids=ids, labels=ids)
+            torch.testing.assert_close(out_c.logits, out_e.logits, **TOL)
+            torch.testing.assert_close(out_c.loss, out_e.loss, **TOL)
+            out_c.loss.backward()
+            out_e.loss.backward()
+            grads_c, grads_e = _grads(compiled), _grads(eager)
+            assert grads_c.keys() == grads_e.keys()
+            for name, grad in grads_e.items():
+                torch.testing.assert_close(grads_c[name], grad, **TOL, msg=name)
+            compiled.zero_grad(set_to_none=True)
+            eager.zero_grad(set_to_none=True)
+    decisions = []
+    for path in sorted(glob.glob(os.path.join(dump, "*", "*", "decisions.json"))):
+        with open(path) as f:
+            record = json.load(f)
+        kind = "forward" if "forward" in record["graph"] else "backward"
+        decisions += [
+            {"graph": kind, "kind": c["kind"], "rewritten": c["rewritten"], "reason": c["reason"]}
+            for c in record["candidates"]
+        ]
+    return decisions
