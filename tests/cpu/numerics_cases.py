@@ -95,16 +95,18 @@ def tp_block(bias: bool, seed: int = 0, autocast: bool = False) -> dict:
 
 
 @_decided
-def plain_tp_block(bias: bool, batch: int, seed: int = 0) -> dict:
+def plain_tp_block(bias: bool, batch: int, seed: int = 0, autocast: bool = False) -> dict:
     """The block without sequence parallel: each all-reduce split around the row-wise ops
     (all_reduce_split.py), here at a size where the cost model would keep them, so the split is
-    forced (collectives' latency counted as nothing)."""
+    forced (collectives' latency counted as nothing). ``autocast``: fp32 block under autocast to
+    bf16, compared to bf16 tolerance."""
     torch.manual_seed(seed)
     heads = max(4, dist.get_world_size())
     block = parallelize_block_plain(TransformerBlock(dim=32, heads=heads, hidden=64, bias=bias), _mesh())
     seq = 3 * dist.get_world_size()  # tokens divisible by W at batch 1, yet chunks cross sequences
+    tol = dict(atol=3e-2, rtol=3e-2) if autocast else TOL
     with unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0):
-        _compare_module(block, lambda: torch.randn(batch, seq, 32), seed, replicated=True)
+        _compare_module(block, lambda: torch.randn(batch, seq, 32), seed, tol, autocast, replicated=True)
 
 
 @_decided

@@ -50,6 +50,15 @@ def test_plain_tp_block(gloo_world, world_size, bias, batch):
     )
 
 
+def test_plain_tp_block_under_autocast(gloo_world):
+    """bf16 matmuls and all-reduces, an fp32 residual stream and norms: split as in fp32, every
+    reduce-scatter and the FFN's gather fused; numerics as eager's, to bf16."""
+    decisions = gloo_world(2).run(cases.plain_tp_block, False, 2, 0, True)
+    assert all(d == decisions[0] for d in decisions), "ranks decided differently"
+    counts = {(kind, done): decisions[0].count((kind, done, None)) for kind in (SPLIT, AGM, MRS) for done in (True,)}
+    assert counts == {(SPLIT, True): 7, (AGM, True): 2, (MRS, True): 4}, decisions[0]
+
+
 @pytest.mark.parametrize("name", ["row_then_column", "mean_over_tokens", "rank_local_operand"])
 def test_hand_written_plain_tp(gloo_world, name):
     """Split with a plain gather for h (returned), for a mean over the tokens, and for an add of
