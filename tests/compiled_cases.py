@@ -6,16 +6,17 @@ import glob
 import json
 import os
 import tempfile
+import unittest.mock
 
 import torch
 import torch.distributed as dist
+from overlap_pass.lowering import replay
 from torch._inductor import config as inductor_config
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from overlap_pass import config
-from overlap_pass.lowering import replay
+from overlap_pass import all_reduce_split, config
 from tools.measure import relative_error
-from tools.tp_models import TransformerBlock, parallelize_block
+from tools.tp_models import TransformerBlock, parallelize_block, parallelize_block_plain
 
 
 def _local(t):
@@ -43,13 +44,17 @@ def _errors(model, make_input, grad_seed, mode=None, autocast=False) -> list[flo
     return [relative_error(got, want) for got, want in zip(runs[1], runs[0])]
 
 
-def tp_block(bias: bool, mode: str | None = None, seq_per_rank: int = 48, autocast: bool = False) -> dict:
+def tp_block(
+    bias: bool, mode: str | None = None, seq_per_rank: int = 48, autocast: bool = False, plain: bool = False
+) -> dict:  # fmt: skip
     """Eager, plain Inductor and backend="overlap" copies of one block on the same inputs,
     compiled with ``mode``, in bf16 (or in fp32 run under autocast to bf16); returns the worst
     errors of both compiled copies and overlap's decisions. With a mode, the block runs on a
     group of its own and with an empty choice cache, so that overlap's workspaces are made and
     its choices measured during the compiled model's first call (CUDA graph trees run it inside
-    their memory pool)."""
+    their memory pool). ``plain``: the block without sequence parallel (the whole sequence on
+    every rank, the same values), its all-reduces split at any size (all_reduce_split.py's
+    latency term off)."""
     world = dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device())
     if mode:
@@ -59,18 +64,20 @@ def tp_block(bias: bool, mode: str | None = None, seq_per_rank: int = 48, autoca
     torch.manual_seed(0)  # the same full weights on every rank
     block = TransformerBlock(dim=256, heads=4 * world, hidden=192 * world, bias=bias, kv_heads=2 * world)
     dtype = torch.float32 if autocast else torch.bfloat16
-    eager = parallelize_block(block.to(device=device, dtype=dtype), mesh)
+    eager = (parallelize_block_plain if plain else parallelize_block)(block.to(device=device, dtype=dtype), mesh)
     folder = tempfile.mkdtemp(prefix="overlap-gpu-test-")
     torch._dynamo.reset()
     # with a mode, an empty choice cache: the first call measures inside the graph pool too
     cache = os.path.join(folder, "choices.json") if mode else config.choice_cache
     # with a mode, graph trees record where every allocation left in their pool came from
     history = inductor_config.patch({"triton.cudagraph_trees_history_recording": bool(mode)})
-    with config.patch(debug_dir=folder, choice_cache=cache), history:
+    split_always = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0 if plain else all_reduce_split.LATENCY_BYTES)
+    with config.patch(debug_dir=folder, choice_cache=cache), history, split_always:
         overlap = torch.compile(copy.deepcopy(eager), backend="overlap", mode=mode)
         inductor = torch.compile(copy.deepcopy(eager), mode=mode)
-        gen = torch.Generator(device).manual_seed(1 + dist.get_rank())
-        make = lambda: torch.randn(2, seq_per_rank, 256, device=device, dtype=dtype, generator=gen)  # noqa: E731
+        gen = torch.Generator(device).manual_seed(1 + (0 if plain else dist.get_rank()))
+        seq = seq_per_rank * (world if plain else 1)
+        make = lambda: torch.randn(2, seq, 256, device=device, dtype=dtype, generator=gen)  # noqa: E731
         worst = {"overlap": 0.0, "inductor": 0.0}
         try:
             # later steps reuse the compiled graphs (and record, replay them); in default mode
