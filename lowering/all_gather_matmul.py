@@ -28,7 +28,7 @@ from torch.distributed.distributed_c10d import _resolve_process_group
 
 from overlap_pass import config, ops, schedule
 from overlap_pass.templates import all_gather_matmul as consumer
-from overlap_pass.templates import signals
+from overlap_pass.templates import gemm, signals
 
 from . import symm
 from .row_layout import RowLayout, matmul_into
@@ -121,7 +121,7 @@ def fused(
             data, list(mat2s), [None if b is None else b.contiguous() for b in biases],
             [o.view(-1, o.shape[-1]) for o in outs[: len(mat2s)]], ws.flags, ws.epoch,
             rank=ws.rank, world_size=world_size, inner=layout.inner, a_local=flat,
-            config=gemm_config or consumer.CONFIGS[0], num_programs=None,
+            config=gemm_config or gemm.CONFIGS[0], num_programs=None,
             spin_limit=config.spin_limit, timeouts=ws.chunk_timeouts,
         )  # fmt: skip
         if contract_with:  # the kernel waited for every chunk: no waits
@@ -209,7 +209,7 @@ def variants(num_mat2s: int = 1) -> dict:
     row matmuls (the fused kernel needs one)."""
     table = {}
     if num_mat2s:
-        table = {f"fused:{cfg}": functools.partial(fused, gemm_config=cfg) for cfg in consumer.CONFIGS}
+        table = {f"fused:{cfg}": functools.partial(fused, gemm_config=cfg) for cfg in gemm.CONFIGS}
     table["copy_engine_cublas"] = copy_engine_cublas
     table["nccl_cublas"] = nccl_cublas
     return table

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from overlap_pass import config, ops, schedule
-from overlap_pass.templates import all_gather_matmul as gemm_configs
+from overlap_pass.templates import gemm
 from overlap_pass.templates import matmul_reduce_scatter as producer
 
 from . import symm
@@ -164,7 +164,7 @@ def _produce_cublas_push(call, flats, mat2s, bias):
 def fused(inputs, *args, gemm_config=None, outputs=None):
     if len(inputs) != 1:  # before the barrier: every rank refuses alike, nobody waits
         raise NotImplementedError("the fused producer takes one matmul (use a cuBLAS variant for sums)")
-    produce = functools.partial(_produce_fused, gemm_config=gemm_config or gemm_configs.CONFIGS[0])
+    produce = functools.partial(_produce_fused, gemm_config=gemm_config or gemm.CONFIGS[0])
     return _overlapped(produce, inputs, *args, outputs=outputs)
 
 
@@ -204,7 +204,7 @@ def variants(num_inputs: int = 1) -> dict:
     """Name -> implementation, every variant choose.py may pick for ``num_inputs`` matmuls."""
     table = {}
     if num_inputs == 1:
-        table = {f"fused:{c}": functools.partial(fused, gemm_config=c) for c in gemm_configs.CONFIGS}
+        table = {f"fused:{c}": functools.partial(fused, gemm_config=c) for c in gemm.CONFIGS}
     table["copy_engine_cublas"] = copy_engine_cublas
     if num_inputs > 1:
         table["copy_engine_cublas:joined"] = joined_copy_engine_cublas

@@ -13,47 +13,28 @@ first load from a peer's chunk the kernel waits for that chunk's flag.
 Phases per tile: wait (peer chunk only) -> load -> dot -> (bias) -> store.
 """
 
-import dataclasses
-import functools
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .gemm import (
+    CONFIGS,
+    GemmConfig,
+    b_descriptor,
+    chunk_tiles,
+    pointer_fallback,
+    pointer_mainloop,
+    row_major,
+    sm_count,
+    tma_a,
+    tma_mainloop,
+    tma_operand,
+)
 from .launch import DirectKernel
 from .signals import wait_flag
-from .tiles import block_rows, chunk_tile, pointer_mainloop, tile_counts
-
-
-@dataclasses.dataclass(frozen=True)
-class GemmConfig:
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int
-    num_warps: int
-    num_stages: int
-    tma: bool = False  # TMA loads (bf16/fp16 with aligned strides), else pointer loads
-
-    def __str__(self) -> str:
-        return (
-            f"{'tma' if self.tma else 'ptr'}{self.block_m}x{self.block_n}x{self.block_k}"
-            f"w{self.num_warps}s{self.num_stages}"
-        )
-
-
-# 128x256x64, 3 stages, 8 warps: the persistent TMA GEMM that reached 0.92-1.02x cuBLAS in
-# PERF_REFERENCE.md; 4 stages (196 KiB of shared memory, fits with one main loop); a smaller
-# tile; pointer loads for small problems. Inputs TMA cannot take (fp32, unaligned strides) run a
-# TMA config's blocks with pointer loads. Tiny blocks serve tests.
-CONFIGS = [
-    GemmConfig(128, 256, 64, 8, 8, 3, tma=True),
-    GemmConfig(128, 256, 64, 8, 8, 4, tma=True),
-    GemmConfig(128, 128, 64, 8, 4, 4, tma=True),
-    GemmConfig(64, 128, 64, 8, 4, 4),
-]
-TEST_CONFIG = GemmConfig(16, 16, 16, 2, 4, 1)
+from .tiles import block_rows, chunk_tile, tile_counts
 
 
 @triton.jit
@@ -130,19 +111,6 @@ def _proxy_fence(token):
 
 
 @triton.jit
-def _tma_mainloop(a_desc, row0, b_desc, col0, K, acc, B_NK: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc += A[row0:row0+BM, :] @ B[:, col0:col0+BN] through TMA; B stored [N, K] if B_NK."""
-    for k0 in range(0, K, BLOCK_K):
-        a = a_desc.load([row0, k0])
-        if B_NK:
-            b = b_desc.load([col0, k0]).T
-        else:
-            b = b_desc.load([k0, col0])
-        acc = tl.dot(a, b, acc)
-    return acc
-
-
-@triton.jit
 def all_gather_matmul_tma_kernel(
     a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, bias_ptrs, c_ptrs, Ns, strides_cm,
     flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, K, rank, world_size, num_programs,
@@ -205,7 +173,7 @@ def all_gather_matmul_tma_kernel(
             a_source = a_desc
             row0 = first_full
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = _tma_mainloop(a_source, row0, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K)
+        acc = tma_mainloop(a_source, row0, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K)
 
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
@@ -218,40 +186,6 @@ def all_gather_matmul_tma_kernel(
 _TMA_KERNEL = DirectKernel(all_gather_matmul_tma_kernel)
 MAX_B = 4  # B matrices one TMA launch takes (Q, K, V; gate, up)
 _POINTER_KERNEL = DirectKernel(all_gather_matmul_consumer_kernel)
-
-
-def _tma_operand(t: torch.Tensor) -> bool:
-    """TMA needs a unit last stride and 16-byte aligned bases and row strides."""
-    return t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-
-
-def _row_major(mat2: torch.Tensor) -> torch.Tensor:
-    """B as TMA loads it: a linear's weight (a transposed view of [N, K]) as its [N, K] rows,
-    else B itself."""
-    return mat2.t() if mat2.stride(0) == 1 else mat2
-
-
-def _tma_a(a: torch.Tensor) -> bool:
-    """Whether A can load through TMA (bf16 or fp16, aligned)."""
-    return a.dtype in (torch.float16, torch.bfloat16) and _tma_operand(a)
-
-
-def b_descriptor(mat2: torch.Tensor, config: GemmConfig) -> TensorDescriptor:
-    """B's TMA descriptor: a linear's weight (``mat2`` an [N, K] transposed) as [N, K] rows in
-    [BLOCK_N, BLOCK_K] blocks, else [K, N] rows in [BLOCK_K, BLOCK_N] blocks (see B_NK)."""
-    if mat2.stride(0) == 1:
-        return TensorDescriptor.from_tensor(mat2.t(), [config.block_n, config.block_k])
-    return TensorDescriptor.from_tensor(mat2, [config.block_k, config.block_n])
-
-
-def tma_fits(a: torch.Tensor, mat2: torch.Tensor) -> bool:
-    """Whether A @ mat2 can load both through TMA."""
-    return _tma_a(a) and _tma_operand(_row_major(mat2))
-
-
-def chunk_tiles(world_size: int, outer: int, inner: int, n: int, config: GemmConfig) -> int:
-    """Tiles of a persistent launch over every chunk (tiles.py's row layout) and N columns."""
-    return world_size * outer * triton.cdiv(inner, config.block_m) * triton.cdiv(n, config.block_n)
 
 
 def _launch_tma(a_descs, group, flags, epoch, timeouts, outer, k, *, rank, world_size, inner, config, num_programs, spin_limit):
@@ -271,26 +205,6 @@ def _launch_tma(a_descs, group, flags, epoch, timeouts, outer, k, *, rank, world
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-
-
-def pointer_fallback(config: GemmConfig, dtype: torch.dtype) -> GemmConfig:
-    """The blocks a config runs with pointer loads (inputs TMA cannot take): at most 3 stages;
-    fp32 (full-precision FMA dots) in 64 x 64 x 32 blocks, which compile in seconds."""
-    if dtype == torch.float32:
-        return dataclasses.replace(
-            config, block_m=min(config.block_m, 64), block_n=min(config.block_n, 64),
-            block_k=min(config.block_k, 32), num_warps=4, num_stages=min(config.num_stages, 2), tma=False,
-        )  # fmt: skip
-    return dataclasses.replace(config, tma=False, num_stages=min(config.num_stages, 3))
-
-
-@functools.cache
-def _sm_count_of(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _sm_count(device: torch.device) -> int:
-    return _sm_count_of(device.index) if device.type == "cuda" else 4
 
 
 class ChunkTimeout(RuntimeError):
@@ -360,12 +274,12 @@ def all_gather_matmul_consumer(
         raise ValueError("tile_log records one launch: pass one mat2")
     if timeouts is None:
         timeouts = torch.zeros(world_size, dtype=torch.int32, device=a_gathered.device)
-    programs = num_programs or _sm_count(a_gathered.device)
+    programs = num_programs or sm_count(a_gathered.device)
     # TMA: one launch per B layout ([N, K] weights, [K, N] matrices), A's descriptors shared
-    a_tma = config.tma and tile_log is None and _tma_a(a_gathered) and _tma_a(a_local)
+    a_tma = config.tma and tile_log is None and tma_a(a_gathered) and tma_a(a_local)
     tma_groups: dict[bool, list] = {}
     for mat2, bias, out in zip(mat2s, biases, outs):
-        if a_tma and _tma_operand(_row_major(mat2)) and out.stride(1) == 1:
+        if a_tma and tma_operand(row_major(mat2)) and out.stride(1) == 1:
             tma_groups.setdefault(mat2.stride(0) == 1, []).append((mat2, bias, out))
             continue
         n = mat2.shape[1]

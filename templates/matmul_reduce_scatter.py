@@ -31,18 +31,19 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .all_gather_matmul import (
+from .gemm import (
     GemmConfig,
-    _sm_count,
-    _tma_mainloop,
     b_descriptor,
     chunk_tiles,
     pointer_fallback,
+    pointer_mainloop,
+    sm_count,
     tma_fits,
+    tma_mainloop,
 )
 from .launch import DirectKernel
 from .signals import wait_flag
-from .tiles import block_rows, chunk_tile, pointer_mainloop, tile_counts
+from .tiles import block_rows, chunk_tile, tile_counts
 
 
 @triton.jit
@@ -129,7 +130,7 @@ def matmul_reduce_scatter_tma_kernel(
         chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
         first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = _tma_mainloop(a_desc, first_full, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K)
+        acc = tma_mainloop(a_desc, first_full, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K)
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
         _store_and_publish(
             acc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch, chunk,
@@ -179,7 +180,7 @@ def matmul_reduce_scatter_producer(
     use_tma = config.tma and tile_log is None and tma_fits(a, mat2)
     if not use_tma:
         config = pointer_fallback(config, a.dtype)
-    programs = min(num_programs or _sm_count(a.device), chunk_tiles(world_size, outer, inner, n, config))
+    programs = min(num_programs or sm_count(a.device), chunk_tiles(world_size, outer, inner, n, config))
     bias_arg = bias if bias is not None else a
     if use_tma:
         bm, bk = config.block_m, config.block_k

@@ -1,4 +1,4 @@
-"""Tile order, row layout and pointer main loop shared by the persistent kernels.
+"""Tile order and row layout shared by the persistent kernels.
 
 Tiles go chunk by chunk from a first chunk, rank-rotated, GROUP_M-swizzled inside a chunk, so
 neighbouring programs share B tiles and no tile straddles two chunks.
@@ -51,26 +51,3 @@ def chunk_tile(tile, tiles_m, tiles_n, first_chunk, world_size, GROUP_M: tl.cons
     tile_m = first_m + (local % group_size) % rows_in_group
     tile_n = (local % group_size) // rows_in_group
     return chunk, tile_m, tile_n
-
-
-@triton.jit
-def pointer_mainloop(
-    a_rows_base, stride_ak, b_ptr, stride_bk, stride_bn, offs_n, m_mask, n_mask, K, acc,
-    FP32_IEEE: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """acc += A_tile @ B[:, offs_n] with pointer loads; ``a_rows_base``: [BLOCK_M, 1] pointers
-    to the tile's rows of A. Masked loads cover M, N and K tails."""
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < K
-        a = tl.load(a_rows_base + offs_k[None, :] * stride_ak, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(
-            b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
-            mask=k_mask[:, None] & n_mask[None, :],
-            other=0.0,
-        )
-        if FP32_IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
-    return acc

@@ -4,6 +4,7 @@ and the GPU tests."""
 import torch
 
 from overlap_pass.templates import all_gather_matmul as agm
+from overlap_pass.templates import gemm
 
 EPOCH = 7
 
@@ -31,7 +32,7 @@ def problem(world, shard_shape, ns, dtype, bias, gather_dim, seed=0, device="cpu
     return gathered.to(device), to(mat2s), to(biases), to(refs), inner
 
 
-def run_consumer(gathered, mat2s, biases, world, rank, inner, flags, config=agm.TEST_CONFIG, **kwargs):
+def run_consumer(gathered, mat2s, biases, world, rank, inner, flags, config=gemm.TEST_CONFIG, **kwargs):
     """Runs the consumer on NaN-poisoned outputs; returns them and the per-chunk timeouts."""
     outs = [
         torch.full((gathered.shape[0], m.shape[1]), float("nan"), dtype=gathered.dtype, device=gathered.device)

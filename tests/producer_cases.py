@@ -5,12 +5,13 @@ are plain tensors of one device here."""
 import torch
 
 from overlap_pass.templates import all_gather_matmul as agm
+from overlap_pass.templates import gemm
 from overlap_pass.templates import matmul_reduce_scatter as mrs
 
 EPOCH = 5
 
 
-def simulate(world, rows, k, n, dtype, bias, seed=0, num_programs=3, config=agm.TEST_CONFIG, outer=1, device="cpu"):
+def simulate(world, rows, k, n, dtype, bias, seed=0, num_programs=3, config=gemm.TEST_CONFIG, outer=1, device="cpu"):
     """Runs every rank's producer into simulated peer buffers, NaN-poisoned; returns the
     per-rank inputs, mat2, bias, the buffers, flags and counters. ``rows`` per chunk, in
     ``outer`` blocks (templates/tiles.py)."""

@@ -11,6 +11,7 @@ pytest.importorskip("triton")
 
 from overlap_pass import schedule  # noqa: E402
 from overlap_pass.templates import all_gather_matmul as agm  # noqa: E402
+from overlap_pass.templates import gemm  # noqa: E402
 from tests.consumer_cases import EPOCH, problem, run_consumer  # noqa: E402
 
 
@@ -112,9 +113,9 @@ def test_own_chunk_is_read_in_place_from_a_local(shard_shape, gather_dim):
 def test_tma_loads_match_torch(world, shard_shape, gather_dim, ns):
     """TMA descriptors: rows past a chunk's end and N past the block are dropped by the store."""
     gathered, mat2s, biases, refs, inner = problem(world, shard_shape, ns, torch.float16, True, gather_dim)
-    assert all(agm.tma_fits(gathered, m) for m in mat2s)
+    assert all(gemm.tma_fits(gathered, m) for m in mat2s)
     flags = torch.full((world,), EPOCH, dtype=torch.int32)
-    config = dataclasses.replace(agm.TEST_CONFIG, tma=True)
+    config = dataclasses.replace(gemm.TEST_CONFIG, tma=True)
     outs, timeouts = run_consumer(gathered, mat2s, biases, world, 1, inner, flags, config=config, num_programs=3)
     assert not timeouts.any()
     _assert_all_close(outs, refs, 1e-2)
@@ -136,7 +137,7 @@ def test_tma_several_mat2s_in_one_launch(ns, bias, row_major):
     gathered, mat2s, biases, refs, inner = problem(world, (2, 9, 16), ns, torch.float16, bias, 1)
     mat2s = [m.contiguous() if i in row_major else m for i, m in enumerate(mat2s)]
     flags = torch.full((world,), EPOCH, dtype=torch.int32)
-    config = dataclasses.replace(agm.TEST_CONFIG, tma=True)
+    config = dataclasses.replace(gemm.TEST_CONFIG, tma=True)
     outs, timeouts = run_consumer(gathered, mat2s, biases, world, rank, inner, flags, config=config, num_programs=4)
     assert not timeouts.any()
     _assert_all_close(outs, refs, 1e-2)
@@ -147,7 +148,7 @@ def test_tma_several_mat2s_report_a_late_chunk():
     gathered, mat2s, biases, refs, inner = problem(world, (16, 16), (16, 32), torch.float16, False, 0)
     flags = torch.full((world,), EPOCH, dtype=torch.int32)
     flags[late] = EPOCH - 1
-    config = dataclasses.replace(agm.TEST_CONFIG, tma=True)
+    config = dataclasses.replace(gemm.TEST_CONFIG, tma=True)
     outs, timeouts = run_consumer(gathered, mat2s, biases, world, rank, inner, flags, config=config, spin_limit=3)
     assert timeouts.tolist() == [0, 0, EPOCH]
     for out, ref in zip(outs, refs):  # every chunk but the late one is right
@@ -183,13 +184,13 @@ def test_waits_are_wrap_safe():
     timeouts = torch.zeros(world, dtype=torch.int32)
     agm.all_gather_matmul_consumer(
         gathered, mat2s, biases, outs, behind, epoch, rank=rank, world_size=world, inner=inner,
-        config=agm.TEST_CONFIG, timeouts=timeouts, spin_limit=2,
+        config=gemm.TEST_CONFIG, timeouts=timeouts, spin_limit=2,
     )
     assert timeouts.tolist() == [0, epoch.item()]
     timeouts.zero_()
     agm.all_gather_matmul_consumer(
         gathered, mat2s, biases, outs, torch.tensor([0, epoch.item()], dtype=torch.int32), epoch,
-        rank=rank, world_size=world, inner=inner, config=agm.TEST_CONFIG, timeouts=timeouts, spin_limit=2,
+        rank=rank, world_size=world, inner=inner, config=gemm.TEST_CONFIG, timeouts=timeouts, spin_limit=2,
     )
     assert not timeouts.any()
     _assert_all_close(outs, refs, 1e-5)

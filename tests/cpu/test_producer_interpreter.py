@@ -12,9 +12,10 @@ import torch
 pytest.importorskip("triton")
 
 from overlap_pass import schedule  # noqa: E402
-from overlap_pass.templates import all_gather_matmul as agm  # noqa: E402
+from overlap_pass.templates import gemm  # noqa: E402
 from overlap_pass.templates import matmul_reduce_scatter as mrs  # noqa: E402
 from tests.producer_cases import EPOCH, check_partials, simulate  # noqa: E402
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("world, rows, k, n, bias", [(2, 13, 24, 19, True), (3, 16, 20, 40, False), (4, 5, 33, 17, True)])
@@ -36,7 +37,7 @@ def test_a_chunk_of_several_blocks_is_read_in_place(config, world, rows, outer):
     """[batch, seq, dim] scattered along seq: chunk j is ``outer`` blocks of rows; each owner's
     slot holds them in block order, as its output rows; tiles never straddle two blocks (blocks
     of 3, 5 and 32 rows against BLOCK_M 16)."""
-    config = dataclasses.replace(agm.TEST_CONFIG, tma=config == "tma")
+    config = dataclasses.replace(gemm.TEST_CONFIG, tma=config == "tma")
     inputs, mat2, b, partials, flags, counters = simulate(
         world, rows, 16, 24, torch.float16, True, config=config, outer=outer
     )
@@ -57,7 +58,7 @@ def test_tiles_go_rank_plus_one_first_and_own_chunk_last(world, rank):
         a, mat2, None, torch.tensor([p.data_ptr() for p in partials], dtype=torch.int64),
         torch.tensor([flags[j].data_ptr() for j in range(world)], dtype=torch.int64),
         torch.zeros(world, dtype=torch.int32), torch.tensor([EPOCH], dtype=torch.int32),
-        rank=rank, world_size=world, config=agm.TEST_CONFIG, num_programs=1, tile_log=log,
+        rank=rank, world_size=world, config=gemm.TEST_CONFIG, num_programs=1, tile_log=log,
     )  # fmt: skip
     started = log[:-1].argsort()
     chunk_of_tile = [(rank + 1 + int(t) // tiles_per_chunk) % world for t in started]
@@ -77,7 +78,7 @@ def test_back_to_back_calls_publish_each_epoch():
             a, mat2, None, torch.tensor([p.data_ptr() for p in partials], dtype=torch.int64),
             torch.tensor([flags[j].data_ptr() for j in range(world)], dtype=torch.int64),
             counters, torch.tensor([epoch], dtype=torch.int32), rank=0, world_size=world,
-            config=agm.TEST_CONFIG, num_programs=2,
+            config=gemm.TEST_CONFIG, num_programs=2,
         )  # fmt: skip
         assert flags.tolist() == [epoch, epoch] and not counters.any()
 
@@ -85,9 +86,9 @@ def test_back_to_back_calls_publish_each_epoch():
 @pytest.mark.parametrize("world, rows, k, n, bias", [(2, 20, 32, 40, True), (4, 9, 16, 24, False)])
 def test_tma_producer_matches_pointer_semantics(world, rows, k, n, bias):
     """TMA loads: rows of the next chunk and N past the block are dropped by the masked store."""
-    config = dataclasses.replace(agm.TEST_CONFIG, tma=True)
+    config = dataclasses.replace(gemm.TEST_CONFIG, tma=True)
     inputs, mat2, b, partials, flags, counters = simulate(world, rows, k, n, torch.float16, bias, config=config)
-    assert agm.tma_fits(inputs[0], mat2)
+    assert gemm.tma_fits(inputs[0], mat2)
     check_partials(inputs, mat2, b, partials, world, rows, 1e-2)
     assert (flags == EPOCH).all() and all(not c.any() for c in counters)
 

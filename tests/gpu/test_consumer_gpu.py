@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from overlap_pass.templates import all_gather_matmul as agm
+from overlap_pass.templates import gemm
+
 from tests.consumer_cases import EPOCH, problem, run_consumer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -19,7 +21,7 @@ def _check(outs, refs, dtype):
         assert err <= REL_TOL[dtype], err
 
 
-@pytest.mark.parametrize("config", agm.CONFIGS + [agm.TEST_CONFIG], ids=str)
+@pytest.mark.parametrize("config", gemm.CONFIGS + [gemm.TEST_CONFIG], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize(
     "world, shard_shape, gather_dim, ns, bias",
@@ -65,7 +67,7 @@ def test_back_to_back_calls_with_growing_epochs():
         timeouts = torch.zeros(world, dtype=torch.int32, device="cuda")
         agm.all_gather_matmul_consumer(
             gathered, mat2s, biases, outs, flags, torch.tensor([epoch], dtype=torch.int32, device="cuda"),
-            rank=call % world, world_size=world, inner=inner, config=agm.CONFIGS[2],
+            rank=call % world, world_size=world, inner=inner, config=gemm.CONFIGS[2],
             timeouts=timeouts, spin_limit=100_000,
         )
         agm.raise_on_timeouts(timeouts, call % world)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from overlap_pass.lowering.row_layout import RowLayout, matmul_into
-from overlap_pass.templates import all_gather_matmul as agm
+from overlap_pass.templates import gemm
+
 from tests.producer_cases import EPOCH, check_partials, simulate
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a G
 TOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}
 
 
-@pytest.mark.parametrize("config", agm.CONFIGS + [agm.TEST_CONFIG], ids=str)
+@pytest.mark.parametrize("config", gemm.CONFIGS + [gemm.TEST_CONFIG], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize(
     "world, rows, outer, k, n, bias",
