@@ -129,6 +129,7 @@ def bench_size(name, args, device, mesh) -> dict:
     dim, heads, kv_heads, hidden = SIZES[name]
     world = dist.get_world_size()
     _rewrites(reset=True)
+    torch._dynamo.reset()  # each size compiles anew, static: a recompile could mark dims dynamic
     torch.manual_seed(0)
     dtype = torch.float32 if args.autocast else torch.bfloat16
     compilers = args.compilers.split(",")
