@@ -49,6 +49,7 @@ from .rewrite import call, erase_dead, reshape
 aten = torch.ops.aten
 ALL_REDUCE = torch.ops._c10d_functional.all_reduce.default
 KIND = "all_reduce_split"
+ENTRY = "entry"  # a region's rule for the node holding an all-reduced value
 
 # ops whose output differs between ranks in plain TP although their inputs may not
 _RANK_LOCAL = (
@@ -228,7 +229,7 @@ def plan(graph: Graph) -> Plan:
             tokens = rows.tokens(rows.tensor_shape(all_reduces[0]))
             region = Region(all_reduces[0].args[2], group.size(), dist.get_rank(group), tokens)
             region.entries[node], region.absorbed = all_reduces, on_the_way
-            region.nodes[node] = "entry"
+            region.nodes[node] = ENTRY
             regions.of[node] = regions.new(region)
             continue
         inside = [a for a in node.all_input_nodes if a in regions.of]

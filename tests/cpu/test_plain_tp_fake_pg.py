@@ -118,6 +118,26 @@ def test_config_off_keeps_every_all_reduce(tmp_path):
     assert not [c for c in dump.all_candidates() if c["kind"] != SPLIT]
 
 
+def test_a_failed_split_leaves_the_graph_as_it_was(tmp_path, latency_free, monkeypatch):
+    """The rewrite fails halfway (after the region ops exist): the graph is restored, every
+    all-reduce says why it was kept, and compilation goes on to fuse nothing else."""
+    apply = all_reduce_split.apply
+
+    def fail_halfway(graph, plan):
+        apply(graph, plan)
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(all_reduce_split, "apply", fail_halfway)
+    with fake_world(2):
+        x = torch.randn(1, SEQ, DIM, requires_grad=True)
+        _, dump = compile_and_dump(_plain_block(2, False), (x,), tmp_path, backward=True)
+    records = [c for c in dump.all_candidates() if c["kind"] == SPLIT]
+    assert len(records) == 7
+    assert {(c["rewritten"], c["reason"]) for c in records} == {(False, "split failed (RuntimeError: injected)")}
+    assert collectives(dump.after("forward")) == collectives(dump.graphs["forward"]["before"])
+    assert collectives(dump.after("backward")) == collectives(dump.graphs["backward"]["before"])
+
+
 # ---------------------------------------------------------------------------------------------
 # hand-written plain TP through functional collectives
 
