@@ -19,11 +19,12 @@ import glob
 import json
 import os
 import tempfile
+import unittest.mock
 
 import torch
 import torch.distributed as dist
 
-from overlap_pass import config
+from overlap_pass import all_reduce_split, config
 
 TP = 2
 DIM, HEADS, KV_HEADS, LAYERS, VOCAB, SEQ = 128, 8, 4, 2, 256, 64
@@ -76,7 +77,7 @@ def _parallel_model(parallelism, parallel_dims, compiled: bool, backend: str = "
     training = TrainingConfig(dtype="float32", mixed_precision_param="float32", mixed_precision_reduce="float32")
     compile_config = CompileConfig(enable=compiled, backend=backend, components=["model"])
     model_config = _model_config()
-    set_llama3_sharding_config(model_config, enable_sp=True)
+    set_llama3_sharding_config(model_config, enable_sp=parallelism.enable_sequence_parallel)
     with torch.device("meta"):
         model = model_config.build()
     if parallelism.spmd_backend == "spmd_types":  # parallelize_llama without FSDP (module docstring)
@@ -121,12 +122,16 @@ def assert_every_block_collective_rewritten(results: list[dict]) -> None:
             assert not skipped, f"rank {rank} {name}: {skipped}"
 
 
-def llama3_forward_backward(spmd_backend: str, batch: int, backend: str = "overlap", seed: int = 0) -> dict:
+def llama3_forward_backward(
+    spmd_backend: str, batch: int, backend: str = "overlap", seed: int = 0, sequence_parallel: bool = True
+) -> dict:  # fmt: skip
     """One training step of the compiled model against the eager one (same weights, same
     tokens): the loss and every gradient at fp32 tolerance. ``backend``: "overlap"
     (--compile.backend overlap), or "inductor" with the pass turned on in it (what
-    ``python3 -m overlap_pass.launch torchtitan.train`` does). Returns the pass's decisions
-    per graph and the step's losses."""
+    ``python3 -m overlap_pass.launch torchtitan.train`` does). ``sequence_parallel=False``:
+    --parallelism.enable_sequence_parallel off (plain TP, all-reduces), split at any size
+    (all_reduce_split.py's latency term off: the test model is tiny). Returns the pass's
+    decisions per graph and the step's losses."""
     import spmd_types
     from torchtitan.components.loss import cross_entropy_loss
     from torchtitan.config import ParallelismConfig
@@ -139,7 +144,7 @@ def llama3_forward_backward(spmd_backend: str, batch: int, backend: str = "overl
     torch.autograd.set_multithreading_enabled(False)  # as torchtitan's init_distributed
     dist_utils.set_spmd_backend(spmd_backend)
     parallelism = ParallelismConfig(
-        data_parallel_shard_degree=1, tensor_parallel_degree=TP, enable_sequence_parallel=True,
+        data_parallel_shard_degree=1, tensor_parallel_degree=TP, enable_sequence_parallel=sequence_parallel,
         spmd_backend=spmd_backend,
     )  # fmt: skip
     parallel_dims = ParallelDims.from_config(parallelism, dist.get_world_size())
@@ -167,7 +172,8 @@ def llama3_forward_backward(spmd_backend: str, batch: int, backend: str = "overl
         inputs, targets, extra = tokens, labels, {"positions": positions}
         if spmd_backend == "spmd_types":
             inputs, targets, extra = annotate_input_spmd_types(parallel_dims, inputs, targets, extra)
-        with config.patch(debug_dir=folder, enabled=backend == "inductor"), context():
+        split_always = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0 if not sequence_parallel else all_reduce_split.LATENCY_BYTES)
+        with config.patch(debug_dir=folder, enabled=backend == "inductor"), context(), split_always:
             loss = cross_entropy_loss(model(inputs, **extra), targets, global_vocab_size=VOCAB) / targets.numel()
             with spmd_types.no_typecheck():
                 loss.backward()

@@ -34,3 +34,33 @@ def test_llama3_every_collective_is_rewritten_and_training_matches_eager(pool, s
     results = pool.run(cases.llama3_forward_backward, spmd_backend, batch, backend)
     cases.assert_every_block_collective_rewritten(results)
     assert results[0]["loss"] == results[1]["loss"]
+
+
+
+AGM, MRS, SPLIT = cases.AGM, cases.MRS, "all_reduce_split"
+PLAIN = "no matmul reads the gathered rows; users: output (output)"
+
+
+@pytest.mark.parametrize("spmd_backend", ["spmd_types", "partial_dtensor"])
+def test_llama3_without_sequence_parallel_splits_its_all_reduces(pool, spmd_backend):
+    """--parallelism.enable_sequence_parallel off: each block's forward all-reduces after wo and
+    w2 split; wo and w2 fuse with their reduce-scatters and w1/w3 with the gather; the block
+    output and the activations saved for the backward are gathered plainly. Under spmd_types the
+    backward all-reduces the summed input grads of wqkv and of w1/w3: both split, the
+    reduce-scatters fused, the grad of the residual gathered once for wo's grads. DTensor's
+    backward has no all-reduce in the block graph (it leaves the input grads Partial). Loss and
+    grads equal eager."""
+    results = pool.run(cases.llama3_forward_backward, spmd_backend, 2, "overlap", 0, False)
+    assert results[0]["loss"] == results[1]["loss"]
+    for rank, result in enumerate(results):
+        for name, candidates in result["decisions"].items():
+            done = sorted((kind, ok) for kind, ok, reason in candidates if ok)
+            plain = [c for c in candidates if c[2] == PLAIN]
+            if "forward" in name:
+                assert done == [(AGM, True), (SPLIT, True), (SPLIT, True), (MRS, True), (MRS, True)], (rank, name, candidates)
+                assert len(plain) == len(candidates) - 5, (rank, name, candidates)
+            elif spmd_backend == "spmd_types":
+                assert done == [(AGM, True), (SPLIT, True), (SPLIT, True), (MRS, True), (MRS, True)], (rank, name, candidates)
+                assert plain == [(AGM, False, PLAIN)], (rank, name, candidates)
+            else:
+                assert SPLIT not in {kind for kind, _, _ in candidates}, (rank, name, candidates)
