@@ -285,8 +285,10 @@ def _decide(region: Region) -> tuple[bool, str]:
     for ars in region.entries.values():
         if not all(_feeds_from_matmul(ar.args[0]) for ar in ars):
             after += share * _bytes(ars[0]) + LATENCY_BYTES
-    gathered = {_root(region, n) for n in region.exits if not _feeds_matmul(n)}
-    after += sum(share * _bytes(n) + LATENCY_BYTES for n in gathered)
+    # one gather per shard (reshapes share it); fused where a matmul reads any of its tensors
+    fused = {_root(region, n) for n in region.exits if _feeds_matmul(n)}
+    plain = {_root(region, n) for n in region.exits} - fused
+    after += sum(share * _bytes(n) + LATENCY_BYTES for n in plain)
     after += sum(2 * share * _bytes(n) + LATENCY_BYTES for n in region.row_sums)
     summary = (
         f"{len(all_reduces)} all-reduce(s) move {_size(before)} in the open, split {_size(after)} "
