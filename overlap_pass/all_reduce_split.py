@@ -237,7 +237,7 @@ def plan(graph: Graph) -> Plan:
             continue
         keys = [regions.of[a] for a in inside]
         kinds = {(r.group_name, r.tokens) for r in (regions.region(a) for a in inside)}
-        rule = None
+        rule, sliced = None, set()
         if len(kinds) == 1:
             tokens = regions.region(inside[0]).tokens
             rule = rows.rule(node, inside[0], lambda n: n in regions.of, tokens)
@@ -252,8 +252,7 @@ def plan(graph: Graph) -> Plan:
         elif rule is not None:
             key = regions.union(keys)
             regions.regions[key].nodes[node] = rule
-            if rule == rows.POINTWISE:
-                regions.regions[key].sliced |= sliced
+            regions.regions[key].sliced |= sliced
             regions.of[node] = key
         else:
             for a in inside:
