@@ -31,6 +31,15 @@ tensor does in plain TP. Matmul and reduce-scatter outputs, and anything compute
 count as rank-local and are never sliced; graph inputs count as replicated.
 
 The slices name the rank, so each rank's graph differs: the pass's cache key carries the rank.
+
+The same regions start at an all-gather whose result no matmul reads directly, where the
+quantization of float8 training (torchao's Float8Linear) sits between the gather and its
+_scaled_mm: abs, amax, scale and cast are row-wise, or reductions over every token. They then run
+on the rank's shard, and the float8 data and its rowwise scales are gathered instead, fused with
+the scaled matmuls (half the bytes of a bf16 gather). A tensorwise scale's amax over the gathered
+tensor becomes each shard's amax, all-reduced with max: exactly the same value. The gathered rows
+of an all-gather along a later dim (DTensor's split/cat) are not the token order's blocks, so
+such a region reads no row-shaped operand from outside.
 """
 
 import dataclasses
@@ -43,12 +52,13 @@ from torch.fx.node import map_arg
 
 from . import rows
 from .debug import describe_node
-from .patterns import ALL_GATHER, REDUCE_SCATTER, VIEWS, WAIT, is_transpose, meta_val
+from .patterns import ALL_GATHER, REDUCE_SCATTER, SCALED_MM, VIEWS, WAIT, NoMatch, gathered_layout, is_transpose, meta_val
 from .rewrite import call, erase_dead, reshape
 
 aten = torch.ops.aten
 ALL_REDUCE = torch.ops._c10d_functional.all_reduce.default
 KIND = "all_reduce_split"
+GATHER_KIND = "quantize_before_gather"
 ENTRY = "entry"  # a region's rule for the node holding an all-reduced value
 
 # ops whose output differs between ranks in plain TP although their inputs may not
@@ -61,18 +71,34 @@ _MATMULS = (aten.mm.default, aten.addmm.default)
 LATENCY_BYTES = 1 << 20
 
 
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Which rows a rank's shard holds. ``dim`` None: the r-th 1/W of the flattened tokens (a
+    reduce-scatter's, an all-gather's along dim 0); else the r-th 1/W along ``dim`` of the
+    gathered ``shape`` (an all-gather along a later dim)."""
+
+    dim: int | None = None
+    shape: tuple = ()
+
+
+FLAT = Layout()
+
+
 @dataclasses.dataclass
 class Region:
-    """Row-wise ops reached from one or more all-reduces, all in one group, on one token count."""
+    """Row-wise ops reached from one or more all-reduces or all-gathers, all in one group, on one
+    token count and row layout."""
 
     group_name: str
     world_size: int
     rank: int
     tokens: int
+    layout: Layout = FLAT
     entries: dict = dataclasses.field(default_factory=dict)  # entry node -> its all-reduces
-    absorbed: set = dataclasses.field(default_factory=set)  # the all-reduces, waits and adds summed
+    gathers: dict = dataclasses.field(default_factory=dict)  # entry node -> its all-gather
+    absorbed: set = dataclasses.field(default_factory=set)  # the collectives, waits and adds
     nodes: dict = dataclasses.field(default_factory=dict)  # region node -> rows.* rule
-    row_sums: list = dataclasses.field(default_factory=list)
+    token_reductions: list = dataclasses.field(default_factory=list)
     exits: dict = dataclasses.field(default_factory=dict)  # region node -> its outside users
     sliced: set = dataclasses.field(default_factory=set)  # outside operands cut to the shard
     split: bool = False
@@ -160,10 +186,12 @@ def _rank_local(graph: Graph) -> set[Node]:
 
 
 def _feeds_matmul(node: Node) -> bool:
-    """Whether a matmul reads ``node`` (through reshapes and a transpose): its all-gather will
-    be fused there."""
+    """Whether a matmul reads ``node`` (through reshapes and a transpose), or a scaled matmul as
+    its rows or their scales: its all-gather will be fused there."""
     for user in node.users:
         if user.target in _MATMULS:
+            return True
+        if user.target is SCALED_MM and node in (user.args[0], user.args[2]):
             return True
         if (user.target in VIEWS or is_transpose(user)) and _feeds_matmul(user):
             return True
@@ -200,35 +228,71 @@ class _Regions:
             first.entries.update(merged.entries)
             first.absorbed |= merged.absorbed
             first.nodes.update(merged.nodes)
-            first.row_sums += merged.row_sums
+            first.gathers.update(merged.gathers)
+            first.token_reductions += merged.token_reductions
             first.sliced |= merged.sliced
             for node, users in merged.exits.items():
                 first.exits.setdefault(node, []).extend(users)
         return roots[0]
 
 
-def plan(graph: Graph) -> Plan:
-    """Finds the regions, grows them along row-wise ops in graph order, and decides each."""
+def _gather_entry(gather: Node) -> tuple[Node, Layout, set[Node]] | None:
+    """(the gathered tensor, its layout, the nodes from the collective to it) for an all-gather
+    of row-form tensors along a leading dim that no matmul reads directly (the matchers take
+    those as they are); else None."""
+    shard, world_size = gather.args[:2]
+    users = list(gather.users)
+    shape = rows.tensor_shape(shard)
+    if len(users) != 1 or users[0].target is not WAIT or rows.tokens(shape) is None:
+        return None
+    if world_size == 1 or not meta_val(shard).dtype.is_floating_point:
+        return None
+    try:
+        gathered, dim = gathered_layout(users[0], shard, world_size)
+    except NoMatch:
+        return None
+    if dim == len(shape) - 1 or _feeds_matmul(gathered):
+        return None
+    between = {gather, users[0], gathered}
+    if gathered is not users[0]:  # split -> getitems -> cat
+        between |= {p for p in gathered.args[0]} | {p.args[0] for p in gathered.args[0]}
+    layout = FLAT if dim == 0 else Layout(dim, rows.tensor_shape(gathered))
+    return gathered, layout, between
+
+
+def plan(graph: Graph, all_reduces: bool = True, gathers: bool = True) -> Plan:
+    """Finds the regions (from all-reduces, from all-gathers, as asked), grows them along
+    row-wise ops in graph order, and decides each."""
     records, eligible = {}, []
-    for all_reduce in graph.find_nodes(op="call_function", target=ALL_REDUCE):
+    for all_reduce in graph.find_nodes(op="call_function", target=ALL_REDUCE) if all_reduces else ():
         reason = _why_not(all_reduce)
         records[all_reduce] = record(all_reduce, reason)
         if reason is None:
             eligible.append(all_reduce)
     entries = _entries(graph, eligible)
+    gathered = {}
+    for gather in graph.find_nodes(op="call_function", target=ALL_GATHER) if gathers else ():
+        found = _gather_entry(gather)
+        if found is not None:
+            gathered[found[0]] = (gather, *found[1:])
     absorbed = {n for _, on_the_way in entries.values() for n in on_the_way}
+    absorbed |= {n for _, _, between in gathered.values() for n in between} - set(gathered)
     local = _rank_local(graph)
     regions = _Regions()
 
     for node in graph.nodes:
         if node in absorbed:
             continue
-        if node in entries:
-            all_reduces, on_the_way = entries[node]
-            group = _group(all_reduces[0].args[2])
-            tokens = rows.tokens(rows.tensor_shape(all_reduces[0]))
-            region = Region(all_reduces[0].args[2], group.size(), dist.get_rank(group), tokens)
-            region.entries[node], region.absorbed = all_reduces, on_the_way
+        if node in entries or node in gathered:
+            collective = entries[node][0][0] if node in entries else gathered[node][0]
+            group_name = collective.args[-1]
+            group = _group(group_name)
+            tokens = rows.tokens(rows.tensor_shape(node))
+            region = Region(group_name, group.size(), dist.get_rank(group), tokens)
+            if node in entries:
+                region.entries[node], region.absorbed = entries[node]
+            else:
+                region.gathers[node], region.layout, region.absorbed = gathered[node]
             region.nodes[node] = ENTRY
             regions.of[node] = regions.new(region)
             continue
@@ -236,19 +300,20 @@ def plan(graph: Graph) -> Plan:
         if not inside:
             continue
         keys = [regions.of[a] for a in inside]
-        kinds = {(r.group_name, r.tokens) for r in (regions.region(a) for a in inside)}
+        kinds = {(r.group_name, r.tokens, r.layout) for r in (regions.region(a) for a in inside)}
         rule, sliced = None, set()
         if len(kinds) == 1:
-            tokens = regions.region(inside[0]).tokens
-            rule = rows.rule(node, inside[0], lambda n: n in regions.of, tokens)
+            region = regions.region(inside[0])
+            rule = rows.rule(node, inside[0], lambda n: n in regions.of, region.tokens)
             if rule == rows.POINTWISE:
                 outside = [a for a in node.all_input_nodes if a not in regions.of]
-                if any(a in local for a in outside):
-                    rule = None  # the shard's rows of it would be another rank's values
-                else:
-                    sliced = {a for a in outside if not rows.row_free(rows.tensor_shape(a))}
-        if rule == rows.ROW_SUM:
-            regions.region(inside[0]).row_sums.append(node)
+                sliced = {a for a in outside if not rows.row_free(rows.tensor_shape(a))}
+                if any(a in local for a in outside) or (sliced and region.layout != FLAT):
+                    # the shard's rows of it would be another rank's values, or rows this
+                    # layout cannot cut
+                    rule, sliced = None, set()
+        if rule == rows.ACROSS_TOKENS:
+            regions.region(inside[0]).token_reductions.append(node)
         elif rule is not None:
             key = regions.union(keys)
             regions.regions[key].nodes[node] = rule
@@ -264,6 +329,8 @@ def plan(graph: Graph) -> Plan:
         merged = [ar for ars in region.entries.values() for ar in ars]
         for ar in merged:
             records[ar].update(_region_record(region, merged))
+        for gather in region.gathers.values():
+            records[gather] = {**record(gather, None), **_region_record(region, merged)}
     return Plan(tuple(found), records)
 
 
@@ -274,12 +341,17 @@ def _bytes(node: Node) -> int:
 
 def _decide(region: Region) -> tuple[bool, str]:
     """Split when the collectives left in the open (not fused with a matmul) cost less than the
-    all-reduces: bytes each rank sends, plus LATENCY_BYTES a collective."""
+    all-reduces and all-gathers do now: bytes each rank sends, plus LATENCY_BYTES a collective.
+    A region from an all-gather is taken only for a scaled (float8) matmul: casts.py moves a
+    plain cast."""
     if any(isinstance(meta_val(n), (tuple, list)) for n in region.exits):
         return False, "a row-wise op's tuple result is read whole"
+    if region.gathers and not any(_feeds_scaled_mm(n) for n in region.exits):
+        return False, "no scaled (float8) matmul reads a tensor computed from the gathered one"
     share = (region.world_size - 1) / region.world_size
     all_reduces = [ar for ars in region.entries.values() for ar in ars]
     before = sum(2 * share * _bytes(ar) + LATENCY_BYTES for ar in all_reduces)
+    before += sum(share * _bytes(g) + LATENCY_BYTES for g in region.gathers)
     after = 0.0
     for ars in region.entries.values():
         if not all(_feeds_from_matmul(ar.args[0]) for ar in ars):
@@ -288,14 +360,26 @@ def _decide(region: Region) -> tuple[bool, str]:
     fused = {_root(region, n) for n in region.exits if _feeds_matmul(n)}
     plain = {_root(region, n) for n in region.exits} - fused
     after += sum(share * _bytes(n) + LATENCY_BYTES for n in plain)
-    after += sum(2 * share * _bytes(n) + LATENCY_BYTES for n in region.row_sums)
+    after += sum(2 * share * _bytes(n) + LATENCY_BYTES for n in region.token_reductions)
+    collectives = f"{len(all_reduces)} all-reduce(s)" if all_reduces else ""
+    if region.gathers:
+        collectives += (" and " if collectives else "") + f"{len(region.gathers)} all-gather(s)"
     summary = (
-        f"{len(all_reduces)} all-reduce(s) move {_size(before)} in the open, split {_size(after)} "
+        f"{collectives} move {_size(before)} in the open, on the shards {_size(after)} "
         f"(bytes a rank sends, {_size(LATENCY_BYTES)} a collective for its latency)"
     )
     if after >= before:
-        return False, f"splitting does not pay: {summary}"
+        return False, f"does not pay: {summary}"
     return True, summary
+
+
+def _feeds_scaled_mm(node: Node) -> bool:
+    """Whether a scaled matmul reads ``node`` (through reshapes) as its rows or their scales."""
+    return any(
+        (user.target is SCALED_MM and node in (user.args[0], user.args[2]))
+        or (user.target in VIEWS and _feeds_scaled_mm(user))
+        for user in node.users
+    )
 
 
 def _size(count: float) -> str:
@@ -303,13 +387,13 @@ def _size(count: float) -> str:
 
 
 def _feeds_from_matmul(node: Node) -> bool:
-    """Whether ``node`` is a matmul's result seen through reshapes and adds (the reduce-scatter
-    will be fused with it)."""
+    """Whether ``node`` is a matmul's (or scaled matmul's) result seen through reshapes and adds
+    (the reduce-scatter will be fused with it)."""
     while node.target in VIEWS:
         node = node.args[0]
     if node.target is aten.add.Tensor:
         return all(isinstance(a, Node) and _feeds_from_matmul(a) for a in node.args[:2])
-    return node.target in _MATMULS
+    return node.target in _MATMULS or node.target is SCALED_MM
 
 
 def _root(region: Region, node: Node) -> Node:
@@ -319,11 +403,11 @@ def _root(region: Region, node: Node) -> Node:
     return node
 
 
-def record(all_reduce: Node, reason: str | None) -> dict:
-    group_name = all_reduce.args[2]
+def record(collective: Node, reason: str | None) -> dict:
+    group_name = collective.args[2]
     return {
-        "kind": KIND,
-        "collective": describe_node(all_reduce),
+        "kind": KIND if collective.target is ALL_REDUCE else GATHER_KIND,
+        "collective": describe_node(collective),
         "group": {"name": group_name},
         "rewritten": False,
         "reason": reason,
@@ -339,7 +423,8 @@ def _region_record(region: Region, all_reduces: list[Node]) -> dict:
         "split": {
             "cost": region.reason,
             "all_reduces": sorted(ar.name for ar in all_reduces),
-            "row_wise_ops": len(region.nodes) - len(region.entries),
+            "all_gathers": sorted(g.name for g in region.gathers.values()),
+            "row_wise_ops": len(region.nodes) - len(region.entries) - len(region.gathers),
             "sliced_operands": sorted(n.name for n in region.sliced),
             "gathered": [
                 {
@@ -349,7 +434,7 @@ def _region_record(region: Region, all_reduces: list[Node]) -> dict:
                 }
                 for n, users in sorted(region.exits.items(), key=lambda item: item[0].name)
             ],
-            "summed_over_tokens": sorted(n.name for n in region.row_sums),
+            "reduced_over_tokens": sorted(n.name for n in region.token_reductions),
         },
     }
 
@@ -367,8 +452,13 @@ class _Sharder:
         self.start = region.rank * self.rows
         self.shard: dict[Node, Node] = {}
         self.cut: dict[Node, Node] = {}  # replicated operand -> this rank's rows of it
+        self.made: dict[str, Node] = {}
+        self.structures: dict[Node, str] = {}
 
     def entry(self, node: Node) -> Node:
+        if node in self.region.gathers:  # the gathered tensor's shard is the collective's input
+            shard = self.region.gathers[node].args[0]
+            return reshape(self.graph, shard, [self.rows, rows.tensor_shape(shard)[-1]])
         terms = [reshape(self.graph, ar.args[0], self._rows_shape(ar)) for ar in self.region.entries[node]]
         summed = terms[0]
         for term in terms[1:]:
@@ -404,26 +494,52 @@ class _Sharder:
             )
         return self.cut[node]
 
+    def _call(self, target, args: tuple, kwargs: dict | None = None) -> Node:
+        """One node per distinct op on the shard: torchao quantizes a gathered tensor twice
+        along the same ops (its forward and its saved copy, each with its own copy of the
+        scale's ops), which then share one gather."""
+        key = repr((target, map_arg((args, kwargs or {}), self._structure)))
+        if key not in self.made:
+            self.made[key] = call(self.graph, target, args, kwargs)
+        return self.made[key]
+
+    def _structure(self, node: Node) -> str:
+        """A key that elementwise ops outside the region share when they compute the same
+        values from the same nodes."""
+        if node not in self.structures:
+            if node.op == "call_function" and rows.is_pointwise(node):
+                self.structures[node] = repr((node.target, map_arg((node.args, node.kwargs), self._structure)))
+            else:
+                self.structures[node] = node.name
+        return self.structures[node]
+
     def op(self, node: Node, rule: str) -> Node:
         source = next(a for a in node.all_input_nodes if a in self.shard)
         if rule == rows.SAME:
             return self.shard[source]
         if rule == rows.GETITEM:
-            return call(self.graph, operator.getitem, (self.shard[source], node.args[1]))
+            return self._call(operator.getitem, (self.shard[source], node.args[1]))
         if rule == rows.EXPAND:
-            return call(self.graph, aten.expand.default, (self.shard[source], [self.rows, node.args[1][-1]]))
+            return self._call(aten.expand.default, (self.shard[source], [self.rows, node.args[1][-1]]))
         if rule == rows.REDUCE_LAST:
             args = (self.shard[source], [-1], *node.args[2:])
-            return call(self.graph, node.target, args, dict(node.kwargs))
+            return self._call(node.target, args, dict(node.kwargs))
         out_shape = rows.tensor_shape(node)
         args, kwargs = map_arg((node.args, dict(node.kwargs)), lambda a: self._operand(a, out_shape))
-        return call(self.graph, node.target, args, kwargs)
+        return self._call(node.target, args, kwargs)
 
-    def row_sum(self, node: Node) -> Node:
-        """sum over every token = all_reduce(the shard's sum)."""
-        local = call(self.graph, aten.sum.dim_IntList, (self.shard[node.args[0]], [0]), dict(node.kwargs))
-        summed = call(self.graph, ALL_REDUCE, (local, "sum", self.region.group_name))
-        return reshape(self.graph, call(self.graph, WAIT, (summed,)), meta_val(node).shape)
+    def across_tokens(self, node: Node) -> Node:
+        """A sum, max or min over every token = the shard's, all-reduced with the same op."""
+        shard = self.shard[node.args[0]]
+        if len(node.args) == 1:  # over every dim: max.default and the like
+            local = self._call(node.target, (shard,), dict(node.kwargs))
+        else:  # over the leading dims (the shard's dim 0), or every dim
+            every_dim = len(node.args[1]) == len(rows.tensor_shape(node.args[0]))
+            dims = [0, 1] if every_dim else [0]
+            kwargs = {k: v for k, v in node.kwargs.items() if k != "keepdim"}
+            local = self._call(node.target, (shard, dims), kwargs)
+        reduced = self._call(ALL_REDUCE, (local, rows.TOKEN_REDUCE_OPS[node.target], self.region.group_name))
+        return reshape(self.graph, self._call(WAIT, (reduced,)), meta_val(node).shape)
 
     def gather_exits(self, order: dict[Node, int]) -> None:
         """All-gathers each region tensor that is read outside, once per shard, right after the
@@ -435,13 +551,36 @@ class _Sharder:
         for shard, nodes in by_root.items():
             readers = sorted({u for n in nodes for u in outside[n]}, key=order.__getitem__)
             with self.graph.inserting_after(shard):
-                gather = call(self.graph, ALL_GATHER, (shard, self.region.world_size, self.region.group_name))
+                gather = self._all_gather(shard)
             with self.graph.inserting_before(readers[0]):
-                gathered = call(self.graph, WAIT, (gather,))
+                gathered = self._gathered(gather, meta_val(shard).dtype)
                 for node in nodes:
                     full = reshape(self.graph, gathered, meta_val(node).shape)
                     for user in set(outside[node]):
                         user.replace_input_with(node, full)
+
+    def _all_gather(self, shard: Node) -> Node:
+        """The all-gather of a [rows, n] shard in the region's layout; float8 moves as bytes
+        (gloo has no float8)."""
+        layout, world_size = self.region.layout, self.region.world_size
+        if layout != FLAT:  # the shard in the gathered tensor's dims, for DTensor's split/cat
+            shape = list(layout.shape[:-1]) + [rows.tensor_shape(shard)[-1]]
+            shape[layout.dim] //= world_size
+            shard = reshape(self.graph, shard, shape)
+        if meta_val(shard).dtype.itemsize == 1 and meta_val(shard).dtype != torch.uint8:
+            shard = call(self.graph, aten.view.dtype, (shard, torch.uint8))
+        return call(self.graph, ALL_GATHER, (shard, world_size, self.region.group_name))
+
+    def _gathered(self, gather: Node, dtype: torch.dtype) -> Node:
+        gathered = call(self.graph, WAIT, (gather,))
+        layout, world_size = self.region.layout, self.region.world_size
+        if layout != FLAT:
+            pieces = call(self.graph, aten.split.Tensor, (gathered, rows.tensor_shape(gathered)[0] // world_size))
+            chunks = [call(self.graph, operator.getitem, (pieces, i)) for i in range(world_size)]
+            gathered = call(self.graph, aten.cat.default, (chunks, layout.dim))
+        if meta_val(gathered).dtype != dtype:
+            gathered = call(self.graph, aten.view.dtype, (gathered, dtype))
+        return gathered
 
 
 def apply(graph: Graph, split_plan: Plan) -> None:
@@ -451,14 +590,14 @@ def apply(graph: Graph, split_plan: Plan) -> None:
     dead = []
     for region in split_plan.accepted():
         sharder = _Sharder(graph, region)
-        for node in sorted([*region.nodes, *region.row_sums], key=order.__getitem__):
+        for node in sorted([*region.nodes, *region.token_reductions], key=order.__getitem__):
             with graph.inserting_before(node):
-                if node in region.entries:
+                if node in region.entries or node in region.gathers:
                     sharder.shard[node] = sharder.entry(node)
                 elif node in region.nodes:
                     sharder.shard[node] = sharder.op(node, region.nodes[node])
                 else:
-                    node.replace_all_uses_with(sharder.row_sum(node))
+                    node.replace_all_uses_with(sharder.across_tokens(node))
         sharder.gather_exits(order)
-        dead += [*region.nodes, *region.row_sums, *region.absorbed]
+        dead += [*region.nodes, *region.token_reductions, *region.absorbed]
     erase_dead(graph, dead)

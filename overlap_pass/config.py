@@ -28,6 +28,12 @@ matmul_reduce_scatter: bool = Config(
 # parallelism; all_reduce_split.py). Off: all-reduces stay as they are.
 split_all_reduce: bool = Config(default=True, env_name_default="OVERLAP_PASS_SPLIT_ALL_REDUCE")
 
+# Float8: where an all-gathered tensor is quantized (row-wise ops, amaxes) before a
+# _scaled_mm, run the quantization on each rank's shard and gather the float8 data and its
+# rowwise scales instead, fused with the scaled matmuls; a tensorwise amax becomes the shards'
+# amaxes, all-reduced (all_reduce_split.py). Off: such all-gathers stay as they are.
+quantize_before_gather: bool = Config(default=True, env_name_default="OVERLAP_PASS_QUANTIZE_BEFORE_GATHER")
+
 # Which implementation the rewritten ops run. "auto": on CUDA with an NCCL group, the fastest of
 # the variants measured at a shape's first call (lowering/choose.py); elsewhere the reference
 # decomposition. "reference" forces the torch.distributed decomposition; "fused",

@@ -171,19 +171,25 @@ CYCLE = "its op would read a value computed from its own result (through another
 
 
 def _split_all_reduces(graph: Graph) -> list[dict]:
-    """Plans and applies all_reduce_split.py's splits; returns a record per all-reduce. Should
-    the rewrite fail, the graph is restored and no all-reduce is split."""
+    """Plans and applies all_reduce_split.py's regions (all-reduces split, float8 quantization
+    moved before all-gathers); returns a record per collective it considered. Should the rewrite
+    fail, the graph is restored and no region is applied."""
+    disabled = []
     if not config.split_all_reduce:
-        return [
+        disabled = [
             all_reduce_split.record(node, "disabled by overlap_pass.config.split_all_reduce")
             for node in graph.find_nodes(op="call_function", target=all_reduce_split.ALL_REDUCE)
         ]
+        if not config.quantize_before_gather:
+            return disabled
     try:
-        split_plan = all_reduce_split.plan(graph)
+        split_plan = all_reduce_split.plan(
+            graph, all_reduces=config.split_all_reduce, gathers=config.quantize_before_gather
+        )
     except Exception as error:  # never crash compilation on a graph we did not foresee
         log.warning("overlap_pass: planning the all-reduce split failed: %r", error)
-        return []
-    records = list(split_plan.records.values())
+        return disabled
+    records = disabled + list(split_plan.records.values())
     if not split_plan.accepted():
         return records
     snapshot = _copy_graph(graph)

@@ -197,6 +197,61 @@ def _exchange(group, send: torch.Tensor, send_to: int, recv: torch.Tensor, recv_
     return dist.batch_isend_irecv(ops)
 
 
+def post_all_gather(group, shard: torch.Tensor):
+    """Posts every transfer of a rank-rotated all-gather of ``shard`` up front; returns
+    ``received(src)``, which waits for rank src's chunk only. Bytes move as uint8, so float8
+    travels on backends without float8 (gloo)."""
+    rank, world_size = group.rank(), group.size()
+    raw = shard.view(torch.uint8) if shard.dtype.itemsize == 1 else shard
+    buffers, works = {rank: shard}, {}
+    for step in range(1, world_size):
+        send_to, recv_from = schedule.all_gather_peers(rank, world_size, step)
+        buffers[recv_from] = torch.empty_like(shard)
+        into = buffers[recv_from].view(torch.uint8) if raw is not shard else buffers[recv_from]
+        works[recv_from] = _exchange(group, raw, send_to, into, recv_from)
+
+    def received(src: int) -> torch.Tensor:
+        for work in works.pop(src, ()):
+            work.wait()
+        return buffers[src]
+
+    return received
+
+
+def reduce_scatter_partials(group, partial, reduce_op: str, out_dtype=None) -> torch.Tensor:
+    """Rank-rotated reduce-scatter of the partials ``partial(index)`` (this rank's partial of
+    rank index's chunk), each sent to its owner as soon as it exists, the own one last; the
+    owner sums all partials of its chunk in fp32, in rank order (deterministic)."""
+    rank, world_size = group.rank(), group.size()
+    partials, works = {}, []
+    for step, dst in enumerate(schedule.reduce_scatter_order(rank, world_size), start=1):
+        if dst == rank:
+            partials[rank] = partial(rank)
+            continue
+        send_to, recv_from = schedule.reduce_scatter_peers(rank, world_size, step)
+        mine = partial(dst)
+        partials[recv_from] = torch.empty_like(mine)
+        works += _exchange(group, mine, send_to, partials[recv_from], recv_from)
+    for work in works:
+        work.wait()
+
+    total = torch.zeros_like(partials[rank], dtype=torch.float32)
+    for src in range(world_size):
+        total += partials[src]
+    if reduce_op == "avg":
+        total /= world_size
+    return total.to(out_dtype or partials[rank].dtype)
+
+
+def resolve_group(group_name: str, world_size: int):
+    group = _resolve_process_group(group_name)
+    torch._check(
+        group.size() == world_size,
+        lambda: f"group {group_name} has {group.size()} ranks, the op was given {world_size}",
+    )
+    return group
+
+
 def _as_gathered(other: torch.Tensor, gathered_shape) -> torch.Tensor:
     """contract_with's [M, K] rows in the gathered tensor's leading layout, so that one rank's
     chunk of it is schedule.chunk of the same dim."""
@@ -218,12 +273,8 @@ def all_gather_matmul_reference(
     dim = _check_all_gather_matmul(
         shard, mat2s, biases, gather_dim, world_size, contract_with, gathered_left
     )
-    group = _resolve_process_group(group_name)
+    group = resolve_group(group_name, world_size)
     rank = group.rank()
-    torch._check(
-        group.size() == world_size,
-        lambda: f"group {group_name} has {group.size()} ranks, the op was given {world_size}",
-    )
     shard = shard.contiguous()
     gathered_shape = _gathered_shape(shard, dim, world_size)
     outputs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]]) for m in mat2s]
@@ -233,17 +284,9 @@ def all_gather_matmul_reference(
         for other, left in zip(contract_with, gathered_left)
     ]
 
-    # Post every transfer up front; each step's matmul waits only for its own chunk.
-    received, works = {rank: shard}, {}
-    for step in range(1, world_size):
-        send_to, recv_from = schedule.all_gather_peers(rank, world_size, step)
-        received[recv_from] = torch.empty_like(shard)
-        works[recv_from] = _exchange(group, shard, send_to, received[recv_from], recv_from)
-
+    received = post_all_gather(group, shard)
     for src in schedule.all_gather_order(rank, world_size):
-        for work in works.get(src, ()):
-            work.wait()
-        chunk = received[src]
+        chunk = received(src)
         for out, mat2, bias in zip(outputs, mat2s, biases):
             schedule.chunk(out, dim, src, world_size).copy_(_linear(chunk, mat2, bias))
         if gathered is not None:
@@ -264,12 +307,7 @@ def matmul_reduce_scatter_reference(
     dim = _check_matmul_reduce_scatter(
         inputs, mat2s, bias, reduce_op, scatter_dim, world_size, out_dtype
     )
-    group = _resolve_process_group(group_name)
-    rank = group.rank()
-    torch._check(
-        group.size() == world_size,
-        lambda: f"group {group_name} has {group.size()} ranks, the op was given {world_size}",
-    )
+    group = resolve_group(group_name, world_size)
 
     def partial(index: int) -> torch.Tensor:
         acc = None
@@ -278,27 +316,10 @@ def matmul_reduce_scatter_reference(
             acc = term if acc is None else acc + term
         return (acc if bias is None else acc + bias).contiguous()
 
-    partials, works = {}, []
-    for step, dst in enumerate(schedule.reduce_scatter_order(rank, world_size), start=1):
-        if dst == rank:
-            partials[rank] = partial(rank)
-            continue
-        send_to, recv_from = schedule.reduce_scatter_peers(rank, world_size, step)
-        mine = partial(dst)
-        partials[recv_from] = torch.empty_like(mine)
-        works += _exchange(group, mine, send_to, partials[recv_from], recv_from)
-    for work in works:
-        work.wait()
-
-    total = torch.zeros_like(partials[rank], dtype=torch.float32)
-    for src in range(world_size):
-        total += partials[src]
-    if reduce_op == "avg":
-        total /= world_size
-    return total.to(out_dtype or partials[rank].dtype)
+    return reduce_scatter_partials(group, partial, reduce_op, out_dtype)
 
 
-def _is_registered(name: str) -> bool:
+def is_registered(name: str) -> bool:
     try:
         getattr(torch.ops.overlap, name)
     except (AttributeError, RuntimeError):
@@ -306,17 +327,13 @@ def _is_registered(name: str) -> bool:
     return True
 
 
-def _register_ops() -> None:
-    """Defines the ops with their fake and reference kernels, once per process, so that
-    reloading this module is harmless."""
-    kernels = {
-        "all_gather_matmul": (_all_gather_matmul_fake, all_gather_matmul_reference),
-        "matmul_reduce_scatter": (_matmul_reduce_scatter_fake, matmul_reduce_scatter_reference),
-    }
+def register(schemas: dict[str, str], kernels: dict) -> None:
+    """Defines ops ``{name: (fake, reference)}`` with their fake and reference kernels and the
+    CUDA dispatch, once per process, so that reloading a module is harmless."""
     for name, (fake, reference) in kernels.items():
-        if _is_registered(name):
+        if is_registered(name):
             continue
-        torch.library.define(f"overlap::{name}", _SCHEMAS[name])
+        torch.library.define(f"overlap::{name}", schemas[name])
         torch.library.register_fake(f"overlap::{name}", fake)
         torch.library.impl(f"overlap::{name}", "CompositeExplicitAutograd", reference)
         torch.library.impl(f"overlap::{name}", "CUDA", functools.partial(_cuda_kernel, name))
@@ -329,4 +346,10 @@ def _cuda_kernel(name: str, *args, **kwargs):
     return getattr(dispatch, name)(*args, **kwargs)
 
 
-_register_ops()
+register(
+    _SCHEMAS,
+    {
+        "all_gather_matmul": (_all_gather_matmul_fake, all_gather_matmul_reference),
+        "matmul_reduce_scatter": (_matmul_reduce_scatter_fake, matmul_reduce_scatter_reference),
+    },
+)

@@ -20,6 +20,7 @@ WAIT = c10d.wait_tensor.default
 VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 SPLITS = (aten.split.Tensor, aten.split_with_sizes.default)
 CASTS = (torch.ops.prims.convert_element_type.default, aten._to_copy.default)
+SCALED_MM = aten._scaled_mm.default
 
 ALL_GATHER_MATMUL = "all_gather_matmul"
 MATMUL_REDUCE_SCATTER = "matmul_reduce_scatter"
@@ -198,7 +199,7 @@ def _equal_chunks(pieces: list[Node], world_size: int) -> tuple[Node, int] | Non
 # all_gather -> matmul
 
 
-def _gathered_layout(wait: Node, shard: Node, world_size: int) -> tuple[Node, int]:
+def gathered_layout(wait: Node, shard: Node, world_size: int) -> tuple[Node, int]:
     """The node holding the gathered tensor and its gather dim (in the shard's dims).
 
     all_gather_into_tensor stacks shards along dim 0; a gather along dim d > 0 appears as
@@ -336,7 +337,7 @@ def _match_all_gather(gather: Node) -> AllGatherMatmulMatch:
     if len(users) != 1 or users[0].target is not WAIT:
         raise NoMatch("all-gather result is not read through exactly one wait_tensor")
     wait = users[0]
-    gathered, gather_dim = _gathered_layout(wait, shard, world_size)
+    gathered, gather_dim = gathered_layout(wait, shard, world_size)
     matmuls, contractions, others, notes = _matmul_users(gathered)
     shape = _shape(gathered)
     if shape is None:

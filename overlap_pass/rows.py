@@ -5,8 +5,8 @@ flattened, are the tokens. An op is row-wise when each output row depends only o
 input rows: elementwise ops, reshapes that keep the last dim, reductions over the last dim that
 keep it, an expand of a last dim of 1. Computed on a shard of the tokens, such an op gives exactly
 the shard's rows of its full result, so a region of them can run on the shard
-(all_reduce_split.py). A sum over every token is not row-wise but is linear: the shards' sums,
-all-reduced, give it.
+(all_reduce_split.py). A sum, max or min over every token is not row-wise, but the shards' sums,
+maxima or minima, all-reduced, give it (a float8 scale's amax, a norm weight's gradient).
 
 Sharded tensors are 2-D, [tokens / W, last dim]: a reshape between row forms is then no op.
 """
@@ -32,7 +32,15 @@ GETITEM = "getitem"  # an element of a row-wise op's tuple (var_mean)
 EXPAND = "expand"  # a last dim of 1 expanded
 POINTWISE = "pointwise"
 REDUCE_LAST = "reduce_last"  # a reduction over the last dim, keepdim
-ROW_SUM = "row_sum"  # a sum over every token: shard sums, all-reduced
+ACROSS_TOKENS = "across_tokens"  # a sum, max or min over every token: the shards', all-reduced
+
+# reductions over every token and how their shards' results combine; the ones without dims
+# (max.default) reduce every dim, and so do the others given every dim
+TOKEN_REDUCE_OPS = {
+    aten.sum.dim_IntList: "sum", aten.sum.default: "sum",
+    aten.amax.default: "max", aten.max.default: "max",
+    aten.amin.default: "min", aten.min.default: "min",
+}  # fmt: skip
 
 
 def tensor_shape(node) -> tuple | None:
@@ -88,6 +96,8 @@ def rule(node: Node, source: Node, in_region, rows: int) -> str | None:
     if node.target is aten.expand.default:
         ok = shape is not None and shape[:-1] == source_shape[:-1] and source_shape[-1] == 1
         return EXPAND if ok else None
+    if node.target in (aten.sum.default, aten.max.default, aten.min.default):
+        return ACROSS_TOKENS if node.args[0] is source and len(node.args) == 1 else None
     if node.target in _REDUCTIONS and node.args[0] is source:
         reduced = _reduction_dims(node)
         if reduced is None:
@@ -96,8 +106,8 @@ def rule(node: Node, source: Node, in_region, rows: int) -> str | None:
         last = len(source_shape) - 1
         if dims == [last] and keepdim:
             return REDUCE_LAST  # var_mean: a tuple of two such tensors
-        if node.target is aten.sum.dim_IntList and dims == list(range(last)):
-            return ROW_SUM
+        if node.target in TOKEN_REDUCE_OPS and dims in (list(range(last)), list(range(last + 1))):
+            return ACROSS_TOKENS
         return None
     if is_pointwise(node) and shape is not None and tokens(shape) == rows:
         for arg in node.all_input_nodes:

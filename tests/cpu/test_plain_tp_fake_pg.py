@@ -87,7 +87,7 @@ def test_plain_tp_block(tmp_path, latency_free, world_size, bias, batch):
     fused_gathers = [c for c in forward + backward if c["kind"] == AGM and c["rewritten"]]
     assert sorted(len(c["nodes"]["matmuls"]) for c in fused_gathers) == [1, 2]  # O; gate and up
     split = next(c for c in backward if c["kind"] == SPLIT)["split"]
-    assert len(split["all_reduces"]) == 5 and len(split["summed_over_tokens"]) == (3 if bias else 2)
+    assert len(split["all_reduces"]) == 5 and len(split["reduced_over_tokens"]) == (3 if bias else 2)
     assert split["sliced_operands"], "the residual and saved activations are cut to the shard"
 
 
@@ -101,7 +101,7 @@ def test_small_all_reduces_are_kept_when_splitting_does_not_pay(tmp_path):
         _, dump = compile_and_dump(_plain_block(2, False), (x,), tmp_path, backward=True)
     forward = [c for c in dump.candidates("forward") if c["kind"] == SPLIT]
     assert [c["rewritten"] for c in forward] == [False, False]
-    assert all(c["reason"].startswith("splitting does not pay: 2 all-reduce(s) move 2.0 MiB in the open, split 3.0 MiB") for c in forward)
+    assert all(c["reason"].startswith("does not pay: 2 all-reduce(s) move 2.0 MiB in the open, on the shards 3.0 MiB") for c in forward)
     assert "all_reduce" in dump.after("forward")
     assert [c["rewritten"] for c in dump.candidates("backward") if c["kind"] == SPLIT] == [True] * 5
 
