@@ -6,7 +6,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import config
+from . import config, scaled_ops
 from .patterns import AllGatherMatmulMatch, Match, MatmulReduceScatterMatch, meta_val
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -105,6 +105,31 @@ def choose_implementation(match: Match) -> str:
     return f"auto: {cached} (cached)" if cached else "auto: measured at the first call"
 
 
+def _plain_dtypes(tensors: list[torch.Tensor]) -> str:
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1:
+        return f"mixed dtypes {sorted(str(d) for d in dtypes)}"
+    (dtype,) = dtypes
+    return "" if dtype in SUPPORTED_DTYPES else f"dtype {dtype} is not supported"
+
+
+def _scaled_dtypes(match: Match) -> str:
+    """Float8 matches: float8 operands, results in a dtype the ops write."""
+    if isinstance(match, AllGatherMatmulMatch):
+        operands = [match.gathered] + [use.mat2 for use in match.matmuls]
+        results = [use.mm for use in match.matmuls]
+    else:
+        operands = [n for t in match.terms for n in (t.input, t.mat2)]
+        results = [t.mm for t in match.terms]
+    dtypes = {meta_val(n).dtype for n in operands}
+    if not dtypes <= set(scaled_ops.FLOAT8):
+        return f"scaled matmul operands of dtypes {sorted(str(d) for d in dtypes)}"
+    out = {meta_val(n).dtype for n in results} | {match.scaled.out_dtype}
+    if len(out) != 1 or not out <= set(SUPPORTED_DTYPES):
+        return f"scaled matmul results of dtypes {sorted(str(d) for d in out)}"
+    return ""
+
+
 def should_fuse(match: Match) -> tuple[bool, str]:
     """(True, "") when the match should be rewritten, else (False, reason)."""
     if isinstance(match, AllGatherMatmulMatch) and not config.all_gather_matmul:
@@ -123,12 +148,9 @@ def should_fuse(match: Match) -> tuple[bool, str]:
         return False, "missing tensor metadata on a matched node"
     if not all(_is_static(t) for t in tensors):
         return False, "dynamic shapes are not supported yet"
-    dtypes = {t.dtype for t in tensors}
-    if len(dtypes) != 1:
-        return False, f"mixed dtypes {sorted(str(d) for d in dtypes)}"
-    (dtype,) = dtypes
-    if dtype not in SUPPORTED_DTYPES:
-        return False, f"dtype {dtype} is not supported"
+    reason = _scaled_dtypes(match) if match.scaled is not None else _plain_dtypes(tensors)
+    if reason:
+        return False, reason
     devices = {t.device.type for t in tensors}
     if len(devices) != 1 or devices & {"meta"}:
         return False, f"tensors on devices {sorted(devices)}"

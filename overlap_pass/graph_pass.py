@@ -16,7 +16,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch._inductor.pattern_matcher import stable_topological_sort
 from torch.fx import Graph
 
-from . import all_reduce_split, casts, config, debug, decide, patterns, rewrite
+from . import all_reduce_split, casts, config, debug, decide, float8, patterns, rewrite
 from .debug import describe_node, log
 from .patterns import AllGatherMatmulMatch, Candidate
 
@@ -111,6 +111,7 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
     rewrite on one graph; returns the decision records."""
     dumping = debug.dumping()
     before = debug.graph_text(graph) if dumping else ""
+    folded = _fold_rowwise_epilogues(graph)
     split_records = _split_all_reduces(graph)
     moved = _move_casts(graph, casts.plan(graph)) if config.all_gather_matmul else {}
     candidates = patterns.find_all_gather_matmuls(graph) + patterns.find_matmul_reduce_scatters(
@@ -122,6 +123,8 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
             record["cast_moved_before_gather"] = moved[candidate.collective]
     if any(record["rewritten"] for _, record in decisions):
         _rewrite_all(graph, decisions)
+    if folded:
+        _unfold_rowwise_epilogues(graph)
 
     records = split_records + [record for _, record in decisions]
     _count_and_log(records)
@@ -168,6 +171,29 @@ def _rewrite_all(graph: Graph, decisions: list[tuple[Candidate, dict]]) -> None:
 
 
 CYCLE = "its op would read a value computed from its own result (through another rewrite)"
+
+
+def _fold_rowwise_epilogues(graph: Graph) -> int:
+    """float8.py's rewrite; returns how many it folded. Should it fail, the graph is restored."""
+    if not any(True for _ in graph.find_nodes(op="call_function", target=patterns.SCALED_MM)):
+        return 0
+    snapshot = _copy_graph(graph)
+    try:
+        folded = float8.fold_rowwise_epilogues(graph)
+        graph.lint()
+        return folded
+    except Exception as error:  # never crash compilation on a graph we did not foresee
+        log.warning("overlap_pass: folding rowwise float8 scales failed, graph left as it was: %r", error)
+        _restore_graph(graph, snapshot)
+        return 0
+
+
+def _unfold_rowwise_epilogues(graph: Graph) -> None:
+    try:
+        float8.unfold(graph)
+        graph.lint()
+    except Exception as error:  # the folded form computes the same; Inductor may still run it
+        log.warning("overlap_pass: unfolding rowwise float8 scales failed: %r", error)
 
 
 def _split_all_reduces(graph: Graph) -> list[dict]:

@@ -6,6 +6,7 @@ mutates the graph.
 """
 
 import dataclasses
+import math
 import operator
 
 import torch
@@ -30,9 +31,24 @@ MATMUL_REDUCE_SCATTER = "matmul_reduce_scatter"
 class MatmulUse:
     """One matmul that reads the gathered tensor (through views) as its left operand."""
 
-    mm: Node  # aten.mm or aten.addmm
+    mm: Node  # aten.mm, aten.addmm or aten._scaled_mm
     mat2: Node
     bias: Node | None
+    mat2_scale: Node | None = None  # a _scaled_mm's
+
+
+@dataclasses.dataclass(frozen=True)
+class Scaled:
+    """What float8 matmuls (aten._scaled_mm) add to a match: the scale of the gathered or
+    scattered rows (tensorwise: as the matmul reads it; rowwise: the shard's rows, [..., 1],
+    for an all-gather), its all-gather's nodes where it is gathered too, and the matmuls'
+    out_dtype and fast accumulation, shared by all of them."""
+
+    rows_scale: Node | None
+    rowwise: bool
+    out_dtype: torch.dtype
+    use_fast_accum: bool
+    scale_gather: tuple[Node, ...] = ()  # the rows' scale's all-gather, wait [, split, cat]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,16 +76,21 @@ class AllGatherMatmulMatch:
     contractions: tuple[ContractionUse, ...]
     # users of the gathered tensor other than the matmuls (the op then returns it)
     other_users: tuple[Node, ...]
+    scaled: Scaled | None = None  # float8: the matmuls are _scaled_mm
+    byte_view: torch.dtype | None = None  # float8 gathered as uint8, then viewed as this dtype
 
 
 @dataclasses.dataclass(frozen=True)
 class ReduceTerm:
     """One matmul whose result (through views and adds) the reduce-scatter scatters."""
 
-    mm: Node  # aten.mm or aten.addmm
+    mm: Node  # aten.mm, aten.addmm or aten._scaled_mm
     input: Node  # its 2-D left operand
     mat2: Node
     bias: Node | None
+    input_scale: Node | None = None  # a _scaled_mm's scales
+    mat2_scale: Node | None = None
+    mm_dtype: torch.dtype | None = None  # the dtype a scaled term is rounded to
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +113,7 @@ class MatmulReduceScatterMatch:
     # the permutation that moved scatter_dim to the front before the collective (spmd_types'
     # movedim form): the wait's value is the op's output permuted so; None for the other forms
     moved: tuple[int, ...] | None = None
+    scaled: Scaled | None = None  # float8: the terms are _scaled_mm (rows_scale unused)
 
 
 Match = AllGatherMatmulMatch | MatmulReduceScatterMatch
@@ -146,6 +168,39 @@ def _bias_of_addmm(mm: Node) -> Node:
         described = list(shape) if shape is not None else "?"
         raise NoMatch(f"addmm bias of shape {described} is not one value per output column")
     return bias
+
+
+_SCALED_MM_ARGS = ("self", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out_dtype", "use_fast_accum")
+
+
+def scaled_mm_args(mm: Node) -> dict:
+    """An aten._scaled_mm node's arguments by name, defaults filled in."""
+    named = dict.fromkeys(_SCALED_MM_ARGS)
+    named["use_fast_accum"] = False
+    named.update(zip(_SCALED_MM_ARGS, mm.args))
+    named.update(mm.kwargs)
+    return named
+
+
+def _check_scaled_mm(mm: Node) -> dict:
+    """The arguments of a _scaled_mm the scaled ops take, or NoMatch."""
+    named = scaled_mm_args(mm)
+    if named["scale_result"] is not None:
+        raise NoMatch("_scaled_mm with a result scale (a float8 output)")
+    if named["out_dtype"] not in (torch.bfloat16, torch.float16, torch.float32):
+        raise NoMatch(f"_scaled_mm with out_dtype {named['out_dtype']}")
+    for name in ("scale_a", "scale_b"):
+        val = meta_val(named[name])
+        if not isinstance(val, torch.Tensor) or val.dtype != torch.float32:
+            raise NoMatch(f"_scaled_mm whose {name} is not a float32 tensor")
+    b_scale = meta_val(named["scale_b"])
+    if not (_tensorwise(b_scale) or tuple(b_scale.shape) == (1, _shape(mm)[-1])):
+        raise NoMatch(f"_scaled_mm whose scale_b of shape {list(b_scale.shape)} is neither one value nor [1, N]")
+    return named
+
+
+def _tensorwise(scale: torch.Tensor) -> bool:
+    return scale.dim() <= 1 and scale.numel() == 1
 
 
 def _node_names(nodes) -> str:
@@ -261,6 +316,13 @@ def _matmul_users(gathered: Node):
                 except NoMatch as why:
                     notes.append(str(why))
                     others.append(user)
+            elif user.target is SCALED_MM and user.args[0] is node and user.args[1] is not node:
+                try:
+                    named = _check_scaled_mm(user)
+                    matmuls.append(MatmulUse(user, named["mat2"], named["bias"], named["scale_b"]))
+                except NoMatch as why:
+                    notes.append(str(why))
+                    others.append(user)
             else:
                 others.append(user)
 
@@ -279,7 +341,7 @@ def _matmul_users(gathered: Node):
                 kept.append(use)
         return kept
 
-    matmuls = independent(matmuls, lambda u: (u.mat2, u.bias), "matmul's mat2 or bias")
+    matmuls = independent(matmuls, lambda u: (u.mat2, u.bias, u.mat2_scale), "matmul's mat2 or bias")
     contractions = independent(contractions, lambda u: (u.other,), "contracted operand")
     return matmuls, contractions, others, notes
 
@@ -305,9 +367,15 @@ def depends_on(node: Node, ancestor: Node, order: dict[Node, int]) -> bool:
 
 
 def _reaches_matmul(node: Node, depth: int = 4) -> bool:
-    if node.target in (aten.mm.default, aten.addmm.default):
+    if node.target in (aten.mm.default, aten.addmm.default, SCALED_MM):
         return True
     return depth > 0 and any(_reaches_matmul(u, depth - 1) for u in node.users)
+
+
+def _under_views(node: Node) -> Node:
+    while isinstance(node, Node) and node.target in VIEWS:
+        node = node.args[0]
+    return node
 
 
 def _why_no_matmul(gathered: Node, gather_dim: int, others: list[Node], notes: list[str]) -> str:
@@ -325,9 +393,80 @@ def _why_no_matmul(gathered: Node, gather_dim: int, others: list[Node], notes: l
     mats = [u for u in others if u.target in (aten.mm.default, aten.addmm.default)]
     if mats:
         return "gathered tensor is the matmul's right operand (mat2), not its rows"
+    scaled = [u for u in others if u.target is SCALED_MM]
+    if any(_under_views(scaled_mm_args(u)["mat2"]) is gathered for u in scaled):
+        return "a scaled matmul reads the gathered tensor as its mat2 (a float8 weight gradient): not fused yet"
+    if scaled:
+        return "the gathered tensor is a scaled matmul's scale: it goes with its rows' all-gather"
     if not others:
         return "gathered tensor has no users"
     return f"no matmul reads the gathered rows; users: {_node_names(others)}"
+
+
+def _byte_view(gathered: Node) -> torch.dtype | None:
+    """The float8 dtype of a uint8 gathered tensor read only as that dtype (the bytes of a
+    float8 tensor, gathered on backends without float8), else None."""
+    users = list(gathered.users)
+    dtype = meta_val(gathered).dtype if isinstance(meta_val(gathered), torch.Tensor) else None
+    if dtype == torch.uint8 and len(users) == 1 and users[0].target is aten.view.dtype:
+        return users[0].args[1]
+    return None
+
+
+def _gathered_scale(scale: Node, rows: int, world_size: int, group_name: str, gather_dim: int):
+    """(the all-gather's input, its nodes) where ``scale`` ([rows, 1], through reshapes) is an
+    all-gathered tensor along ``gather_dim``, one value per gathered row; else NoMatch."""
+    node, views = scale, []
+    while node.target in VIEWS:
+        views.append(node)
+        node = node.args[0]
+    wait = node
+    if node.target is aten.cat.default:
+        chunks = _equal_chunks(list(node.args[0]), world_size)
+        wait = chunks[0] if chunks and chunks[1] == 0 else None
+    gather = wait.args[0] if wait is not None and wait.target is WAIT else None
+    if gather is None or gather.target is not ALL_GATHER or tuple(gather.args[1:3]) != (world_size, group_name):
+        raise NoMatch("the rows' rowwise scale is not all-gathered along with them")
+    shard_scale = gather.args[0]
+    if gathered_layout(wait, shard_scale, world_size) != (node, gather_dim) or _shape(node)[-1] != 1:
+        raise NoMatch("the rows' rowwise scale is gathered along another dim than the rows")
+    if math.prod(_shape(node)) != rows:
+        raise NoMatch("the rows' rowwise scale does not hold one value per gathered row")
+    nodes = {gather, wait, node, *views}
+    if node is not wait:
+        nodes |= set(node.args[0]) | {p.args[0] for p in node.args[0]}
+    return shard_scale, tuple(nodes)
+
+
+def _scaled_uses(match_args: dict, matmuls: list, others: list, notes: list) -> tuple[list, Scaled | None]:
+    """The scaled matmuls of a gathered tensor that share the rows' scale, out_dtype and
+    accumulation (the others become other users), and their Scaled; (matmuls, None) when none
+    is scaled."""
+    scaled = [u for u in matmuls if u.mm.target is SCALED_MM]
+    if not scaled:
+        return matmuls, None
+
+    def key(use):
+        named = scaled_mm_args(use.mm)
+        return named["scale_a"], named["out_dtype"], bool(named["use_fast_accum"])
+
+    kept = [u for u in scaled if key(u) == key(scaled[0])]
+    if len(kept) < len(scaled):
+        notes.append("the scaled matmuls of the gathered rows differ in scale, out_dtype or accumulation")
+        others.extend(u.mm for u in scaled if u not in kept)
+    scale, out_dtype, fast = key(scaled[0])
+    gathered = match_args["gathered"]
+    if _tensorwise(meta_val(scale)):
+        if depends_on(scale, gathered, graph_order(gathered.graph)):
+            raise NoMatch("the rows' tensorwise scale is computed from the gathered tensor")
+        return kept, Scaled(scale, False, out_dtype, fast)
+    rows = math.prod(_shape(gathered)[:-1])
+    if _shape(scale) != (rows, 1):
+        raise NoMatch(f"the rows' scale of shape {list(_shape(scale))} is neither one value nor one per row")
+    shard_scale, nodes = _gathered_scale(
+        scale, rows, match_args["world_size"], match_args["group_name"], match_args["gather_dim"]
+    )
+    return kept, Scaled(shard_scale, True, out_dtype, fast, nodes)
 
 
 def _match_all_gather(gather: Node) -> AllGatherMatmulMatch:
@@ -338,12 +477,20 @@ def _match_all_gather(gather: Node) -> AllGatherMatmulMatch:
         raise NoMatch("all-gather result is not read through exactly one wait_tensor")
     wait = users[0]
     gathered, gather_dim = gathered_layout(wait, shard, world_size)
+    byte_view = _byte_view(gathered)
+    if byte_view is not None:
+        gathered = next(iter(gathered.users))
     matmuls, contractions, others, notes = _matmul_users(gathered)
     shape = _shape(gathered)
     if shape is None:
         raise NoMatch("gathered tensor has no shape metadata")
     if not (matmuls or contractions) or gather_dim == len(shape) - 1:
         raise NoMatch(_why_no_matmul(gathered, gather_dim, others, notes))
+    context = dict(gathered=gathered, world_size=world_size, group_name=group_name, gather_dim=gather_dim)
+    matmuls, scaled = _scaled_uses(context, matmuls, others, notes)
+    if scaled is not None and contractions:
+        others.extend(u.mm for u in contractions)
+        contractions = []
     return AllGatherMatmulMatch(
         gather=gather,
         wait=wait,
@@ -355,6 +502,8 @@ def _match_all_gather(gather: Node) -> AllGatherMatmulMatch:
         matmuls=tuple(matmuls),
         contractions=tuple(contractions),
         other_users=tuple(others),
+        scaled=scaled,
+        byte_view=byte_view,
     )
 
 
@@ -468,6 +617,15 @@ def _sum_of_matmuls(
     elif node.target is aten.addmm.default:
         terms.append(ReduceTerm(node, node.args[1], node.args[2], _bias_of_addmm(node)))
         widened.append(cast_seen)
+    elif node.target is SCALED_MM:
+        named = _check_scaled_mm(node)
+        terms.append(
+            ReduceTerm(
+                node, named["self"], named["mat2"], named["bias"], named["scale_a"], named["scale_b"],
+                named["out_dtype"],
+            )
+        )  # fmt: skip
+        widened.append(cast_seen)
     elif node.target is aten.cat.default:
         raise NoMatch(
             f"reduce-scatter input is not a matmul result: {_node_names([node])} is not one equal "
@@ -504,6 +662,7 @@ def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
     _require_static(*(t.input for t in terms))
     if any(widened) and not all(widened):
         raise NoMatch("some matmuls of the sum are widened before the reduce-scatter and others not")
+    scaled = _scaled_terms(terms)
     return MatmulReduceScatterMatch(
         terms=tuple(terms),
         between=tuple(between),
@@ -516,7 +675,26 @@ def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
         group_name=group_name,
         out_dtype=meta_val(scattered).dtype if any(widened) else None,
         moved=moved,
+        scaled=scaled,
     )
+
+
+def _scaled_terms(terms: list[ReduceTerm]) -> Scaled | None:
+    """The Scaled of a sum of scaled matmuls (None for plain ones), or NoMatch for a mix."""
+    scaled = [t for t in terms if t.mm.target is SCALED_MM]
+    if not scaled:
+        return None
+    if len(scaled) < len(terms):
+        raise NoMatch("some terms of the sum are scaled (float8) matmuls and others not")
+    dtypes = {t.mm_dtype for t in terms}
+    fast = {bool(scaled_mm_args(t.mm)["use_fast_accum"]) for t in terms}
+    if len(dtypes) != 1 or len(fast) != 1:
+        raise NoMatch("the scaled matmuls of the sum differ in out_dtype or accumulation")
+    for term in terms:
+        scale = meta_val(term.input_scale)
+        if not (_tensorwise(scale) or tuple(scale.shape) == (_shape(term.input)[0], 1)):
+            raise NoMatch(f"a scaled matmul's scale_a of shape {list(scale.shape)} is neither one value nor one per row")
+    return Scaled(None, False, dtypes.pop(), fast.pop())
 
 
 def find_matmul_reduce_scatters(graph: Graph) -> list[Candidate]:

@@ -12,15 +12,17 @@ from torch._guards import detect_fake_mode
 from torch.fx import Graph, Node
 from torch.fx.node import map_arg
 
-from . import ops  # noqa: F401  (registers torch.ops.overlap)
+from . import ops, scaled_ops  # noqa: F401  (register torch.ops.overlap)
 from .patterns import (
     AllGatherMatmulMatch,
     ContractionUse,
     Match,
     MatmulReduceScatterMatch,
+    SCALED_MM,
     depends_on,
     graph_order,
     is_transpose,
+    scaled_mm_args,
 )
 
 aten = torch.ops.aten
@@ -47,10 +49,18 @@ def reshape(graph: Graph, node: Node, shape) -> Node:
 
 
 def _mm_operands(mm: Node) -> tuple[Node, Node, Node | None]:
-    """(rows, mat2, bias) of an aten.mm or aten.addmm node."""
+    """(rows, mat2, bias) of an aten.mm, aten.addmm or aten._scaled_mm node."""
     if mm.target is aten.addmm.default:
         return mm.args[1], mm.args[2], mm.args[0]
+    if mm.target is SCALED_MM:
+        named = scaled_mm_args(mm)
+        return named["self"], named["mat2"], named["bias"]
     return mm.args[0], mm.args[1], None
+
+
+def _scales(mm: Node) -> tuple[Node, Node]:
+    named = scaled_mm_args(mm)
+    return named["scale_a"], named["scale_b"]
 
 
 def erase_dead(graph: Graph, nodes) -> None:
@@ -91,6 +101,8 @@ def would_create_cycle(match: Match) -> bool:
     for use in match.matmuls:
         _, mat2, bias = _mm_operands(use.mm)
         inputs += [mat2] + ([bias] if bias is not None else [])
+        if use.mm.target is SCALED_MM:
+            inputs += list(_scales(use.mm))
     order = graph_order(match.gather.graph)
     return any(depends_on(node, match.gather, order) for node in inputs)
 
@@ -128,21 +140,25 @@ def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node
         gathered_side = use.mm.args[0] if use.gathered_left else use.mm.args[1]
         dead += _chain(gathered_side, match.gathered) + [_contracted_operand(use)]
     with graph.inserting_before(first_mm):
-        op = call(
-            graph,
-            torch.ops.overlap.all_gather_matmul.default,
-            (
-                shard,
-                [mat2 for _, mat2, _ in operands],
-                [bias for _, _, bias in operands],
-                match.gather_dim,
-                match.world_size,
-                match.group_name,
-                return_gathered,
-                [_rows_operand(graph, use) for use in match.contractions],
-                [use.gathered_left for use in match.contractions],
-            ),
-        )
+        if match.scaled is None:
+            op = call(
+                graph,
+                torch.ops.overlap.all_gather_matmul.default,
+                (
+                    shard,
+                    [mat2 for _, mat2, _ in operands],
+                    [bias for _, _, bias in operands],
+                    match.gather_dim,
+                    match.world_size,
+                    match.group_name,
+                    return_gathered,
+                    [_rows_operand(graph, use) for use in match.contractions],
+                    [use.gathered_left for use in match.contractions],
+                ),
+            )
+        else:
+            op = _all_gather_scaled_matmul(graph, match, operands, return_gathered)
+            dead += list(match.scaled.scale_gather)
         outputs = call(graph, operator.getitem, (op, 1))
         for index, use in enumerate(match.matmuls + match.contractions):
             out = call(graph, operator.getitem, (outputs, index))
@@ -152,6 +168,54 @@ def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node
 
     erase_dead(graph, dead)
     return op
+
+
+def _all_gather_scaled_matmul(graph: Graph, match: AllGatherMatmulMatch, operands, return_gathered: bool) -> Node:
+    """The overlap.all_gather_scaled_matmul call of a float8 match: the shard as float8 (a view
+    of the bytes where they were gathered as uint8), its rowwise scale in its shape."""
+    shard, scaled = match.gather.args[0], match.scaled
+    if match.byte_view is not None:
+        shard = call(graph, aten.view.dtype, (shard, match.byte_view))
+    rows_scale = scaled.rows_scale
+    if scaled.rowwise:
+        rows_scale = reshape(graph, rows_scale, [*shard.meta["val"].shape[:-1], 1])
+    return call(
+        graph,
+        torch.ops.overlap.all_gather_scaled_matmul.default,
+        (
+            shard,
+            rows_scale,
+            [mat2 for _, mat2, _ in operands],
+            [use.mat2_scale for use in match.matmuls],
+            [bias for _, _, bias in operands],
+            match.gather_dim,
+            match.world_size,
+            match.group_name,
+            scaled.out_dtype,
+            scaled.use_fast_accum,
+            return_gathered,
+        ),
+    )
+
+
+def _scaled_matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch, inputs, mat2s, bias) -> Node:
+    """The overlap.scaled_matmul_reduce_scatter call of a float8 match: each rowwise input
+    scale in its input's (scattered) layout."""
+    scales = []
+    for term, a in zip(match.terms, inputs):
+        scale = term.input_scale
+        if scale.meta["val"].numel() > 1:
+            scale = reshape(graph, scale, [*a.meta["val"].shape[:-1], 1])
+        scales.append(scale)
+    return call(
+        graph,
+        torch.ops.overlap.scaled_matmul_reduce_scatter.default,
+        (
+            inputs, scales, mat2s, [t.mat2_scale for t in match.terms], bias, match.reduce_op,
+            match.scatter_dim, match.world_size, match.group_name, match.scaled.out_dtype,
+            match.out_dtype, match.scaled.use_fast_accum,
+        ),
+    )  # fmt: skip
 
 
 def rewrite_matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch) -> Node:
@@ -177,20 +241,23 @@ def rewrite_matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch)
         for _, _, term_bias in terms:
             if term_bias is not None:
                 bias = term_bias if bias is None else call(graph, aten.add.Tensor, (bias, term_bias))
-        op = call(
-            graph,
-            torch.ops.overlap.matmul_reduce_scatter.default,
-            (
-                inputs,
-                [mat2 for _, mat2, _ in terms],
-                bias,
-                match.reduce_op,
-                match.scatter_dim,
-                match.world_size,
-                match.group_name,
-                *([match.out_dtype] if match.out_dtype is not None else []),
-            ),
-        )
+        if match.scaled is None:
+            op = call(
+                graph,
+                torch.ops.overlap.matmul_reduce_scatter.default,
+                (
+                    inputs,
+                    [mat2 for _, mat2, _ in terms],
+                    bias,
+                    match.reduce_op,
+                    match.scatter_dim,
+                    match.world_size,
+                    match.group_name,
+                    *([match.out_dtype] if match.out_dtype is not None else []),
+                ),
+            )
+        else:
+            op = _scaled_matmul_reduce_scatter(graph, match, inputs, [mat2 for _, mat2, _ in terms], bias)
         result = op if match.moved is None else call(graph, aten.permute.default, (op, list(match.moved)))
     match.wait.replace_all_uses_with(result)
     erase_dead(graph, dead)

@@ -157,12 +157,22 @@ def _scaled_matmul_reduce_scatter_fake(
 # Reference decomposition
 
 
+def _standard_strides(scale: torch.Tensor) -> torch.Tensor:
+    """_scaled_mm checks a rowwise scale's strides literally (a stride of 0 or M on a dim of
+    size 1 fails), which .contiguous() leaves as they are."""
+    if scale.stride() == torch.empty(scale.shape, device="meta").stride():
+        return scale
+    return scale.new_empty(scale.shape).copy_(scale)
+
+
 def scaled_mm_rows(a, a_scale, mat2, mat2_scale, bias, out_dtype, use_fast_accum) -> torch.Tensor:
     """_scaled_mm of ``a`` ([..., K]) with its scale (tensorwise, or rowwise [..., 1]), as
     [..., N]."""
     rows = a.reshape(-1, a.shape[-1])
     if not is_tensorwise(a_scale):
-        a_scale = a_scale.reshape(-1, 1).contiguous()
+        a_scale = _standard_strides(a_scale.reshape(-1, 1))
+    if not is_tensorwise(mat2_scale):
+        mat2_scale = _standard_strides(mat2_scale)
     out = torch._scaled_mm(
         rows, mat2, a_scale, mat2_scale, bias, None, out_dtype=out_dtype, use_fast_accum=use_fast_accum
     )
