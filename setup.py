@@ -26,6 +26,9 @@ setup(
         # Hugging Face transformers' Llama with its own tp_plan (plain TP); accelerate: its
         # from_pretrained with a DistributedConfig needs it
         "hf": ["transformers==5.23.0", "accelerate==1.15.0"],
+        # torchao's Float8 training linears (torchtitan's Float8LinearConverter), whose graphs the
+        # float8 tests compile
+        "float8": ["torchao==0.18.0"],
     },
     entry_points={
         "torch_dynamo_backends": ["overlap = overlap_pass.backend:overlap_backend"],

@@ -279,3 +279,47 @@ def tp_inside_dp(seed: int = 0):
     torch.manual_seed(seed)
     mlp = parallelize_mlp(MLP(dim=16, hidden=8 * world), mesh["tp"])
     _compare_module(mlp, lambda: torch.randn(2, 3, 16), seed)
+
+
+@_decided
+def float8_tp_block(recipe: str, batch: int, seed: int = 0) -> dict:
+    """The SP block in bf16 with torchao's Float8 linears (``recipe``: tensorwise or rowwise),
+    against eager. Compiled with emulate_precision_casts (as torchtitan does), Inductor rounds
+    bf16 as eager does, so the quantization sees the same values: a bf16 ulp apart, a value
+    near an fp8 rounding boundary would land a whole fp8 step away. At W=2 the results are then
+    eager's to bf16 tolerance (bitwise, as run); at W > 2 the reduce-scatters sum 3+ bf16
+    partials in fp32 where gloo sums them in bf16, the next quantization moves some values by an
+    fp8 step, and each tensor is compared by its relative error as a whole."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    torch.manual_seed(seed)
+    world = dist.get_world_size()
+    block = TransformerBlock(dim=64, heads=world, hidden=128).to(torch.bfloat16)
+    convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name(recipe))
+    block = parallelize_block(block, _mesh())
+    eager, compiled = block, copy.deepcopy(block)
+    torch.manual_seed(seed + 1000 * dist.get_rank())
+    x = torch.randn(batch, 32 // world, 64, dtype=torch.bfloat16)
+    forced = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0)
+    with forced, torch._inductor.config.patch(emulate_precision_casts=True):
+        compiled_fn = torch.compile(compiled, backend="overlap")
+        for _ in range(2):
+            xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+            out_e, out_c = eager(xe), compiled_fn(xc)
+            _float8_close(out_c, out_e, world, "output")
+            grad = torch.randn_like(out_e)
+            out_e.backward(grad)
+            out_c.backward(grad)
+            _float8_close(xc.grad, xe.grad, world, "input grad")
+            for (name, pe), pc in zip(eager.named_parameters(), compiled.parameters()):
+                _float8_close(_local(pc.grad), _local(pe.grad), world, name)
+                pe.grad = pc.grad = None
+            x = torch.randn_like(x)
+
+
+def _float8_close(got: torch.Tensor, want: torch.Tensor, world: int, name: str) -> None:
+    if world == 2:
+        torch.testing.assert_close(got, want, msg=name)
+        return
+    error = ((got.float() - want.float()).norm() / want.float().norm()).item()
+    assert error < 0.1, f"{name}: relative error {error:.3g}"

@@ -109,3 +109,17 @@ def test_functional_mlp_forward_and_backward(gloo_world, world_size, shape, gath
     )
     gathers = 3 if checkpointed else 2  # forward, the output grad's, the recomputed input's
     assert decisions == [(AGM, True, None)] * gathers + [(MRS, True, None)] * 2
+
+
+@pytest.mark.parametrize("world_size, recipe, batch", [(2, "tensorwise", 1), (2, "rowwise", 2), (4, "tensorwise", 2)])
+def test_float8_tp_block(gloo_world, world_size, recipe, batch):
+    """torchao's Float8 linears under sequence parallel: every all-gather's quantization runs on
+    the shards and its float8 data (with rowwise scales) is gathered inside the fused scaled op,
+    every reduce-scatter is fused with its scaled matmuls; outputs and grads as eager's."""
+    pytest.importorskip("torchao")
+    decisions = gloo_world(world_size).run(cases.float8_tp_block, recipe, batch)
+    assert all(d == decisions[0] for d in decisions), "ranks decided differently"
+    done = [d for d in decisions[0] if d[1]]
+    assert done == sorted(
+        [("quantize_before_gather", True, None)] * 4 + [(AGM, True, None)] * 4 + [(MRS, True, None)] * 4, key=str
+    ), decisions[0]

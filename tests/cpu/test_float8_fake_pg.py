@@ -1,0 +1,85 @@
+"""torchao's Float8 linears under DTensor sequence parallel, on the fake process group: every
+all-gather's quantization moves onto the shards (all_reduce_split.py) and fuses with its scaled
+matmuls, every reduce-scatter with the scaled matmuls that produce it (tensorwise and rowwise,
+forward and backward). Graphs and decisions only; the gloo tests check the numbers."""
+
+import pytest
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+
+from overlap_pass import all_reduce_split
+from tools.tp_models import TransformerBlock, parallelize_block
+
+from .fake_world import compile_and_dump, fake_world
+from .test_plain_tp_fake_pg import collectives
+
+torchao_float8 = pytest.importorskip("torchao.float8")
+
+AGS, SRS = "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter"
+DIM, HIDDEN, SEQ, BATCH = 64, 128, 32, 2
+
+
+def _float8_block(world_size: int, recipe: str):
+    block = TransformerBlock(dim=DIM, heads=world_size, hidden=HIDDEN).to(torch.bfloat16)
+    config = torchao_float8.Float8LinearConfig.from_recipe_name(recipe)
+    torchao_float8.convert_to_float8_training(block, config=config)
+    return parallelize_block(block, init_device_mesh("cpu", (world_size,)))
+
+
+def _compile(tmp_path, world_size: int, recipe: str, **patches):
+    with fake_world(world_size):
+        x = torch.randn(BATCH, SEQ // world_size, DIM, dtype=torch.bfloat16, requires_grad=True)
+        return compile_and_dump(_float8_block(world_size, recipe), (x,), tmp_path, backward=True, **patches)[1]
+
+
+@pytest.fixture
+def latency_free(monkeypatch):
+    monkeypatch.setattr(all_reduce_split, "LATENCY_BYTES", 0)
+
+
+def _without_amax_all_reduces(found: list[tuple]) -> list[tuple]:
+    """The all-reduces of the weights' and hidden-sharded tensors' amaxes (max, tiny) aside."""
+    return [c for c in found if c[0] != "all_reduce"]
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_sp_block(tmp_path, latency_free, world_size, recipe):
+    """Before: the attention's and the FFN's bf16 gathers, each quantized after the gather, and
+    two reduce-scatters of _scaled_mm results, in each graph. After: each gather moves float8
+    inside all_gather_scaled_matmul (rowwise: its scales too), each reduce-scatter is a
+    scaled_matmul_reduce_scatter. Rowwise quantizes the gathered tensor a second time along
+    the tokens for the weight gradient: that float8 copy is gathered plainly (its column amax
+    all-reduced from the shards'). Tensorwise's tensor amax is all-reduced from the shards'."""
+    dump = _compile(tmp_path, world_size, recipe)
+    shard = f"{BATCH}, {SEQ // world_size}, {DIM}"
+    gathered = f"{BATCH * world_size}, {SEQ // world_size}, {DIM}"
+    for kind in ("forward", "backward"):
+        before = _without_amax_all_reduces(collectives(dump.graphs[kind]["before"]))
+        assert before == sorted(
+            [("all_gather_into_tensor", "bf16", gathered)] * 2 + [("reduce_scatter_tensor", "bf16", shard)] * 2,
+            key=str,
+        ), kind
+        after = _without_amax_all_reduces(collectives(dump.after(kind)))
+        plain = [("all_gather_into_tensor", "u8", gathered)] * 2 if recipe == "rowwise" else []
+        assert after == sorted([(AGS,)] * 2 + [(SRS, "bf16", shard)] * 2 + plain, key=str), kind
+        moved = [c for c in dump.candidates(kind) if c["kind"] == all_reduce_split.GATHER_KIND]
+        assert len(moved) == 2 and all(c["rewritten"] for c in moved), moved
+        # an amax over every token (tensorwise) or per column (rowwise's second cast), or more
+        assert all(c["split"]["reduced_over_tokens"] for c in moved), moved
+
+
+def test_quantize_before_gather_off(tmp_path, latency_free):
+    """config.quantize_before_gather off: the gathers stay bf16 and unfused, with the reason."""
+    dump = _compile(tmp_path, 2, "tensorwise", quantize_before_gather=False)
+    gathers = [c for c in dump.candidates("forward") if c["kind"] == "all_gather_matmul"]
+    assert len(gathers) == 2 and not any(c["rewritten"] for c in gathers)
+    assert all(c["reason"].startswith("no matmul reads the gathered rows") for c in gathers)
+
+
+def test_small_gathers_are_left_alone(tmp_path):
+    """With the real latency term, the toy block's gathers are too small to pay for the extra
+    amax all-reduce: kept, with both costs in the reason."""
+    dump = _compile(tmp_path, 2, "tensorwise")
+    moved = [c for c in dump.candidates("forward") if c["kind"] == all_reduce_split.GATHER_KIND]
+    assert moved and all(c["reason"].startswith("does not pay: 1 all-gather(s) move") for c in moved)
