@@ -6,10 +6,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from overlap_pass import config, ops
+from overlap_pass import config, ops, scaled_ops
 
 from . import all_gather_matmul as agm
-from . import choose
+from . import choose, scaled
 from . import matmul_reduce_scatter as mrs
 from . import replay, symm
 
@@ -174,3 +174,23 @@ def matmul_reduce_scatter(
     variants = _rs_variants(len(inputs))
     run = _resolve(mrs.KIND, fast_key, group_name, world_size, variants, shapes, inputs[0].dtype, inputs[0].device, args)
     return ops.matmul_reduce_scatter_reference(*args) if run is None else run(*args)
+
+
+def _scaled_reference(group_name: str) -> bool:
+    """Whether a scaled op runs the reference decomposition (forced, or no NCCL group)."""
+    return config.implementation == "reference" or not _symmetric_memory_usable(_resolve_process_group(group_name))
+
+
+def all_gather_scaled_matmul(shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, *args, **kwargs):
+    """The float8 op: scaled.py's one variant, or the reference."""
+    args = (shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, *args)
+    if _scaled_reference(group_name):
+        return scaled_ops.all_gather_scaled_matmul_reference(*args, **kwargs)
+    return scaled.all_gather_nccl_scaled_mm(*args, **kwargs)
+
+
+def scaled_matmul_reduce_scatter(inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, group_name, *args, **kwargs):
+    args = (inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, group_name, *args)
+    if _scaled_reference(group_name):
+        return scaled_ops.scaled_matmul_reduce_scatter_reference(*args, **kwargs)
+    return scaled.nccl_scaled_mm_reduce_scatter(*args, **kwargs)

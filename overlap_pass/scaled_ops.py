@@ -173,9 +173,17 @@ def scaled_mm_rows(a, a_scale, mat2, mat2_scale, bias, out_dtype, use_fast_accum
         a_scale = _standard_strides(a_scale.reshape(-1, 1))
     if not is_tensorwise(mat2_scale):
         mat2_scale = _standard_strides(mat2_scale)
-    out = torch._scaled_mm(
-        rows, mat2, a_scale, mat2_scale, bias, None, out_dtype=out_dtype, use_fast_accum=use_fast_accum
-    )
+    if a.is_cuda and not use_fast_accum and not (is_tensorwise(a_scale) and is_tensorwise(mat2_scale)):
+        # as torchao does: CUDA's rowwise kernel is slow without fast accumulation, so the
+        # tensorwise one runs with scales of 1 and the scales multiply its rounded result
+        one = a_scale.new_ones(())
+        out = torch._scaled_mm(rows, mat2, one, one, None, None, out_dtype=torch.bfloat16)
+        out = (out * (a_scale * mat2_scale)).to(out_dtype)
+        out = out if bias is None else out + bias
+    else:
+        out = torch._scaled_mm(
+            rows, mat2, a_scale, mat2_scale, bias, None, out_dtype=out_dtype, use_fast_accum=use_fast_accum
+        )
     return out.view(*a.shape[:-1], mat2.shape[1])
 
 

@@ -14,6 +14,8 @@ Phases per tile: wait (peer chunk only) -> load -> dot -> (bias) -> store.
 """
 
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -21,6 +23,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .gemm import (
     CONFIGS,
+    FLOAT8,
     GemmConfig,
     b_descriptor,
     chunk_tiles,
@@ -114,7 +117,11 @@ def _proxy_fence(token):
 def all_gather_matmul_tma_kernel(
     a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, bias_ptrs, c_ptrs, Ns, strides_cm,
     flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, K, rank, world_size, num_programs,
+    a_scale_ptr, a_local_scale_ptr, b_scale_ptrs,
     BIAS_MASK: tl.constexpr,
+    A_SCALE: tl.constexpr,
+    B_SCALE_MASK: tl.constexpr,
+    B_ROWWISE_MASK: tl.constexpr,
     B_NK: tl.constexpr,
     PROXY_FENCE: tl.constexpr,
     SPIN_LIMIT: tl.constexpr,
@@ -130,7 +137,13 @@ def all_gather_matmul_tma_kernel(
     column stride. Same chunk order, waits and row layout as all_gather_matmul_consumer_kernel;
     inside a chunk, B 0's tiles, then B 1's, and so on, so Q, K and V share one persistent launch
     (K's and V's few tiles alone would leave most SMs idle). Rows past a chunk's end that a tile
-    loads are the next rows of A (or TMA's zeros): they only feed rows that the masked store drops."""
+    loads are the next rows of A (or TMA's zeros): they only feed rows that the masked store drops.
+
+    Float8 (A and B float8, scales dequantize as _scaled_mm's): A_SCALE 1 multiplies by the one
+    value at a_scale_ptr, 2 by one value per row (a_scale_ptr: the gathered rows', in A's row
+    order, there with their chunk; a_local_scale_ptr: the own chunk's); bit i of B_SCALE_MASK:
+    B i has a scale (b_scale_ptrs[i]), one value, or one per column where bit i of
+    B_ROWWISE_MASK is set. Scales apply to the fp32 accumulator, before the bias."""
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
     tiles_m = outer * tl.cdiv(inner, BLOCK_M)
@@ -177,6 +190,25 @@ def all_gather_matmul_tma_kernel(
 
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
+        if A_SCALE == 1:
+            acc *= tl.load(a_scale_ptr)
+        if A_SCALE == 2:
+            if chunk == rank:
+                row_scales = tl.load(a_local_scale_ptr + first_own + offs_m, mask=m_mask, other=0.0)
+            else:
+                row_scales = tl.load(a_scale_ptr + first_full + offs_m, mask=m_mask, other=0.0)
+            acc *= row_scales[:, None]
+        if B_SCALE_MASK != 0:
+            b_scale_ptr = b_scale_ptrs[0]
+            b_rowwise = (B_ROWWISE_MASK & 1) != 0
+            for i in tl.static_range(1, len(Ns)):
+                if b == i:
+                    b_scale_ptr = b_scale_ptrs[i]
+                    b_rowwise = ((B_ROWWISE_MASK >> i) & 1) != 0
+            if b_rowwise:
+                acc *= tl.load(b_scale_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
+            else:
+                acc *= tl.load(b_scale_ptr)
         if BIAS_MASK != 0:
             if has_bias:
                 acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
@@ -188,19 +220,38 @@ MAX_B = 4  # B matrices one TMA launch takes (Q, K, V; gate, up)
 _POINTER_KERNEL = DirectKernel(all_gather_matmul_consumer_kernel)
 
 
-def _launch_tma(a_descs, group, flags, epoch, timeouts, outer, k, *, rank, world_size, inner, config, num_programs, spin_limit):
-    """One TMA consumer launch over ``group``, [(mat2, bias, out)] sharing one B layout;
+@dataclasses.dataclass(frozen=True)
+class Scales:
+    """Float8 scales of one consumer call (see all_gather_matmul_consumer)."""
+
+    a: torch.Tensor  # one value, or one per gathered row
+    a_local: torch.Tensor | None  # the own chunk's rows' (rowwise)
+    b: tuple  # per mat2: one value, or one per column
+
+    @property
+    def a_kind(self) -> int:
+        return 1 if self.a.numel() == 1 else 2
+
+
+def _launch_tma(a_descs, group, flags, epoch, timeouts, outer, k, *, rank, world_size, inner, config, num_programs, spin_limit, scales=None):
+    """One TMA consumer launch over ``group``, [(mat2, bias, out, b scale)] sharing one B layout;
     ``a_descs``: the descriptors of A and of the local chunk, shared by a call's launches."""
-    b_descs = [b_descriptor(m, config) for m, _, _ in group]
+    b_descs = [b_descriptor(m, config) for m, _, _, _ in group]
     b_descs += b_descs[:1] * (MAX_B - len(group))
-    tiles = sum(chunk_tiles(world_size, outer, inner, m.shape[1], config) for m, _, _ in group)
+    tiles = sum(chunk_tiles(world_size, outer, inner, m.shape[1], config) for m, _, _, _ in group)
     programs = min(num_programs, tiles)
+    a_scale = scales.a if scales else flags
+    a_local_scale = scales.a_local if scales and scales.a_local is not None else a_scale
     _TMA_KERNEL[(programs,)](
-        *a_descs, *b_descs, tuple(out if bias is None else bias for _, bias, out in group),
-        tuple(out for _, _, out in group), tuple(m.shape[1] for m, _, _ in group),
-        tuple(out.stride(0) for _, _, out in group), flags, epoch, timeouts, outer, inner, k,
-        rank, world_size, programs,
-        BIAS_MASK=sum(1 << i for i, (_, bias, _) in enumerate(group) if bias is not None),
+        *a_descs, *b_descs, tuple(out if bias is None else bias for _, bias, out, _ in group),
+        tuple(out for _, _, out, _ in group), tuple(m.shape[1] for m, _, _, _ in group),
+        tuple(out.stride(0) for _, _, out, _ in group), flags, epoch, timeouts, outer, inner, k,
+        rank, world_size, programs, a_scale, a_local_scale,
+        tuple(out if sb is None else sb for _, _, out, sb in group),
+        BIAS_MASK=sum(1 << i for i, (_, bias, _, _) in enumerate(group) if bias is not None),
+        A_SCALE=scales.a_kind if scales else 0,
+        B_SCALE_MASK=sum(1 << i for i, (_, _, _, sb) in enumerate(group) if sb is not None),
+        B_ROWWISE_MASK=sum(1 << i for i, (_, _, _, sb) in enumerate(group) if sb is not None and sb.numel() > 1),
         B_NK=group[0][0].stride(0) == 1, PROXY_FENCE=group[0][2].is_cuda, SPIN_LIMIT=spin_limit,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
@@ -236,6 +287,7 @@ def all_gather_matmul_consumer(
     spin_limit: int = 1 << 30,
     timeouts: torch.Tensor | None = None,
     tile_log: torch.Tensor | None = None,
+    scales: Scales | None = None,
 ) -> list[torch.Tensor]:
     """Launches the consumer GEMM: outs[i] = gathered A @ mat2s[i] (+ biases[i]).
 
@@ -250,7 +302,13 @@ def all_gather_matmul_consumer(
 
     With TMA, one launch takes up to MAX_B mat2s of one layout (Q, K and V together). Pointer loads
     take one launch per mat2: a single launch that picked pointers and strides at run time
-    measured 13-20x slower on an H200 (no specialized strides, no vector loads)."""
+    measured 13-20x slower on an H200 (no specialized strides, no vector loads).
+
+    Float8 (A and mat2s float8, ``scales`` given): TMA loads only, mat2s as linear weights
+    ([N, K] transposed: K-major, as fp8 tensor cores and _scaled_mm want them); ``scales.a``
+    one fp32 value or one per gathered row (rows in A's order, each chunk's there with its flag),
+    ``scales.a_local`` the own chunk's row scales, ``scales.b`` one value or one per column for
+    each mat2. outs[i] = (A * a scale) @ (mat2s[i] * its scale) (+ biases[i])."""
     rows, k = a_gathered.shape
     if not mat2s or not len(mat2s) == len(biases) == len(outs):
         raise ValueError(f"{len(mat2s)} mat2s, {len(biases)} biases, {len(outs)} outputs")
@@ -260,8 +318,11 @@ def all_gather_matmul_consumer(
                 f"shapes do not fit: A {list(a_gathered.shape)}, B {list(mat2.shape)}, "
                 f"out {list(out.shape)}, world {world_size}, inner {inner}"
             )
-        if mat2.dtype != a_gathered.dtype:
+        float8 = a_gathered.dtype in FLOAT8 and mat2.dtype in FLOAT8
+        if mat2.dtype != a_gathered.dtype and not float8:
             raise ValueError(f"A is {a_gathered.dtype}, B is {mat2.dtype}")
+        if float8 != (scales is not None):
+            raise ValueError("float8 operands take scales, and only they")
     outer = rows // (world_size * inner)
     if a_local is None:
         a_local = own_rows(a_gathered, rank, world_size, inner)
@@ -278,10 +339,13 @@ def all_gather_matmul_consumer(
     # TMA: one launch per B layout ([N, K] weights, [K, N] matrices), A's descriptors shared
     a_tma = config.tma and tile_log is None and tma_a(a_gathered) and tma_a(a_local)
     tma_groups: dict[bool, list] = {}
-    for mat2, bias, out in zip(mat2s, biases, outs):
+    b_scales = scales.b if scales is not None else [None] * len(mat2s)
+    for mat2, bias, out, b_scale in zip(mat2s, biases, outs, b_scales):
         if a_tma and tma_operand(row_major(mat2)) and out.stride(1) == 1:
-            tma_groups.setdefault(mat2.stride(0) == 1, []).append((mat2, bias, out))
+            tma_groups.setdefault(mat2.stride(0) == 1, []).append((mat2, bias, out, b_scale))
             continue
+        if scales is not None:
+            raise ValueError("float8 needs TMA: aligned operands, mat2 a transposed [N, K] weight")
         n = mat2.shape[1]
         pointer_config = pointer_fallback(config, a_gathered.dtype)
         launched = min(programs, chunk_tiles(world_size, outer, inner, n, pointer_config))
@@ -311,7 +375,7 @@ def all_gather_matmul_consumer(
                 _launch_tma(
                     a_descs, group, flags, epoch, timeouts, outer, k, rank=rank,
                     world_size=world_size, inner=inner, config=config, num_programs=programs,
-                    spin_limit=spin_limit,
+                    spin_limit=spin_limit, scales=scales,
                 )  # fmt: skip
     return outs
 

@@ -88,9 +88,12 @@ def row_major(mat2: torch.Tensor) -> torch.Tensor:
     return mat2.t() if mat2.stride(0) == 1 else mat2
 
 
+FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def tma_a(a: torch.Tensor) -> bool:
-    """Whether A can load through TMA (bf16 or fp16, aligned)."""
-    return a.dtype in (torch.float16, torch.bfloat16) and tma_operand(a)
+    """Whether A can load through TMA (bf16, fp16 or float8, aligned)."""
+    return a.dtype in (torch.float16, torch.bfloat16, *FLOAT8) and tma_operand(a)
 
 
 def b_descriptor(mat2: torch.Tensor, config: GemmConfig) -> TensorDescriptor:
