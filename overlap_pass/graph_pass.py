@@ -175,7 +175,7 @@ CYCLE = "its op would read a value computed from its own result (through another
 
 def _fold_rowwise_epilogues(graph: Graph) -> int:
     """float8.py's rewrite; returns how many it folded. Should it fail, the graph is restored."""
-    if not any(True for _ in graph.find_nodes(op="call_function", target=patterns.SCALED_MM)):
+    if not config.fold_rowwise_float8 or not graph.find_nodes(op="call_function", target=patterns.SCALED_MM):
         return 0
     snapshot = _copy_graph(graph)
     try:

@@ -282,7 +282,7 @@ def tp_inside_dp(seed: int = 0):
 
 
 @_decided
-def float8_tp_block(recipe: str, batch: int, seed: int = 0) -> dict:
+def float8_tp_block(recipe: str, batch: int, seed: int = 0, fold: bool = True) -> dict:
     """The SP block in bf16 with torchao's Float8 linears (``recipe``: tensorwise or rowwise),
     against eager. Compiled with emulate_precision_casts (as torchtitan does), Inductor rounds
     bf16 as eager does, so the quantization sees the same values: a bf16 ulp apart, a value
@@ -301,7 +301,7 @@ def float8_tp_block(recipe: str, batch: int, seed: int = 0) -> dict:
     torch.manual_seed(seed + 1000 * dist.get_rank())
     x = torch.randn(batch, 32 // world, 64, dtype=torch.bfloat16)
     forced = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0)
-    with forced, torch._inductor.config.patch(emulate_precision_casts=True):
+    with forced, config.patch(fold_rowwise_float8=fold), torch._inductor.config.patch(emulate_precision_casts=True):
         compiled_fn = torch.compile(compiled, backend="overlap")
         for _ in range(2):
             xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()

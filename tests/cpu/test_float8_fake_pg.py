@@ -50,8 +50,10 @@ def test_float8_sp_block(tmp_path, latency_free, world_size, recipe):
     inside all_gather_scaled_matmul (rowwise: its scales too), each reduce-scatter is a
     scaled_matmul_reduce_scatter. Rowwise quantizes the gathered tensor a second time along
     the tokens for the weight gradient: that float8 copy is gathered plainly (its column amax
-    all-reduced from the shards'). Tensorwise's tensor amax is all-reduced from the shards'."""
-    dump = _compile(tmp_path, world_size, recipe)
+    all-reduced from the shards'). Tensorwise's tensor amax is all-reduced from the shards'.
+    Rowwise's backward matmuls (no fast accumulation) are torchao's scale-after form, read as
+    rowwise _scaled_mm (config.fold_rowwise_float8)."""
+    dump = _compile(tmp_path, world_size, recipe, fold_rowwise_float8=True)
     shard = f"{BATCH}, {SEQ // world_size}, {DIM}"
     gathered = f"{BATCH * world_size}, {SEQ // world_size}, {DIM}"
     for kind in ("forward", "backward"):
@@ -67,6 +69,18 @@ def test_float8_sp_block(tmp_path, latency_free, world_size, recipe):
         assert len(moved) == 2 and all(c["rewritten"] for c in moved), moved
         # an amax over every token (tensorwise) or per column (rowwise's second cast), or more
         assert all(c["split"]["reduced_over_tokens"] for c in moved), moved
+
+
+def test_rowwise_backward_unfolded_by_default(tmp_path, latency_free):
+    """Without the fold (the default), rowwise's forward fuses as above; its backward's matmuls
+    stay torchao's scale-after form, so neither their gathers nor their reduce-scatters fuse,
+    each with a reason, and the compiled graphs run (the fake group's reference ops)."""
+    dump = _compile(tmp_path, 2, "rowwise")
+    assert collectives(dump.after("forward")).count((AGS,)) == 2
+    backward = dump.candidates("backward")
+    assert not any(c["rewritten"] for c in backward if c["kind"] != "all_reduce_split")
+    scatters = [c["reason"] for c in backward if c["kind"] == "matmul_reduce_scatter"]
+    assert len(scatters) == 2 and all(r.startswith("dtype cast between the matmul and the reduce-scatter") for r in scatters)
 
 
 def test_quantize_before_gather_off(tmp_path, latency_free):
