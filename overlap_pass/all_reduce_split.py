@@ -178,7 +178,7 @@ def _rank_local(graph: Graph) -> set[Node]:
                 local.add(node)
         elif target in _RANK_LOCAL or target is REDUCE_SCATTER:
             local.add(node)
-        elif isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags:
+        elif _random(target):
             local.add(node)
         elif any(arg in local for arg in node.all_input_nodes):
             local.add(node)
@@ -329,8 +329,9 @@ def plan(graph: Graph, all_reduces: bool = True, gathers: bool = True) -> Plan:
         merged = [ar for ars in region.entries.values() for ar in ars]
         for ar in merged:
             records[ar].update(_region_record(region, merged))
-        for gather in region.gathers.values():
-            records[gather] = {**record(gather, None), **_region_record(region, merged)}
+        if any(_feeds_scaled_mm(n) for n in region.exits):  # else no float8 candidate: no record
+            for gather in region.gathers.values():
+                records[gather] = {**record(gather, None), **_region_record(region, merged)}
     return Plan(tuple(found), records)
 
 
@@ -443,6 +444,10 @@ def _region_record(region: Region, all_reduces: list[Node]) -> dict:
 # the rewrite
 
 
+def _random(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
+
+
 class _Sharder:
     """Builds one region's ops on the shard, each placed before the op it replaces."""
 
@@ -498,6 +503,8 @@ class _Sharder:
         """One node per distinct op on the shard: torchao quantizes a gathered tensor twice
         along the same ops (its forward and its saved copy, each with its own copy of the
         scale's ops), which then share one gather."""
+        if _random(target):  # two draws are two values
+            return call(self.graph, target, args, kwargs)
         key = repr((target, map_arg((args, kwargs or {}), self._structure)))
         if key not in self.made:
             self.made[key] = call(self.graph, target, args, kwargs)
@@ -507,7 +514,7 @@ class _Sharder:
         """A key that elementwise ops outside the region share when they compute the same
         values from the same nodes."""
         if node not in self.structures:
-            if node.op == "call_function" and rows.is_pointwise(node):
+            if node.op == "call_function" and rows.is_pointwise(node) and not _random(node.target):
                 self.structures[node] = repr((node.target, map_arg((node.args, node.kwargs), self._structure)))
             else:
                 self.structures[node] = node.name

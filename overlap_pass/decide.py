@@ -89,7 +89,7 @@ def choose_implementation(match: Match) -> str:
     device = meta_val(match.shard if isinstance(match, AllGatherMatmulMatch) else match.scattered).device
     if device.type != "cuda":
         return "reference"
-    if match.scaled is not None:  # float8: one CUDA variant so far (lowering/scaled.py)
+    if getattr(match, "scaled", None) is not None:  # float8: one CUDA variant so far (scaled.py)
         return "reference" if config.implementation == "reference" else "nccl_scaled_mm"
     if config.implementation != "auto":
         return config.implementation
