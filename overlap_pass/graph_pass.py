@@ -298,6 +298,15 @@ def _describe(candidate: Candidate) -> dict:
         "group": {"name": group_name, "size": world_size, "ranks": decide.group_ranks(group_name)},
     }
     match = candidate.match
+    if getattr(match, "scaled", None) is not None:  # float8: _scaled_mm, the rows' scales
+        rowwise = match.scaled.rowwise or any(
+            t.input_scale.meta["val"].numel() > 1 for t in getattr(match, "terms", ())
+        )
+        record["scaled"] = {
+            "scales": "rowwise" if rowwise else "tensorwise",
+            "out_dtype": str(match.scaled.out_dtype).replace("torch.", ""),
+            "use_fast_accum": match.scaled.use_fast_accum,
+        }
     if isinstance(match, AllGatherMatmulMatch):
         record["dim"] = match.gather_dim
         record["nodes"] = {

@@ -67,6 +67,8 @@ def test_float8_sp_block(tmp_path, latency_free, world_size, recipe):
         assert after == sorted([(AGS,)] * 2 + [(SRS, "bf16", shard)] * 2 + plain, key=str), kind
         moved = [c for c in dump.candidates(kind) if c["kind"] == all_reduce_split.GATHER_KIND]
         assert len(moved) == 2 and all(c["rewritten"] for c in moved), moved
+        fused = [c for c in dump.candidates(kind) if c["kind"] in ("all_gather_matmul", "matmul_reduce_scatter") and c["rewritten"]]
+        assert {c["scaled"]["scales"] for c in fused} == {recipe}, fused
         # an amax over every token (tensorwise) or per column (rowwise's second cast), or more
         assert all(c["split"]["reduced_over_tokens"] for c in moved), moved
 
