@@ -343,11 +343,11 @@ def _bytes(node: Node) -> int:
 def _decide(region: Region) -> tuple[bool, str]:
     """Split when the collectives left in the open (not fused with a matmul) cost less than the
     all-reduces and all-gathers do now: bytes each rank sends, plus LATENCY_BYTES a collective.
-    A region from an all-gather is taken only for a scaled (float8) matmul: casts.py moves a
-    plain cast."""
+    A region from all-gathers alone is taken only for a scaled (float8) matmul: casts.py moves
+    a plain cast."""
     if any(isinstance(meta_val(n), (tuple, list)) for n in region.exits):
         return False, "a row-wise op's tuple result is read whole"
-    if region.gathers and not any(_feeds_scaled_mm(n) for n in region.exits):
+    if region.gathers and not region.entries and not any(_feeds_scaled_mm(n) for n in region.exits):
         return False, "no scaled (float8) matmul reads a tensor computed from the gathered one"
     share = (region.world_size - 1) / region.world_size
     all_reduces = [ar for ars in region.entries.values() for ar in ars]
