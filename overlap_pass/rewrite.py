@@ -128,7 +128,6 @@ def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node
                                           contract_with=[o_j or x_j^T], gathered_left=[...])
         y_i = reshape(ys[i]);  dw_j = ys[len(w) + j]
     """
-    shard = match.gather.args[0]
     operands = [_mm_operands(use.mm) for use in match.matmuls]
     mms = [use.mm for use in match.matmuls + match.contractions]
     first_mm = min(mms, key=graph_order(graph).__getitem__)
@@ -140,24 +139,9 @@ def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node
         gathered_side = use.mm.args[0] if use.gathered_left else use.mm.args[1]
         dead += _chain(gathered_side, match.gathered) + [_contracted_operand(use)]
     with graph.inserting_before(first_mm):
-        if match.scaled is None:
-            op = call(
-                graph,
-                torch.ops.overlap.all_gather_matmul.default,
-                (
-                    shard,
-                    [mat2 for _, mat2, _ in operands],
-                    [bias for _, _, bias in operands],
-                    match.gather_dim,
-                    match.world_size,
-                    match.group_name,
-                    return_gathered,
-                    [_rows_operand(graph, use) for use in match.contractions],
-                    [use.gathered_left for use in match.contractions],
-                ),
-            )
-        else:
-            op = _all_gather_scaled_matmul(graph, match, operands, return_gathered)
+        make = _all_gather_matmul if match.scaled is None else _all_gather_scaled_matmul
+        op = make(graph, match, operands, return_gathered)
+        if match.scaled is not None:
             dead += list(match.scaled.scale_gather)
         outputs = call(graph, operator.getitem, (op, 1))
         for index, use in enumerate(match.matmuls + match.contractions):
@@ -168,6 +152,24 @@ def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node
 
     erase_dead(graph, dead)
     return op
+
+
+def _all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch, operands, return_gathered: bool) -> Node:
+    return call(
+        graph,
+        torch.ops.overlap.all_gather_matmul.default,
+        (
+            match.gather.args[0],
+            [mat2 for _, mat2, _ in operands],
+            [bias for _, _, bias in operands],
+            match.gather_dim,
+            match.world_size,
+            match.group_name,
+            return_gathered,
+            [_rows_operand(graph, use) for use in match.contractions],
+            [use.gathered_left for use in match.contractions],
+        ),
+    )
 
 
 def _all_gather_scaled_matmul(graph: Graph, match: AllGatherMatmulMatch, operands, return_gathered: bool) -> Node:
@@ -195,6 +197,15 @@ def _all_gather_scaled_matmul(graph: Graph, match: AllGatherMatmulMatch, operand
             scaled.use_fast_accum,
             return_gathered,
         ),
+    )
+
+
+def _matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch, inputs, mat2s, bias) -> Node:
+    out_dtype = [match.out_dtype] if match.out_dtype is not None else []
+    return call(
+        graph,
+        torch.ops.overlap.matmul_reduce_scatter.default,
+        (inputs, mat2s, bias, match.reduce_op, match.scatter_dim, match.world_size, match.group_name, *out_dtype),
     )
 
 
@@ -241,23 +252,8 @@ def rewrite_matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch)
         for _, _, term_bias in terms:
             if term_bias is not None:
                 bias = term_bias if bias is None else call(graph, aten.add.Tensor, (bias, term_bias))
-        if match.scaled is None:
-            op = call(
-                graph,
-                torch.ops.overlap.matmul_reduce_scatter.default,
-                (
-                    inputs,
-                    [mat2 for _, mat2, _ in terms],
-                    bias,
-                    match.reduce_op,
-                    match.scatter_dim,
-                    match.world_size,
-                    match.group_name,
-                    *([match.out_dtype] if match.out_dtype is not None else []),
-                ),
-            )
-        else:
-            op = _scaled_matmul_reduce_scatter(graph, match, inputs, [mat2 for _, mat2, _ in terms], bias)
+        make = _matmul_reduce_scatter if match.scaled is None else _scaled_matmul_reduce_scatter
+        op = make(graph, match, inputs, [mat2 for _, mat2, _ in terms], bias)
         result = op if match.moved is None else call(graph, aten.permute.default, (op, list(match.moved)))
     match.wait.replace_all_uses_with(result)
     erase_dead(graph, dead)

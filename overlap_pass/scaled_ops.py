@@ -60,7 +60,6 @@ def _check_scale(scale: torch.Tensor, operand: torch.Tensor, what: str) -> None:
 def _check_mat2s(k: int, mat2s, mat2_scales) -> None:
     torch._check(len(mat2s) > 0, lambda: "at least one mat2")
     torch._check(len(mat2_scales) == len(mat2s), lambda: "one mat2 scale per mat2")
-    n = None
     for mat2, scale in zip(mat2s, mat2_scales):
         torch._check(
             mat2.dim() == 2 and mat2.shape[0] == k,

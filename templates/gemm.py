@@ -88,7 +88,7 @@ def row_major(mat2: torch.Tensor) -> torch.Tensor:
     return mat2.t() if mat2.stride(0) == 1 else mat2
 
 
-FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)  # what Hopper's float8 tensor cores take
 
 
 def tma_a(a: torch.Tensor) -> bool:
