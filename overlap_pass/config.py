@@ -36,10 +36,9 @@ quantize_before_gather: bool = Config(default=True, env_name_default="OVERLAP_PA
 
 # Float8: read torchao's rowwise matmul without fast accumulation (a _scaled_mm with scales of 1,
 # the row and column scales multiplied in afterwards) as one rowwise _scaled_mm, so that its
-# all-gather and reduce-scatter fuse too (float8.py); written back where no op takes it. Off by
-# default: on CUDA (torch 2.11) a graph with such a matmul written back failed in cuBLASLt
-# ("Only multiplication of row-major and column-major matrices"), not yet understood.
-fold_rowwise_float8: bool = Config(default=False, env_name_default="OVERLAP_PASS_FOLD_ROWWISE_FLOAT8")
+# all-gather and reduce-scatter fuse too (float8.py); written back where no op takes it. Off:
+# torchao's rowwise backward matmuls keep their collectives.
+fold_rowwise_float8: bool = Config(default=True, env_name_default="OVERLAP_PASS_FOLD_ROWWISE_FLOAT8")
 
 # Which implementation the rewritten ops run. "auto": on CUDA with an NCCL group, the fastest of
 # the variants measured at a shape's first call (lowering/choose.py); elsewhere the reference

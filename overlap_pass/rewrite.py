@@ -39,6 +39,12 @@ def call(graph: Graph, target, args: tuple, kwargs: dict | None = None) -> Node:
         flat = [v for v in torch.utils._pytree.tree_leaves(vals) if isinstance(v, torch.Tensor)]
         with detect_fake_mode(flat):
             node.meta["val"] = target(*vals, **kwvals)
+    if torch.Tag.needs_exact_strides in getattr(target, "tags", ()):
+        # Inductor pins such an op's inputs to these strides only where the node carries them
+        # (else it leaves a node "inserted by a custom pass" free): without them a _scaled_mm's
+        # operand, still of flexible layout, was stored column-major by a fused kernel, and
+        # cuBLASLt rejected it
+        node.meta["eager_input_vals"] = (vals, kwvals)
     return node
 
 

@@ -52,8 +52,8 @@ def test_float8_sp_block(tmp_path, latency_free, world_size, recipe):
     the tokens for the weight gradient: that float8 copy is gathered plainly (its column amax
     all-reduced from the shards'). Tensorwise's tensor amax is all-reduced from the shards'.
     Rowwise's backward matmuls (no fast accumulation) are torchao's scale-after form, read as
-    rowwise _scaled_mm (config.fold_rowwise_float8)."""
-    dump = _compile(tmp_path, world_size, recipe, fold_rowwise_float8=True)
+    rowwise _scaled_mm (config.fold_rowwise_float8, on by default)."""
+    dump = _compile(tmp_path, world_size, recipe)
     shard = f"{BATCH}, {SEQ // world_size}, {DIM}"
     gathered = f"{BATCH * world_size}, {SEQ // world_size}, {DIM}"
     for kind in ("forward", "backward"):
@@ -73,11 +73,11 @@ def test_float8_sp_block(tmp_path, latency_free, world_size, recipe):
         assert all(c["split"]["reduced_over_tokens"] for c in moved), moved
 
 
-def test_rowwise_backward_unfolded_by_default(tmp_path, latency_free):
-    """Without the fold (the default), rowwise's forward fuses as above; its backward's matmuls
+def test_rowwise_backward_without_the_fold(tmp_path, latency_free):
+    """config.fold_rowwise_float8 off: rowwise's forward fuses as above; its backward's matmuls
     stay torchao's scale-after form, so neither their gathers nor their reduce-scatters fuse,
     each with a reason, and the compiled graphs run (the fake group's reference ops)."""
-    dump = _compile(tmp_path, 2, "rowwise")
+    dump = _compile(tmp_path, 2, "rowwise", fold_rowwise_float8=False)
     assert collectives(dump.after("forward")).count((AGS,)) == 2
     backward = dump.candidates("backward")
     assert not any(c["rewritten"] for c in backward if c["kind"] != "all_reduce_split")
@@ -99,3 +99,27 @@ def test_small_gathers_are_left_alone(tmp_path):
     dump = _compile(tmp_path, 2, "tensorwise")
     moved = [c for c in dump.candidates("forward") if c["kind"] == all_reduce_split.GATHER_KIND]
     assert moved and all(c["reason"].startswith("does not pay: 1 all-gather(s) move") for c in moved)
+
+
+def test_matmuls_written_back_keep_their_strides(tmp_path, monkeypatch):
+    """The fold on and nothing rewritten: every rowwise matmul is written back in torchao's form,
+    and every _scaled_mm the pass made carries eager_input_vals, without which Inductor leaves
+    its operands' layouts free (a fused kernel then stored one column-major on CUDA, and
+    cuBLASLt rejected it: tests/gpu/test_float8_compile_gpu.py)."""
+    from overlap_pass import float8
+    from overlap_pass.patterns import SCALED_MM
+
+    written_back, unfold = [], float8.unfold
+
+    def unfold_and_look(graph):
+        before = set(graph.find_nodes(op="call_function", target=SCALED_MM))
+        unfold(graph)
+        written_back.extend(n for n in graph.find_nodes(op="call_function", target=SCALED_MM) if n not in before)
+
+    monkeypatch.setattr(float8, "unfold", unfold_and_look)
+    off = dict(quantize_before_gather=False, all_gather_matmul=False, matmul_reduce_scatter=False)
+    _compile(tmp_path, 2, "rowwise", **off)
+    assert written_back, "no rowwise matmul was folded"
+    for node in written_back:
+        operands = node.meta["eager_input_vals"][0][:2]
+        assert [o.stride() for o in operands] == [a.meta["val"].stride() for a in node.args[:2]]
