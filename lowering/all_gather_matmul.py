@@ -20,6 +20,7 @@ copy_engine_cublas where a chunk is one run of rows, accumulating in the output 
 over the whole workspace; nccl_cublas runs them as one matmul each.
 """
 
+import dataclasses
 import functools
 
 import torch
@@ -53,45 +54,74 @@ def allocate(
     return (shard.new_empty(gathered_shape) if return_gathered else None), outs
 
 
-def _copy_chunk(ws: symm.Workspace, peer: int, flat: torch.Tensor, layout, gathered_shape) -> None:
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """Where one gathered tensor lives in the workspace data: its [M, X] rows from byte
+    ``offset`` on. An all-gather moves one tensor, or several with the same rows (float8 data
+    and its rowwise scales, lowering/scaled.py), each chunk's parts under one flag."""
+
+    shape: tuple[int, int]
+    dtype: torch.dtype
+    offset: int
+
+
+def regions(parts, layout) -> tuple[list[Region], int]:
+    """The regions of ``parts`` (each a shard as its [rows, X] rows) one after the other, each
+    128-byte aligned, and the bytes they take."""
+    placed, offset = [], 0
+    for flat in parts:
+        shape = (layout.world * layout.chunk_rows, flat.shape[1])
+        placed.append(Region(shape, flat.dtype, offset))
+        offset += -(-shape[0] * shape[1] * flat.element_size() // 128) * 128
+    return placed, offset
+
+
+def _copy_chunk(ws: symm.Workspace, peer: int, flat: torch.Tensor, layout, region: Region) -> None:
     """This rank's shard into its rows of ``peer``'s workspace: one copy-engine copy per block."""
     for block in range(layout.outer):
         start, stop = layout.block_span(ws.rank, block)
         own = flat if layout.outer == 1 else flat[block * layout.inner : (block + 1) * layout.inner]
-        ws.peer_rows(peer, gathered_shape, flat.dtype, start, stop).copy_(own)
+        ws.peer_rows(peer, region.shape, region.dtype, start, stop, region.offset).copy_(own)
 
 
-def _push_chunks(ws: symm.Workspace, flat: torch.Tensor, layout, gathered_shape) -> None:
-    """Side stream: copy this rank's shard into every peer's data, rank-rotated (at step s to
-    rank - s, so each rank receives rank + 1, rank + 2, ... in the order its consumer takes
-    them), each chunk followed by that peer's flag."""
+def _push_chunks(ws: symm.Workspace, parts, layout, placed) -> None:
+    """Side stream: copy this rank's shard (every part) into every peer's data, rank-rotated
+    (at step s to rank - s, so each rank receives rank + 1, rank + 2, ... in the order its
+    consumer takes them), each chunk followed by that peer's flag."""
     for step in range(1, ws.world_size):
         peer, _ = schedule.all_gather_peers(ws.rank, ws.world_size, step)
-        _copy_chunk(ws, peer, flat, layout, gathered_shape)
+        for flat, region in zip(parts, placed):
+            _copy_chunk(ws, peer, flat, layout, region)
         ws.signal_peer(peer)
 
 
-def _start(shard, layout, group_name, own_too=False):
+def shard_rows(shard: torch.Tensor) -> torch.Tensor:
+    """A shard as its [rows, X] rows (a copy only where it is not contiguous)."""
+    return shard.contiguous().view(-1, shard.shape[-1])
+
+
+def start(parts, layout, group_name, own_too=False):
     """Steps 1 and 2 of the protocol (symm.py): barrier on the caller's stream, then the pushes
-    on the side stream; with ``own_too``, then the own shard into its rows of the own data too,
-    marked by ``ws.chunk_ready[rank]``, so that the data is the whole gathered tensor. Returns
-    the workspace, its data as the gathered [M, K] rows, and the shard as its [rows, K]."""
-    flat = shard.contiguous().view(-1, shard.shape[-1])
-    gathered_shape = (layout.world * layout.chunk_rows, flat.shape[1])
-    ws = symm.workspace(KIND, group_name, shard.device)
-    ws.enter(gathered_shape[0] * gathered_shape[1] * flat.element_size(), config.spin_limit)
+    of ``parts`` (shards as their rows, shard_rows) on the side stream; with ``own_too``, then
+    the own shard into its rows of the own data too, marked by ``ws.chunk_ready[rank]``, so that
+    the data is the whole gathered tensor. Returns the workspace and each part's gathered rows
+    in its data."""
+    placed, data_bytes = regions(parts, layout)
+    ws = symm.workspace(KIND, group_name, parts[0].device)
+    ws.enter(data_bytes, config.spin_limit)
     ws.fork()
     with ws.on_side_stream():
-        _push_chunks(ws, flat, layout, gathered_shape)
+        _push_chunks(ws, parts, layout, placed)
         if own_too:  # after the pushes: the peers wait for those
-            _copy_chunk(ws, ws.rank, flat, layout, gathered_shape)
+            for flat, region in zip(parts, placed):
+                _copy_chunk(ws, ws.rank, flat, layout, region)
             ws.chunk_ready[ws.rank].record(ws.side_stream)
-    return ws, ws.data(gathered_shape, flat.dtype), flat
+    return ws, [ws.data(r.shape, r.dtype, r.offset) for r in placed]
 
 
-def _finish(ws, data, gathered):
+def finish(ws, data, gathered):
     """Step 3's end: join the side stream; the gathered tensor, if asked for, is copied out of
-    the workspace (the next call overwrites it; the own chunk is there, _start's own_too)."""
+    the workspace (the next call overwrites it; the own chunk is there, start's own_too)."""
     ws.leave()
     if gathered is not None:
         gathered.view(data.shape).copy_(data)
@@ -115,7 +145,8 @@ def fused(
     layout = RowLayout.of(shard.shape, gather_dim, world_size)
     # the contractions run after the kernel over the whole data, own chunk included
     own_too = bool(contract_with) or return_gathered
-    ws, data, flat = _start(shard, layout, group_name, own_too)
+    flat = shard_rows(shard)
+    ws, (data,) = start([flat], layout, group_name, own_too)
     try:
         consumer.all_gather_matmul_consumer(
             data, list(mat2s), [None if b is None else b.contiguous() for b in biases],
@@ -127,7 +158,7 @@ def fused(
         if contract_with:  # the kernel waited for every chunk: no waits
             _whole_contractions(ws, data, contract_with, gathered_left, outs[len(mat2s) :])
     finally:  # joined even when the launch fails: the next call must not overtake the pushes
-        _finish(ws, data, gathered)
+        finish(ws, data, gathered)
     return gathered, outs
 
 
@@ -142,11 +173,12 @@ def copy_engine_cublas(
     # a chunk of several runs of rows cannot be contracted in one matmul: contract at the end
     per_chunk = layout.outer == 1
     own_too = (bool(contract_with) and not per_chunk) or return_gathered
-    ws, data, flat = _start(shard, layout, group_name, own_too)
+    flat = shard_rows(shard)
+    ws, (data,) = start([flat], layout, group_name, own_too)
     row_outs = [o.view(-1, o.shape[-1]) for o in outs[: len(mat2s)]]
     try:
         for chunk in schedule.all_gather_order(ws.rank, world_size):
-            a = _chunk_rows(ws, data, flat, layout, chunk)
+            a = chunk_rows(ws, data, flat, layout, chunk)
             for out, mat2, bias in zip(row_outs, mat2s, biases):
                 matmul_into(a, mat2, bias, layout.chunk(out, chunk))
             if per_chunk:
@@ -156,11 +188,11 @@ def copy_engine_cublas(
         if contract_with and not per_chunk:
             _whole_contractions(ws, data, contract_with, gathered_left, outs[len(mat2s) :])
     finally:  # joined even when a matmul fails: the next call must not overtake the pushes
-        _finish(ws, data, gathered)
+        finish(ws, data, gathered)
     return gathered, outs
 
 
-def _chunk_rows(ws, data, flat, layout, chunk) -> torch.Tensor:
+def chunk_rows(ws, data, flat, layout, chunk) -> torch.Tensor:
     """Chunk ``chunk``'s rows (row_layout.py's view): the local shard in place, or the peer's chunk
     in the workspace, behind a one-program kernel that waits for its flag (on the caller's
     stream)."""

@@ -102,8 +102,10 @@ def variant_calls(kind: str, fast_key: tuple, variants: dict) -> dict:
     """Name -> the variant wrapped as a call of ``fast_key`` (_ag_call, _rs_call): every variant
     but the baseline runs the symmetric-memory protocol, which a per-call graph can hold, each
     variant's graphs apart (the choice runs them all on the same tensors)."""
-    wrap = _ag_call if kind == agm.KIND else _rs_call
-    return {name: functools.partial(wrap, v, name != choose.BASELINE, (fast_key, name)) for name, v in variants.items()}
+    wraps = {agm.KIND: _ag_call, mrs.KIND: _rs_call}
+    if kind not in wraps:  # the float8 ops (scaled.py): eager calls only
+        return dict(variants)
+    return {name: functools.partial(wraps[kind], v, name != choose.BASELINE, (fast_key, name)) for name, v in variants.items()}
 
 
 def _resolve(kind, fast_key, group_name, world_size, variants, shapes, dtype, device, args):
@@ -176,21 +178,59 @@ def matmul_reduce_scatter(
     return ops.matmul_reduce_scatter_reference(*args) if run is None else run(*args)
 
 
-def _scaled_reference(group_name: str) -> bool:
-    """Whether a scaled op runs the reference decomposition (forced, or no NCCL group)."""
-    return config.implementation == "reference" or not _symmetric_memory_usable(_resolve_process_group(group_name))
+def _scale_kind(scale: torch.Tensor) -> str:
+    return "tensorwise" if scaled_ops.is_tensorwise(scale) else "rowwise"
 
 
-def all_gather_scaled_matmul(shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, *args, **kwargs):
-    """The float8 op: scaled.py's one variant, or the reference."""
-    args = (shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, *args)
-    if _scaled_reference(group_name):
-        return scaled_ops.all_gather_scaled_matmul_reference(*args, **kwargs)
-    return scaled.all_gather_nccl_scaled_mm(*args, **kwargs)
+def all_gather_scaled_matmul(
+    shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
+    use_fast_accum=False, return_gathered=False,
+):  # fmt: skip
+    args = (
+        shard, shard_scale, mat2s, mat2_scales, biases, gather_dim % shard.dim(), world_size, group_name,
+        out_dtype, use_fast_accum, return_gathered,
+    )  # fmt: skip
+    fast_key = (
+        scaled.AG_KIND, _signature(shard), _signature(shard_scale), tuple(_signature(m) for m in mat2s),
+        tuple(_signature(m) for m in mat2_scales), tuple(_signature(b) for b in biases), gather_dim,
+        world_size, group_name, out_dtype, use_fast_accum, return_gathered, config.implementation,
+    )  # fmt: skip
+    run = _RESOLVED.get(fast_key)
+    if run is not None:
+        return run(*args)
+    scaled_ops._check_all_gather(shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype)
+    shapes = all_gather_matmul_shapes(shard.shape, mat2s, biases, args[5])
+    shapes.update(scales=_scale_kind(shard_scale), out_dtype=str(out_dtype), fast_accum=use_fast_accum)
+    variants = scaled.variants(scaled.AG_KIND)
+    run = _resolve(scaled.AG_KIND, fast_key, group_name, world_size, variants, shapes, shard.dtype, shard.device, args)
+    return scaled_ops.all_gather_scaled_matmul_reference(*args) if run is None else run(*args)
 
 
-def scaled_matmul_reduce_scatter(inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, group_name, *args, **kwargs):
-    args = (inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, group_name, *args)
-    if _scaled_reference(group_name):
-        return scaled_ops.scaled_matmul_reduce_scatter_reference(*args, **kwargs)
-    return scaled.nccl_scaled_mm_reduce_scatter(*args, **kwargs)
+def scaled_matmul_reduce_scatter(
+    inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, group_name,
+    mm_dtype, out_dtype=None, use_fast_accum=False,
+):  # fmt: skip
+    if out_dtype == mm_dtype:
+        out_dtype = None  # one key, one choice for both spellings
+    args = (
+        inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim % inputs[0].dim(), world_size,
+        group_name, mm_dtype, out_dtype, use_fast_accum,
+    )  # fmt: skip
+    fast_key = (
+        scaled.RS_KIND, tuple(_signature(a) for a in inputs), tuple(_signature(s) for s in input_scales),
+        tuple(_signature(m) for m in mat2s), tuple(_signature(m) for m in mat2_scales), _signature(bias),
+        reduce_op, scatter_dim, world_size, group_name, mm_dtype, out_dtype, use_fast_accum, config.implementation,
+    )  # fmt: skip
+    run = _RESOLVED.get(fast_key)
+    if run is not None:
+        return run(*args)
+    scaled_ops._check_reduce_scatter(
+        inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, mm_dtype, out_dtype
+    )
+    shapes = matmul_reduce_scatter_shapes(
+        [a.shape for a in inputs], mat2s, bias is not None, reduce_op, args[6], out_dtype
+    )
+    shapes.update(scales=_scale_kind(input_scales[0]), mm_dtype=str(mm_dtype), fast_accum=use_fast_accum)
+    variants = scaled.variants(scaled.RS_KIND)
+    run = _resolve(scaled.RS_KIND, fast_key, group_name, world_size, variants, shapes, inputs[0].dtype, inputs[0].device, args)
+    return scaled_ops.scaled_matmul_reduce_scatter_reference(*args) if run is None else run(*args)

@@ -75,17 +75,18 @@ def _chunk_partial(flats, mat2s, bias, layout, chunk, out):
         matmul_into(layout.chunk(a, chunk), mat2, bias if i == 0 else None, target, accumulate=i > 0)
 
 
-class _Call:
+class Call:
     """One call's workspace views: recv (this rank's slots), staging, and each owner's slot for
-    this rank's partial."""
+    this rank's partial ([rows, n] of ``dtype``, the partials' dtype). Made, it has entered
+    the protocol (step 1)."""
 
-    def __init__(self, flats, layout, n, group_name):
-        self.dtype, self.layout, self.n = flats[0].dtype, layout, n
+    def __init__(self, layout, n, dtype, device, group_name):
+        self.dtype, self.layout, self.n = dtype, layout, n
         self.rows = rows = layout.chunk_rows
-        self.ws = ws = symm.workspace(KIND, group_name, flats[0].device)
+        self.ws = ws = symm.workspace(KIND, group_name, device)
         self.world, self.rank = ws.world_size, ws.rank
         self.slots_shape = (self.world * rows, n)
-        ws.enter(2 * self.world * rows * n * flats[0].element_size(), config.spin_limit)
+        ws.enter(2 * self.world * rows * n * dtype.itemsize, config.spin_limit)
         self.recv = ws.data(self.slots_shape, self.dtype)
 
     def owner_slot(self, owner: int) -> torch.Tensor:
@@ -112,16 +113,21 @@ def _overlapped(
     mat2s, bias)``, which gets every partial into its owner's slot and flags it: enter (barrier),
     produce, the owner's reduction (into ``outputs``, from allocate, if given), leave."""
     flats, layout = _input_rows(inputs, scatter_dim, world_size)
-    n = mat2s[0].shape[1]
-    call = _Call(flats, layout, n, group_name)
+    call = Call(layout, mat2s[0].shape[1], flats[0].dtype, flats[0].device, group_name)
     if outputs is None:
         outputs = allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype)
+    return reduce_produced(call, lambda: produce(call, flats, mat2s, bias), reduce_op, outputs)
+
+
+def reduce_produced(call: Call, produce, reduce_op: str, out: torch.Tensor) -> torch.Tensor:
+    """``produce()`` (every partial into its owner's slot, flagged), then the owner's reduction
+    into ``out``, then leave (also when a launch fails)."""
     try:
-        produce(call, flats, mat2s, bias)
-        call.reduce(reduce_op, outputs.view(call.rows, n))
+        produce()
+        call.reduce(reduce_op, out.view(call.rows, call.n))
     finally:  # joined even when a launch fails: the next call must not overtake the pushes
         call.ws.leave()
-    return outputs
+    return out
 
 
 def _produce_fused(call, flats, mat2s, bias, *, gemm_config):
@@ -136,15 +142,20 @@ def _produce_fused(call, flats, mat2s, bias, *, gemm_config):
 
 
 def _produce_copy_engine(call, flats, mat2s, bias):
-    """cuBLAS per chunk into staging; the copy engine pushes each to its owner, flag behind it.
-    Every matmul is queued first, each marking its chunk ready, then every push behind its
-    mark: the GPU runs the same schedule, and the host switches streams once, not per chunk."""
+    push_partials(call, functools.partial(_chunk_partial, flats, mat2s, bias, call.layout))
+
+
+def push_partials(call: Call, partial) -> None:
+    """``partial(chunk, out)`` (cuBLAS) per chunk into staging; the copy engine pushes each to
+    its owner, flag behind it. Every matmul is queued first, each marking its chunk ready, then
+    every push behind its mark: the GPU runs the same schedule, and the host switches streams
+    once, not per chunk."""
     ws = call.ws
     order = schedule.reduce_scatter_order(call.rank, call.world)
     ws.fork()  # the pushes come after the barrier; each waits only for its own matmul
     for chunk in order:
         own = chunk == call.rank  # last: straight into the own slot, no copy
-        _chunk_partial(flats, mat2s, bias, call.layout, chunk, call.owner_slot(chunk) if own else call.staging(chunk))
+        partial(chunk, call.owner_slot(chunk) if own else call.staging(chunk))
         ws.chunk_ready[chunk].record(ws.main)
     with ws.on_side_stream():
         for chunk in order[:-1]:

@@ -1,20 +1,99 @@
-"""overlap::all_gather_scaled_matmul and overlap::scaled_matmul_reduce_scatter on CUDA.
+"""overlap::all_gather_scaled_matmul and overlap::scaled_matmul_reduce_scatter on CUDA: the
+variants that choose.py picks from, as for the bf16 ops.
 
-One variant so far, nccl_scaled_mm: the NCCL collective (float8 moved as bytes), then
-_scaled_mm (scaled_ops.scaled_mm_rows) on the whole tensor: what Inductor runs for these graphs
-without overlap. The overlapped variants (copy-engine chunks feeding one _scaled_mm per chunk,
-and the Triton fp8 consumer and producer) follow the bf16 ops' protocol once measured on two
-GPUs; until then the rewrite costs nothing over Inductor's own graph, bar the rowwise scales of
-an all-gather moving in their own collective.
+- copy_engine_cublas: the bf16 ops' copy-engine protocol (all_gather_matmul.py,
+  matmul_reduce_scatter.py) with one _scaled_mm (scaled_ops.scaled_mm_rows) per chunk. An
+  all-gather moves the float8 rows and, for rowwise scales, the rows' scales with them, both
+  under the chunk's one flag; a reduce-scatter's partials are the matmuls' out_dtype (bf16).
+- nccl_cublas: the NCCL collective (float8 moved as bytes), then _scaled_mm on the whole
+  tensor: what Inductor runs for these graphs without overlap. The baseline, and the fallback.
+
+A chunk of several blocks of rows (a [batch, seq, dim] tensor gathered or scattered along seq,
+row_layout.py) takes one _scaled_mm per block: _scaled_mm has no batched form. The Triton
+float8 consumer (templates/all_gather_matmul.py, FLOAT8 configs) is not a variant yet.
 """
 
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from overlap_pass import ops, scaled_ops
+from overlap_pass import ops, scaled_ops, schedule
 
+from . import all_gather_matmul as agm
+from . import matmul_reduce_scatter as mrs
 from .row_layout import RowLayout
+
+AG_KIND, RS_KIND = "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter"
+
+
+def _scale_rows(scale: torch.Tensor) -> torch.Tensor:
+    """A tensorwise scale as it is, a rowwise one ([..., 1]) as its [rows, 1]."""
+    return scale if scaled_ops.is_tensorwise(scale) else agm.shard_rows(scale)
+
+
+def _chunk_scale(scale: torch.Tensor, layout: RowLayout, chunk: int) -> torch.Tensor:
+    return scale if scaled_ops.is_tensorwise(scale) else layout.chunk(scale, chunk)
+
+
+def _scaled_mm_into(a, scale, mat2, mat2_scale, bias, out, out_dtype, use_fast_accum) -> None:
+    """out = _scaled_mm(a, mat2) for a chunk's rows (RowLayout.chunk views): [rows, K], or
+    [blocks, rows, K] and one call per block."""
+    if a.dim() == 2:
+        scaled_ops.scaled_mm_rows(a, scale, mat2, mat2_scale, bias, out_dtype, use_fast_accum, out=out)
+        return
+    for block in range(a.shape[0]):
+        block_scale = scale if scaled_ops.is_tensorwise(scale) else scale[block]
+        scaled_ops.scaled_mm_rows(
+            a[block], block_scale, mat2, mat2_scale, bias, out_dtype, use_fast_accum, out=out[block]
+        )
+
+
+def all_gather_copy_engine_scaled_mm(
+    shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
+    use_fast_accum=False, return_gathered=False,
+):  # fmt: skip
+    layout = RowLayout.of(shard.shape, gather_dim, world_size)
+    rowwise = not scaled_ops.is_tensorwise(shard_scale)
+    parts = [agm.shard_rows(shard)] + ([_scale_rows(shard_scale)] if rowwise else [])
+    gathered_shape = ops._gathered_shape(shard, gather_dim, world_size)
+    outs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]], dtype=out_dtype) for m in mat2s]
+    gathered = shard.new_empty(gathered_shape) if return_gathered else None
+    ws, data = agm.start(parts, layout, group_name, own_too=return_gathered)
+    try:
+        for chunk in schedule.all_gather_order(ws.rank, world_size):
+            a = agm.chunk_rows(ws, data[0], parts[0], layout, chunk)  # waits for the chunk's flag
+            scale = shard_scale
+            if rowwise:  # arrived with the rows, under the same flag
+                scale = layout.own(parts[1]) if chunk == ws.rank else layout.chunk(data[1], chunk)
+            for out, mat2, mat2_scale, bias in zip(outs, mat2s, mat2_scales, biases):
+                target = layout.chunk(out.view(-1, out.shape[-1]), chunk)
+                _scaled_mm_into(a, scale, mat2, mat2_scale, bias, target, out_dtype, use_fast_accum)
+    finally:  # joined even when a matmul fails: the next call must not overtake the pushes
+        agm.finish(ws, data[0], gathered)
+    return gathered, outs
+
+
+def copy_engine_scaled_mm_reduce_scatter(
+    inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, group_name,
+    mm_dtype, out_dtype=None, use_fast_accum=False,
+):  # fmt: skip
+    flats, layout = mrs._input_rows(inputs, scatter_dim, world_size)
+    scales = [_scale_rows(s) for s in input_scales]
+    n = mat2s[0].shape[1]
+    full = [*inputs[0].shape[:-1], n]
+    out = flats[0].new_empty(ops._scattered_shape(full, scatter_dim, world_size), dtype=out_dtype or mm_dtype)
+    call = mrs.Call(layout, n, mm_dtype, flats[0].device, group_name)
+
+    def partial(chunk: int, slot: torch.Tensor) -> None:
+        target = layout.own(slot)
+        for i, (a, scale, mat2, mat2_scale) in enumerate(zip(flats, scales, mat2s, mat2_scales)):
+            rows, chunk_scale = layout.chunk(a, chunk), _chunk_scale(scale, layout, chunk)
+            term = target if i == 0 else torch.empty_like(target)
+            _scaled_mm_into(rows, chunk_scale, mat2, mat2_scale, bias if i == 0 else None, term, mm_dtype, use_fast_accum)
+            if i > 0:
+                target.add_(term)
+
+    return mrs.reduce_produced(call, lambda: mrs.push_partials(call, partial), reduce_op, out)
 
 
 def _gather(shard: torch.Tensor, gather_dim: int, world_size: int, group) -> torch.Tensor:
@@ -64,3 +143,10 @@ def nccl_scaled_mm_reduce_scatter(
     op = dist.ReduceOp.AVG if reduce_op == "avg" else dist.ReduceOp.SUM
     dist.reduce_scatter_tensor(out, stacked, op=op, group=_resolve_process_group(group_name))
     return out.movedim(0, scatter_dim).contiguous()
+
+
+def variants(kind: str) -> dict:
+    """Name -> implementation, every variant choose.py may pick for a scaled op of ``kind``."""
+    if kind == AG_KIND:
+        return {"copy_engine_cublas": all_gather_copy_engine_scaled_mm, "nccl_cublas": all_gather_nccl_scaled_mm}
+    return {"copy_engine_cublas": copy_engine_scaled_mm_reduce_scatter, "nccl_cublas": nccl_scaled_mm_reduce_scatter}

@@ -64,6 +64,7 @@ def _lasting(values: list, dtype: torch.dtype, device: torch.device) -> torch.Te
 
 
 _SETUP_STREAMS: dict[int, torch.cuda.Stream] = {}
+CUDA_ERROR_INVALID_CONTEXT = 201
 _GENERATIONS = itertools.count(1)
 
 
@@ -81,6 +82,9 @@ def new_stream(device: torch.device) -> torch.cuda.Stream:
     handle = ctypes.c_void_p()
     with torch.cuda.device(device):  # makes the device's primary context current here
         status = libcuda.cuStreamCreate(ctypes.byref(handle), ctypes.c_uint(1))  # non-blocking
+        if status == CUDA_ERROR_INVALID_CONTEXT:  # nothing has run on the device yet
+            torch.zeros((), device=device)
+            status = libcuda.cuStreamCreate(ctypes.byref(handle), ctypes.c_uint(1))
     if status != 0:
         log.warning("overlap: cuStreamCreate failed (%d); using a stream of torch's pool", status)
         return torch.cuda.Stream(device=device)
@@ -134,11 +138,14 @@ class _Allocation:
 class Workspace:
     """Buffers, flags, pads and epoch of one (op kind, group, device)."""
 
-    def __init__(self, kind: str, group_name: str, device: torch.device):
+    def __init__(self, kind: str, group_name: str, device: torch.device, group=None):
+        """``group``: the process group named ``group_name`` (looked up when not given), or an
+        object with its rank() and size() where a subclass supplies the memory
+        (tests/sim_world.py)."""
         from torch.distributed.distributed_c10d import _resolve_process_group
 
         self.kind, self.group_name, self.device = kind, group_name, device
-        self.group = _resolve_process_group(group_name)
+        self.group = group if group is not None else _resolve_process_group(group_name)
         self.rank, self.world_size = self.group.rank(), self.group.size()
         self.side_stream = new_stream(device)
         world = self.world_size
@@ -190,11 +197,19 @@ class Workspace:
         self._views.clear()
         outside_graph_pool(self.device, self._allocate, size)
 
-    def _allocate(self, size: int) -> None:
+    def _rendezvous(self, nbytes: int) -> tuple[torch.Tensor, object]:
+        """A symmetric allocation of ``nbytes`` on every rank (collective): this rank's buffer,
+        and the handle that maps every rank's."""
         import torch.distributed._symmetric_memory as symm_mem
 
-        buffer = symm_mem.empty(CONTROL_BYTES + size, dtype=torch.uint8, device=self.device)
-        handle = symm_mem.rendezvous(buffer, self.group_name)
+        buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return buffer, symm_mem.rendezvous(buffer, self.group_name)
+
+    def _host_barrier(self) -> None:
+        dist.barrier(group=self.group, device_ids=[self.device.index])
+
+    def _allocate(self, size: int) -> None:
+        buffer, handle = self._rendezvous(CONTROL_BYTES + size)
         # every address, this rank's own included, comes from get_buffer, so that all ranks
         # agree on where each word is whatever offset the allocation has inside its pool
         world = self.world_size
@@ -212,7 +227,7 @@ class Workspace:
         self.generation = next(_GENERATIONS)
         # nobody may signal into a peer's control words before that peer has zeroed them
         torch.cuda.synchronize(self.device)
-        dist.barrier(group=self.group, device_ids=[self.device.index])
+        self._host_barrier()
         log.info(
             "%s workspace of group %s: %d MiB on rank %d",
             self.kind, self.group_name, size >> 20, self.rank,
@@ -225,20 +240,22 @@ class Workspace:
         """This rank's flags: flags[p] is rank p's progress word."""
         return self.peer_flag(self.rank, 0, self.world_size)
 
-    def data(self, shape, dtype: torch.dtype) -> torch.Tensor:
-        """This rank's data region, viewed as a contiguous ``shape`` tensor of ``dtype``."""
-        return self.peer_data(self.rank, shape, dtype)
+    def data(self, shape, dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
+        """This rank's data region from byte ``offset`` on (a multiple of the dtype's size),
+        viewed as a contiguous ``shape`` tensor of ``dtype``."""
+        return self.peer_data(self.rank, shape, dtype, offset)
 
-    def peer_data(self, peer: int, shape, dtype: torch.dtype) -> torch.Tensor:
+    def peer_data(self, peer: int, shape, dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
         """Rank ``peer``'s data region as a tensor this rank can copy into (a peer mapping)."""
-        return self._view(peer, tuple(shape), dtype, CONTROL_BYTES // dtype.itemsize)
+        return self._view(peer, tuple(shape), dtype, (CONTROL_BYTES + offset) // dtype.itemsize)
 
-    def peer_rows(self, peer: int, shape, dtype: torch.dtype, start: int, stop: int) -> torch.Tensor:
-        """Rows start:stop of ``peer_data(peer, shape, dtype)`` (cached: built once per shape)."""
-        key = ("rows", peer, tuple(shape), dtype, start, stop)
+    def peer_rows(self, peer: int, shape, dtype: torch.dtype, start: int, stop: int, offset: int = 0) -> torch.Tensor:
+        """Rows start:stop of ``peer_data(peer, shape, dtype, offset)`` (cached: built once per
+        shape)."""
+        key = ("rows", peer, tuple(shape), dtype, start, stop, offset)
         view = self._views.get(key)
         if view is None:
-            view = self._views[key] = self.peer_data(peer, shape, dtype)[start:stop]
+            view = self._views[key] = self.peer_data(peer, shape, dtype, offset)[start:stop]
         return view
 
     def peer_flag(self, peer: int, slot: int, count: int = 1) -> torch.Tensor:

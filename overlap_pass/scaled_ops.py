@@ -164,10 +164,12 @@ def _standard_strides(scale: torch.Tensor) -> torch.Tensor:
     return scale.new_empty(scale.shape).copy_(scale)
 
 
-def scaled_mm_rows(a, a_scale, mat2, mat2_scale, bias, out_dtype, use_fast_accum) -> torch.Tensor:
+def scaled_mm_rows(a, a_scale, mat2, mat2_scale, bias, out_dtype, use_fast_accum, out=None) -> torch.Tensor:
     """_scaled_mm of ``a`` ([..., K]) with its scale (tensorwise, or rowwise [..., 1]), as
-    [..., N]."""
+    [..., N]; written into ``out`` where given (its rows contiguous)."""
     rows = a.reshape(-1, a.shape[-1])
+    n = mat2.shape[1]
+    target = None if out is None else out.view(-1, n)
     if not is_tensorwise(a_scale):
         a_scale = _standard_strides(a_scale.reshape(-1, 1))
     if not is_tensorwise(mat2_scale):
@@ -176,14 +178,16 @@ def scaled_mm_rows(a, a_scale, mat2, mat2_scale, bias, out_dtype, use_fast_accum
         # as torchao does: CUDA's rowwise kernel is slow without fast accumulation, so the
         # tensorwise one runs with scales of 1 and the scales multiply its rounded result
         one = a_scale.new_ones(())
-        out = torch._scaled_mm(rows, mat2, one, one, None, None, out_dtype=torch.bfloat16)
-        out = (out * (a_scale * mat2_scale)).to(out_dtype)
-        out = out if bias is None else out + bias
+        product = torch._scaled_mm(rows, mat2, one, one, None, None, out_dtype=torch.bfloat16)
+        result = (product * (a_scale * mat2_scale)).to(out_dtype)
+        result = result if bias is None else result + bias
+        if target is not None:
+            target.copy_(result)
     else:
-        out = torch._scaled_mm(
-            rows, mat2, a_scale, mat2_scale, bias, None, out_dtype=out_dtype, use_fast_accum=use_fast_accum
+        result = torch._scaled_mm(
+            rows, mat2, a_scale, mat2_scale, bias, None, out_dtype=out_dtype, use_fast_accum=use_fast_accum, out=target
         )
-    return out.view(*a.shape[:-1], mat2.shape[1])
+    return (result if out is None else out).view(*a.shape[:-1], n)
 
 
 def all_gather_scaled_matmul_reference(

@@ -1,0 +1,121 @@
+"""The CUDA variants at W = 2, 3 and 4 on one GPU, the ranks simulated in one process
+(tests/sim_world.py), against references computed here from every rank's inputs: the bf16
+variants (whose real W=2 runs pass, so a failure here points at the harness) and the float8 ones
+(lowering/scaled.py). Fresh random inputs per call, workspaces poisoned before each
+call, batch 1 (one block of rows per chunk) and 2 (a block per batch). Skipped without a GPU."""
+
+import pytest
+import torch
+from overlap_pass.lowering import all_gather_matmul as agm
+from overlap_pass.lowering import matmul_reduce_scatter as mrs
+from overlap_pass.lowering import scaled
+
+from overlap_pass import scaled_ops
+from tests.gpu_common import error
+from tests.sim_world import SimWorld
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+FP8 = torch.float8_e4m3fn
+SEQ, K, N = 96, 256, 384  # tokens per rank, contraction, output columns (multiples of 16)
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda w: f"W{w}")
+def world(request):
+    world = SimWorld(request.param)
+    yield world
+    world.close()
+
+
+def _float8(shape, gen) -> torch.Tensor:
+    return torch.randn(shape, generator=gen, device="cuda").to(FP8)
+
+
+def _scale(shape, gen) -> torch.Tensor:
+    return torch.rand(shape, generator=gen, device="cuda") + 0.25
+
+
+def _weights(count, rowwise, gen):
+    mat2s = [_float8((N, K), gen).t() for _ in range(count)]  # linear weights, column-major
+    scales = [_scale((1, N) if rowwise else (), gen) for _ in range(count)]
+    return mat2s, scales
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_bf16_variants(world, batch):
+    """Every symmetric-memory variant of the bf16 ops (fused Triton kernels included)."""
+    gen = torch.Generator(device="cuda").manual_seed(batch)
+    W = world.size
+    full = torch.randn(batch, SEQ * W, K, generator=gen, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(N, K, generator=gen, device="cuda", dtype=torch.bfloat16).t()
+    shards = full.chunk(W, dim=1)
+    ref = full.float() @ weight.float()
+    for name, variant in agm.variants(1).items():
+        if name == "nccl_cublas":
+            continue
+        results = world.run(prepare=world.poison, call=lambda r, g: variant(shards[r].contiguous(), [weight], [None], 1, W, g))
+        assert all(error(outs[0], ref) < 2e-2 for _, outs in results), name
+
+    inputs = [torch.randn(batch, SEQ * W, K, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(W)]
+    total = sum(x.float() @ weight.float() for x in inputs)
+    for name, variant in mrs.variants(1).items():
+        if name == "nccl_cublas":
+            continue
+        outs = world.run(prepare=world.poison, call=lambda r, g: variant([inputs[r]], [weight], None, "sum", 1, W, g))
+        assert all(error(o, total.chunk(W, dim=1)[r]) < 2e-2 for r, o in enumerate(outs)), name
+
+
+@pytest.mark.parametrize("fast_accum", [True, False], ids=["fast", "exact"])
+@pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_all_gather_scaled_copy_engine(world, batch, rowwise, fast_accum):
+    W = world.size
+    for call in range(2):  # back to back, new values each
+        gen = torch.Generator(device="cuda").manual_seed(100 * call + 10 * batch + rowwise)
+        shards = [_float8((batch, SEQ, K), gen) for _ in range(W)]
+        # tensorwise: each rank's own scale, as the op's contract says
+        scales = [_scale((batch, SEQ, 1) if rowwise else (), gen) for _ in range(W)]
+        mat2s, mat2_scales = _weights(2, rowwise, gen)
+        biases = [torch.randn(N, generator=gen, device="cuda").to(torch.bfloat16), None]
+        gathered = torch.cat(shards, dim=1)
+        results = world.run(
+            prepare=world.poison,
+            call=lambda r, g: scaled.all_gather_copy_engine_scaled_mm(
+                shards[r], scales[r], mat2s, mat2_scales, biases, 1, W, g, torch.bfloat16, fast_accum, True
+            )
+        )
+        gathered_scale = torch.cat(scales, dim=1) if rowwise else None
+        for r, (got_gathered, outs) in enumerate(results):
+            assert torch.equal(got_gathered.view(torch.uint8), gathered.view(torch.uint8)), f"rank {r}: gathered rows"
+            scale = gathered_scale if rowwise else scales[r]
+            for out, mat2, mat2_scale, bias in zip(outs, mat2s, mat2_scales, biases):
+                ref = scaled_ops.scaled_mm_rows(gathered, scale, mat2, mat2_scale, bias, torch.bfloat16, fast_accum)
+                assert error(out, ref.float()) < 1e-2, f"rank {r}, call {call}"
+
+
+@pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("terms", [1, 2])
+def test_scaled_reduce_scatter_copy_engine(world, batch, rowwise, terms):
+    W = world.size
+    for call in range(2):
+        gen = torch.Generator(device="cuda").manual_seed(100 * call + 10 * batch + 2 * rowwise + terms)
+        inputs = [[_float8((batch, SEQ * W, K), gen) for _ in range(terms)] for _ in range(W)]
+        scales = [[_scale((batch, SEQ * W, 1) if rowwise else (), gen) for _ in range(terms)] for _ in range(W)]
+        mat2s, mat2_scales = _weights(terms, rowwise, gen)
+        bias = torch.randn(N, generator=gen, device="cuda").to(torch.bfloat16)
+        outs = world.run(
+            prepare=world.poison,
+            call=lambda r, g: scaled.copy_engine_scaled_mm_reduce_scatter(
+                inputs[r], scales[r], mat2s, mat2_scales, bias, "sum", 1, W, g, torch.bfloat16, torch.float32
+            )
+        )
+        total = 0
+        for r in range(W):
+            partial = bias.float()
+            for a, s, m, ms in zip(inputs[r], scales[r], mat2s, mat2_scales):
+                partial = partial + scaled_ops.scaled_mm_rows(a, s, m, ms, None, torch.bfloat16, False).float()
+            total = total + partial
+        for r, out in enumerate(outs):
+            assert out.dtype == torch.float32
+            assert error(out, total.chunk(W, dim=1)[r]) < 1e-2, f"rank {r}, call {call}"
