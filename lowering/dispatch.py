@@ -182,6 +182,25 @@ def _scale_kind(scale: torch.Tensor) -> str:
     return "tensorwise" if scaled_ops.is_tensorwise(scale) else "rowwise"
 
 
+def all_gather_scaled_matmul_shapes(shard, shard_scale, mat2s, biases, gather_dim, out_dtype, use_fast_accum) -> dict:
+    """What the float8 all-gather's choice depends on: the bf16 op's keys, its scales (rowwise
+    ones travel too) and what the matmuls compute."""
+    shapes = all_gather_matmul_shapes(shard.shape, mat2s, biases, gather_dim)
+    shapes.update(scales=_scale_kind(shard_scale), out_dtype=str(out_dtype), fast_accum=use_fast_accum)
+    return shapes
+
+
+def scaled_matmul_reduce_scatter_shapes(
+    inputs, input_scales, mat2s, bias, reduce_op, scatter_dim, mm_dtype, out_dtype, use_fast_accum
+) -> dict:  # fmt: skip
+    """What the float8 reduce-scatter's choice depends on (as all_gather_scaled_matmul_shapes)."""
+    shapes = matmul_reduce_scatter_shapes(
+        [a.shape for a in inputs], mat2s, bias is not None, reduce_op, scatter_dim, out_dtype
+    )
+    shapes.update(scales=_scale_kind(input_scales[0]), mm_dtype=str(mm_dtype), fast_accum=use_fast_accum)
+    return shapes
+
+
 def all_gather_scaled_matmul(
     shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
     use_fast_accum=False, return_gathered=False,
@@ -199,8 +218,7 @@ def all_gather_scaled_matmul(
     if run is not None:
         return run(*args)
     scaled_ops._check_all_gather(shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype)
-    shapes = all_gather_matmul_shapes(shard.shape, mat2s, biases, args[5])
-    shapes.update(scales=_scale_kind(shard_scale), out_dtype=str(out_dtype), fast_accum=use_fast_accum)
+    shapes = all_gather_scaled_matmul_shapes(shard, shard_scale, mat2s, biases, args[5], out_dtype, use_fast_accum)
     variants = scaled.variants(scaled.AG_KIND)
     run = _resolve(scaled.AG_KIND, fast_key, group_name, world_size, variants, shapes, shard.dtype, shard.device, args)
     return scaled_ops.all_gather_scaled_matmul_reference(*args) if run is None else run(*args)
@@ -227,10 +245,9 @@ def scaled_matmul_reduce_scatter(
     scaled_ops._check_reduce_scatter(
         inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, mm_dtype, out_dtype
     )
-    shapes = matmul_reduce_scatter_shapes(
-        [a.shape for a in inputs], mat2s, bias is not None, reduce_op, args[6], out_dtype
+    shapes = scaled_matmul_reduce_scatter_shapes(
+        inputs, input_scales, mat2s, bias, reduce_op, args[6], mm_dtype, out_dtype, use_fast_accum
     )
-    shapes.update(scales=_scale_kind(input_scales[0]), mm_dtype=str(mm_dtype), fast_accum=use_fast_accum)
     variants = scaled.variants(scaled.RS_KIND)
     run = _resolve(scaled.RS_KIND, fast_key, group_name, world_size, variants, shapes, inputs[0].dtype, inputs[0].device, args)
     return scaled_ops.scaled_matmul_reduce_scatter_reference(*args) if run is None else run(*args)

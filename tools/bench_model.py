@@ -12,6 +12,7 @@ MLP (all-gather -> up -> gelu -> down -> reduce-scatter), at the same dim and hi
 
 --autocast: fp32 weights and activations, each step under torch.autocast to bf16 (the matmuls
 in bf16, the backward's input gradients summed and reduce-scattered in fp32); else all bf16.
+--float8 tensorwise|rowwise: every linear a torchao Float8Linear with that recipe.
 
 --compilers ...,no_communication adds the floor: plain Inductor with every collective replaced
 by a local op of its shape (tools/no_comm.py), the step with no communication at all; the table
@@ -74,7 +75,9 @@ def _compile(model, compiler, mode=None):
     return torch.compile(model, options=options)
 
 
-def _model(kind, dim, heads, kv_heads, hidden, mesh, layout="sp"):
+def _model(kind, dim, heads, kv_heads, hidden, mesh, layout="sp", float8=None):
+    """The model, its linears made torchao Float8Linears with the ``float8`` recipe if given,
+    parallelized."""
     from tools.tp_models import (
         MLP,
         TransformerBlock,
@@ -84,9 +87,15 @@ def _model(kind, dim, heads, kv_heads, hidden, mesh, layout="sp"):
     )
 
     if kind == "mlp":
-        return parallelize_mlp(MLP(dim, hidden, bias=False), mesh)
-    block = TransformerBlock(dim, heads, hidden, bias=False, kv_heads=kv_heads)
-    return (parallelize_block_plain if layout == "plain" else parallelize_block)(block, mesh)
+        model, parallelize = MLP(dim, hidden, bias=False), parallelize_mlp
+    else:
+        model = TransformerBlock(dim, heads, hidden, bias=False, kv_heads=kv_heads)
+        parallelize = parallelize_block_plain if layout == "plain" else parallelize_block
+    if float8:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(float8))
+    return parallelize(model, mesh)
 
 
 def _layout_of(compiler: str, args) -> tuple[str, str]:
@@ -154,7 +163,7 @@ def bench_size(name, args, device, mesh) -> dict:
     layouts = {}
     for layout in dict.fromkeys(_layout_of(c, args)[0] for c in compilers):
         torch.manual_seed(0)
-        eager = _model(args.model, dim, heads, kv_heads, hidden, mesh, layout).to(device=device, dtype=dtype)
+        eager = _model(args.model, dim, heads, kv_heads, hidden, mesh, layout, args.float8).to(device=device, dtype=dtype)
         if args.fake_world:
             _draw_local_weights(eager)
         # [batch, seq, dim]: sequence parallel shards seq (with batch > 1 each rank's rows are not
@@ -219,7 +228,8 @@ def bench_size(name, args, device, mesh) -> dict:
 
     return {
         "model": args.model, "layout": args.layout, "size": name, "dim": dim, "heads": heads, "kv_heads": kv_heads, "hidden": hidden,
-        "tokens": args.tokens, "batch": args.batch, "autocast": args.autocast, "world": world, "us": us, "host_us": host_us,
+        "tokens": args.tokens, "batch": args.batch, "autocast": args.autocast, "float8": args.float8, "world": world,
+        "us": us, "host_us": host_us,
         "errors": errors, "overlap_pass": _rewrites(),
         "op_calls": dict(replay.stats),  # rank 0's, since the process started: eager, captured, replayed
         # each op shape's variant and the times it was picked on: every size benched so far in this process
@@ -299,6 +309,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=1, help="sequences of tokens / batch each")
     parser.add_argument("--autocast", action="store_true", help="fp32 model, steps under autocast to bf16")
+    parser.add_argument(
+        "--float8", choices=("tensorwise", "rowwise"), default=None,
+        help="torchao Float8Linears with this recipe (needs torchao)",
+    )  # fmt: skip
     parser.add_argument("--sizes", default=",".join(SIZES))
     known = COMPILERS + tuple(EXTRA_COMPILERS) + (FLOOR,)
     parser.add_argument("--compilers", default=",".join(COMPILERS), help="a subset of " + ",".join(known))
@@ -345,7 +359,7 @@ def main() -> None:
     meta = {
         "device": torch.cuda.get_device_name(), "world": dist.get_world_size(), "torch": torch.__version__,
         "triton": __import__("triton").__version__, "rounds": args.rounds, "calls": args.calls, "mode": args.mode,
-        "autocast": args.autocast, "fake_world": args.fake_world,
+        "autocast": args.autocast, "fake_world": args.fake_world, "float8": args.float8,
     }  # fmt: skip
     rows = []
     for name in args.sizes.split(","):

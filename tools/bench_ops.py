@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node 4 -m tools.bench_ops --op all_gather_matmul --out ag.json [--png ag.png]
     torchrun --nproc-per-node 4 -m tools.bench_ops --op matmul_reduce_scatter --out rs.json
+    torchrun --nproc-per-node 2 -m tools.bench_ops --op all_gather_matmul --float8 rowwise --out ag8.json
 
 Per shape (bf16; B a linear weight N x K used transposed), all in one process, interleaved round
 by round in a shuffled order so drift hits every variant alike: mm alone, the NCCL collective
@@ -11,7 +12,9 @@ variant. all_gather_matmul: A is M x K sharded along M; matmul_reduce_scatter: A
 rank's slice) and the M x N product is reduce-scattered along M. A time is the median over rounds
 of the mean per call of a round, on the slowest rank. ideal = max(mm, collective); hidden =
 (NCCL+cuBLAS - overlap) / (NCCL+cuBLAS - ideal). Outputs of torch async TP and overlap are
-checked against NCCL + cuBLAS.
+checked against NCCL + cuBLAS. --float8 runs the float8 ops (all_gather_scaled_matmul,
+scaled_matmul_reduce_scatter) against NCCL + _scaled_mm and torch's fused_all_gather_scaled_matmul
+/ fused_scaled_matmul_reduce_scatter, on the same shapes.
 """
 
 import argparse
@@ -161,6 +164,82 @@ def _matmul_reduce_scatter_runners(m, k, n, device, group_name) -> tuple[dict, s
     return runners, choose.shape_key(mrs.KIND, world, shapes, a.dtype)
 
 
+FP8 = torch.float8_e4m3fn
+
+
+def _float8_operands(rows, k, n, device, recipe, gen) -> tuple:
+    """float8 rows [rows, K] (values O(1), varying per rank), a linear's float8 weight as [K, N]
+    (column-major, the same on every rank) and their scales (tensorwise: one value; rowwise: one
+    per row, [1, N] for the weight)."""
+    a = torch.randn(rows, k, device=device, generator=gen).to(FP8)
+    b = (_weight(n, k, device) * k**0.5).to(FP8).t()
+    rowwise = recipe == "rowwise"
+    a_scale = torch.rand((rows, 1) if rowwise else (), device=device, generator=gen) + 0.5
+    b_scale = torch.rand((1, n) if rowwise else (), device=device, generator=torch.Generator(device=device).manual_seed(8)) / k**0.5
+    return a, b, a_scale, b_scale
+
+
+def _all_gather_scaled_matmul_runners(m, k, n, device, group_name, recipe) -> tuple[dict, str]:
+    """The runners of one float8 all-gather + _scaled_mm shape (fast accumulation, bf16 out, as
+    torchao's forward), and its choice key."""
+    from overlap_pass.lowering import choose, dispatch, scaled
+
+    world = dist.get_world_size()
+    gen = torch.Generator(device=device).manual_seed(dist.get_rank())
+    shard, b, shard_scale, b_scale = _float8_operands(m // world, k, n, device, recipe, gen)
+    full = torch.empty(m, k, device=device, dtype=torch.uint8)
+    gathered_scale = shard_scale
+    if recipe == "rowwise":
+        gathered_scale = shard_scale.new_empty(m, 1)
+        dist.all_gather_into_tensor(gathered_scale, shard_scale)
+    dist.all_gather_into_tensor(full, shard.view(torch.uint8))
+    full = full.view(FP8)
+    bf16 = torch.bfloat16
+    args = (shard, shard_scale, [b], [b_scale], [None], 0, world, group_name, bf16, True)
+    runners = {
+        "mm": lambda: torch._scaled_mm(full, b, gathered_scale, b_scale, out_dtype=bf16, use_fast_accum=True),
+        "collective": lambda: dist.all_gather_into_tensor(full.view(torch.uint8), shard.view(torch.uint8)),
+        "nccl_cublas": lambda: scaled.all_gather_nccl_scaled_mm(*args)[1][0],
+        "torch_async_tp": lambda: torch.ops.symm_mem.fused_all_gather_scaled_matmul(
+            shard, [b], shard_scale, [b_scale], 0, group_name, [None], [None], [bf16], [True]
+        )[1][0],
+        "overlap": lambda: torch.ops.overlap.all_gather_scaled_matmul(*args)[1][0],
+    }
+    for vname, fn in scaled.variants(scaled.AG_KIND).items():
+        if vname != "nccl_cublas":
+            runners[f"overlap[{vname}]"] = lambda fn=fn: fn(*args)[1][0]
+    shapes = dispatch.all_gather_scaled_matmul_shapes(shard, shard_scale, [b], [None], 0, bf16, True)
+    return runners, choose.shape_key(scaled.AG_KIND, world, shapes, shard.dtype)
+
+
+def _scaled_matmul_reduce_scatter_runners(m, k, n, device, group_name, recipe) -> tuple[dict, str]:
+    """The runners of one float8 _scaled_mm + reduce-scatter shape (bf16 partials), and its
+    choice key."""
+    from overlap_pass.lowering import choose, dispatch, scaled
+
+    world = dist.get_world_size()
+    gen = torch.Generator(device=device).manual_seed(dist.get_rank())
+    a, b, a_scale, b_scale = _float8_operands(m, k, n, device, recipe, gen)
+    bf16 = torch.bfloat16
+    product = torch._scaled_mm(a, b, a_scale, b_scale, out_dtype=bf16, use_fast_accum=True)
+    scattered = product.new_empty(m // world, n)
+    args = ([a], [a_scale], [b], [b_scale], None, "sum", 0, world, group_name, bf16, None, True)
+    runners = {
+        "mm": lambda: torch._scaled_mm(a, b, a_scale, b_scale, out_dtype=bf16, use_fast_accum=True),
+        "collective": lambda: dist.reduce_scatter_tensor(scattered, product),
+        "nccl_cublas": lambda: scaled.nccl_scaled_mm_reduce_scatter(*args),
+        "torch_async_tp": lambda: torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(
+            a, b, a_scale, b_scale, "sum", 0, 0, group_name, [m, n], out_dtype=bf16, use_fast_accum=True
+        ),
+        "overlap": lambda: torch.ops.overlap.scaled_matmul_reduce_scatter(*args),
+    }
+    for vname, fn in scaled.variants(scaled.RS_KIND).items():
+        if vname != "nccl_cublas":
+            runners[f"overlap[{vname}]"] = lambda fn=fn: fn(*args)
+    shapes = dispatch.scaled_matmul_reduce_scatter_shapes([a], [a_scale], [b], None, "sum", 0, bf16, None, True)
+    return runners, choose.shape_key(scaled.RS_KIND, world, shapes, a.dtype)
+
+
 def _weight(n, k, device) -> torch.Tensor:
     """A linear's N x K weight, the same on every rank, scaled to keep outputs O(1)."""
     gen = torch.Generator(device=device).manual_seed(7)
@@ -170,8 +249,12 @@ def _weight(n, k, device) -> torch.Tensor:
 def bench_shape(op, name, m, k, n, args, device, group_name) -> dict:
     from overlap_pass.lowering import choose
 
-    setup = _all_gather_matmul_runners if op == "all_gather_matmul" else _matmul_reduce_scatter_runners
-    runners, key = setup(m, k, n, device, group_name)
+    if args.float8:
+        setup = _all_gather_scaled_matmul_runners if op == "all_gather_matmul" else _scaled_matmul_reduce_scatter_runners
+        runners, key = setup(m, k, n, device, group_name, args.float8)
+    else:
+        setup = _all_gather_matmul_runners if op == "all_gather_matmul" else _matmul_reduce_scatter_runners
+        runners, key = setup(m, k, n, device, group_name)
     reference = runners["nccl_cublas"]()
     errors = {  # overlap's first call: the per-shape choice happens here
         v: relative_error(runners[v](), reference) for v in ("torch_async_tp", "overlap")
@@ -186,6 +269,7 @@ def bench_shape(op, name, m, k, n, args, device, group_name) -> dict:
 
     return {
         "op": op, "shape": name, "M": m, "K": k, "N": n, "world": dist.get_world_size(), "us": us,
+        "dtype": f"float8 {args.float8}" if args.float8 else "bf16",
         "us_graph": us_graph, "ideal": ideal, "chosen": choose.CHOICES.get(key, {}).get("choice"),
         "hidden_overlap": hidden(us["overlap"]), "hidden_torch_async_tp": hidden(us["torch_async_tp"]),
         "speedup_overlap": us["nccl_cublas"] / us["overlap"],
@@ -249,7 +333,7 @@ def chart(rows: list[dict], path: str) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("speedup over NCCL + cuBLAS")
-    ax.set_title(f"{rows[0].get('op', 'all_gather_matmul')}, W={rows[0]['world']}, bf16")
+    ax.set_title(f"{rows[0].get('op', 'all_gather_matmul')}, W={rows[0]['world']}, {rows[0].get('dtype', 'bf16')}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -267,6 +351,10 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="shapes whose name contains one of these (comma-separated)")
     parser.add_argument("--graph", action="store_true", help="also time each variant replayed from a CUDA graph")
     parser.add_argument("--render", default=None, help="print the tables of an earlier run's JSON and exit")
+    parser.add_argument(
+        "--float8", choices=("tensorwise", "rowwise"), default=None,
+        help="the float8 ops (e4m3 operands, these scales, fast accumulation, bf16 out) instead of bf16",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.render:
         with open(args.render) as f:
@@ -288,7 +376,7 @@ def main() -> None:
     meta = {
         "device": torch.cuda.get_device_name(), "world": dist.get_world_size(),
         "torch": torch.__version__, "triton": __import__("triton").__version__,
-        "rounds": args.rounds, "calls": args.calls,
+        "rounds": args.rounds, "calls": args.calls, "dtype": f"float8 {args.float8}" if args.float8 else "bf16",
     }  # fmt: skip
     rows = []
     meta["op"] = args.op
