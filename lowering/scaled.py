@@ -5,19 +5,26 @@ variants that choose.py picks from, as for the bf16 ops.
   matmul_reduce_scatter.py) with one _scaled_mm (scaled_ops.scaled_mm_rows) per chunk. An
   all-gather moves the float8 rows and, for rowwise scales, the rows' scales with them, both
   under the chunk's one flag; a reduce-scatter's partials are the matmuls' out_dtype (bf16).
+- fused (all-gather, one per TMA config): the same pushes and flags, consumed by the
+  persistent Triton float8 GEMM of templates/all_gather_matmul.py, the scales in its epilogue
+  (the row scales of each chunk read once its flag is set).
 - nccl_cublas: the NCCL collective (float8 moved as bytes), then _scaled_mm on the whole
   tensor: what Inductor runs for these graphs without overlap. The baseline, and the fallback.
 
 A chunk of several blocks of rows (a [batch, seq, dim] tensor gathered or scattered along seq,
-row_layout.py) takes one _scaled_mm per block: _scaled_mm has no batched form. The Triton
-float8 consumer (templates/all_gather_matmul.py, FLOAT8 configs) is not a variant yet.
+row_layout.py) takes one _scaled_mm per block: _scaled_mm has no batched form. No Triton float8
+producer for the reduce-scatter yet.
 """
+
+import functools
 
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from overlap_pass import ops, scaled_ops, schedule
+from overlap_pass import config, ops, scaled_ops, schedule
+from overlap_pass.templates import all_gather_matmul as consumer
+from overlap_pass.templates import gemm
 
 from . import all_gather_matmul as agm
 from . import matmul_reduce_scatter as mrs
@@ -69,6 +76,44 @@ def all_gather_copy_engine_scaled_mm(
                 target = layout.chunk(out.view(-1, out.shape[-1]), chunk)
                 _scaled_mm_into(a, scale, mat2, mat2_scale, bias, target, out_dtype, use_fast_accum)
     finally:  # joined even when a matmul fails: the next call must not overtake the pushes
+        agm.finish(ws, data[0], gathered)
+    return gathered, outs
+
+
+def _fused_fits(shard: torch.Tensor, mat2s) -> bool:
+    """Whether the Triton float8 consumer takes these operands: TMA loads only, so a 16-byte
+    aligned shard and linear weights ([N, K] transposed: K-major, as fp8 tensor cores want)."""
+    return gemm.tma_a(agm.shard_rows(shard)) and all(m.stride(0) == 1 and gemm.tma_operand(m.t()) for m in mat2s)
+
+
+def all_gather_fused_scaled_mm(
+    shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
+    use_fast_accum=False, return_gathered=False, *, gemm_config,
+):  # fmt: skip
+    """The copy engine's pushes and flags, consumed by the persistent Triton float8 GEMM
+    (templates/all_gather_matmul.py, scales in its epilogue; fp32 accumulation whatever
+    ``use_fast_accum`` says)."""
+    if not _fused_fits(shard, mat2s):  # before the barrier: every rank refuses alike
+        raise NotImplementedError("the fused float8 consumer needs TMA-aligned operands and [N, K] weights")
+    layout = RowLayout.of(shard.shape, gather_dim, world_size)
+    rowwise = not scaled_ops.is_tensorwise(shard_scale)
+    parts = [agm.shard_rows(shard)] + ([_scale_rows(shard_scale)] if rowwise else [])
+    gathered_shape = ops._gathered_shape(shard, gather_dim, world_size)
+    outs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]], dtype=out_dtype) for m in mat2s]
+    gathered = shard.new_empty(gathered_shape) if return_gathered else None
+    ws, data = agm.start(parts, layout, group_name, own_too=return_gathered)
+    if rowwise:  # every gathered row's scale (each chunk's arrives with its rows), and the own
+        scales = consumer.Scales(data[1].view(-1), parts[1].view(-1), tuple(mat2_scales))
+    else:
+        scales = consumer.Scales(shard_scale.reshape(1), None, tuple(mat2_scales))
+    try:
+        consumer.all_gather_matmul_consumer(
+            data[0], list(mat2s), [None if b is None else b.contiguous() for b in biases],
+            [o.view(-1, o.shape[-1]) for o in outs], ws.flags, ws.epoch, rank=ws.rank,
+            world_size=world_size, inner=layout.inner, a_local=parts[0], config=gemm_config,
+            spin_limit=config.spin_limit, timeouts=ws.chunk_timeouts, scales=scales,
+        )  # fmt: skip
+    finally:  # joined even when the launch fails: the next call must not overtake the pushes
         agm.finish(ws, data[0], gathered)
     return gathered, outs
 
@@ -148,5 +193,12 @@ def nccl_scaled_mm_reduce_scatter(
 def variants(kind: str) -> dict:
     """Name -> implementation, every variant choose.py may pick for a scaled op of ``kind``."""
     if kind == AG_KIND:
-        return {"copy_engine_cublas": all_gather_copy_engine_scaled_mm, "nccl_cublas": all_gather_nccl_scaled_mm}
+        table = {
+            f"fused:{cfg}": functools.partial(all_gather_fused_scaled_mm, gemm_config=cfg)
+            for cfg in gemm.CONFIGS
+            if cfg.tma
+        }
+        table["copy_engine_cublas"] = all_gather_copy_engine_scaled_mm
+        table["nccl_cublas"] = all_gather_nccl_scaled_mm
+        return table
     return {"copy_engine_cublas": copy_engine_scaled_mm_reduce_scatter, "nccl_cublas": nccl_scaled_mm_reduce_scatter}

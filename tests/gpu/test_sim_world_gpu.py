@@ -68,29 +68,34 @@ def test_bf16_variants(world, batch):
 @pytest.mark.parametrize("fast_accum", [True, False], ids=["fast", "exact"])
 @pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_all_gather_scaled_copy_engine(world, batch, rowwise, fast_accum):
+def test_all_gather_scaled_variants(world, batch, rowwise, fast_accum):
+    """Every variant but NCCL's: the copy engine's _scaled_mm per chunk, the fused Triton
+    consumer per config (which accumulates in fp32 whatever fast_accum says)."""
     W = world.size
-    for call in range(2):  # back to back, new values each
-        gen = torch.Generator(device="cuda").manual_seed(100 * call + 10 * batch + rowwise)
-        shards = [_float8((batch, SEQ, K), gen) for _ in range(W)]
-        # tensorwise: each rank's own scale, as the op's contract says
-        scales = [_scale((batch, SEQ, 1) if rowwise else (), gen) for _ in range(W)]
-        mat2s, mat2_scales = _weights(2, rowwise, gen)
-        biases = [torch.randn(N, generator=gen, device="cuda").to(torch.bfloat16), None]
-        gathered = torch.cat(shards, dim=1)
-        results = world.run(
-            prepare=world.poison,
-            call=lambda r, g: scaled.all_gather_copy_engine_scaled_mm(
-                shards[r], scales[r], mat2s, mat2_scales, biases, 1, W, g, torch.bfloat16, fast_accum, True
+    for name, variant in scaled.variants(scaled.AG_KIND).items():
+        if name == "nccl_cublas":
+            continue
+        for call in range(2):  # back to back, new values each
+            gen = torch.Generator(device="cuda").manual_seed(100 * call + 10 * batch + rowwise)
+            shards = [_float8((batch, SEQ, K), gen) for _ in range(W)]
+            # tensorwise: each rank's own scale, as the op's contract says
+            scales = [_scale((batch, SEQ, 1) if rowwise else (), gen) for _ in range(W)]
+            mat2s, mat2_scales = _weights(2, rowwise, gen)
+            biases = [torch.randn(N, generator=gen, device="cuda").to(torch.bfloat16), None]
+            gathered = torch.cat(shards, dim=1)
+            results = world.run(
+                prepare=world.poison,
+                call=lambda r, g: variant(
+                    shards[r], scales[r], mat2s, mat2_scales, biases, 1, W, g, torch.bfloat16, fast_accum, True
+                ),
             )
-        )
-        gathered_scale = torch.cat(scales, dim=1) if rowwise else None
-        for r, (got_gathered, outs) in enumerate(results):
-            assert torch.equal(got_gathered.view(torch.uint8), gathered.view(torch.uint8)), f"rank {r}: gathered rows"
-            scale = gathered_scale if rowwise else scales[r]
-            for out, mat2, mat2_scale, bias in zip(outs, mat2s, mat2_scales, biases):
-                ref = scaled_ops.scaled_mm_rows(gathered, scale, mat2, mat2_scale, bias, torch.bfloat16, fast_accum)
-                assert error(out, ref.float()) < 1e-2, f"rank {r}, call {call}"
+            gathered_scale = torch.cat(scales, dim=1) if rowwise else None
+            for r, (got_gathered, outs) in enumerate(results):
+                assert torch.equal(got_gathered.view(torch.uint8), gathered.view(torch.uint8)), f"{name} rank {r}: gathered"
+                scale = gathered_scale if rowwise else scales[r]
+                for out, mat2, mat2_scale, bias in zip(outs, mat2s, mat2_scales, biases):
+                    ref = scaled_ops.scaled_mm_rows(gathered, scale, mat2, mat2_scale, bias, torch.bfloat16, fast_accum)
+                    assert error(out, ref.float()) < 1e-2, f"{name} rank {r}, call {call}"
 
 
 @pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
