@@ -205,19 +205,20 @@ def all_gather_scaled_matmul(
     shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
     use_fast_accum=False, return_gathered=False,
 ):  # fmt: skip
-    args = (
-        shard, shard_scale, mat2s, mat2_scales, biases, gather_dim % shard.dim(), world_size, group_name,
-        out_dtype, use_fast_accum, return_gathered,
-    )  # fmt: skip
     fast_key = (
         scaled.AG_KIND, _signature(shard), _signature(shard_scale), tuple(_signature(m) for m in mat2s),
         tuple(_signature(m) for m in mat2_scales), tuple(_signature(b) for b in biases), gather_dim,
         world_size, group_name, out_dtype, use_fast_accum, return_gathered, config.implementation,
     )  # fmt: skip
     run = _RESOLVED.get(fast_key)
+    if run is None:  # first call of these arguments: checked before anything indexes them
+        scaled_ops._check_all_gather(shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype)
+    args = (
+        shard, shard_scale, mat2s, mat2_scales, biases, gather_dim % shard.dim(), world_size, group_name,
+        out_dtype, use_fast_accum, return_gathered,
+    )  # fmt: skip
     if run is not None:
         return run(*args)
-    scaled_ops._check_all_gather(shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype)
     shapes = all_gather_scaled_matmul_shapes(shard, shard_scale, mat2s, biases, args[5], out_dtype, use_fast_accum)
     variants = scaled.variants(scaled.AG_KIND)
     run = _resolve(scaled.AG_KIND, fast_key, group_name, world_size, variants, shapes, shard.dtype, shard.device, args)
@@ -230,21 +231,22 @@ def scaled_matmul_reduce_scatter(
 ):  # fmt: skip
     if out_dtype == mm_dtype:
         out_dtype = None  # one key, one choice for both spellings
-    args = (
-        inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim % inputs[0].dim(), world_size,
-        group_name, mm_dtype, out_dtype, use_fast_accum,
-    )  # fmt: skip
     fast_key = (
         scaled.RS_KIND, tuple(_signature(a) for a in inputs), tuple(_signature(s) for s in input_scales),
         tuple(_signature(m) for m in mat2s), tuple(_signature(m) for m in mat2_scales), _signature(bias),
         reduce_op, scatter_dim, world_size, group_name, mm_dtype, out_dtype, use_fast_accum, config.implementation,
     )  # fmt: skip
     run = _RESOLVED.get(fast_key)
+    if run is None:  # first call of these arguments: checked before anything indexes them
+        scaled_ops._check_reduce_scatter(
+            inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, mm_dtype, out_dtype
+        )
+    args = (
+        inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim % inputs[0].dim(), world_size,
+        group_name, mm_dtype, out_dtype, use_fast_accum,
+    )  # fmt: skip
     if run is not None:
         return run(*args)
-    scaled_ops._check_reduce_scatter(
-        inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, mm_dtype, out_dtype
-    )
     shapes = scaled_matmul_reduce_scatter_shapes(
         inputs, input_scales, mat2s, bias, reduce_op, args[6], mm_dtype, out_dtype, use_fast_accum
     )

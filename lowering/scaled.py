@@ -102,10 +102,12 @@ def all_gather_fused_scaled_mm(
     outs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]], dtype=out_dtype) for m in mat2s]
     gathered = shard.new_empty(gathered_shape) if return_gathered else None
     ws, data = agm.start(parts, layout, group_name, own_too=return_gathered)
+    # the kernel reads a weight's rowwise scale as N consecutive words
+    column_scales = tuple(s if scaled_ops.is_tensorwise(s) else scaled_ops._standard_strides(s) for s in mat2_scales)
     if rowwise:  # every gathered row's scale (each chunk's arrives with its rows), and the own
-        scales = consumer.Scales(data[1].view(-1), parts[1].view(-1), tuple(mat2_scales))
+        scales = consumer.Scales(data[1].view(-1), parts[1].view(-1), column_scales)
     else:
-        scales = consumer.Scales(shard_scale.reshape(1), None, tuple(mat2_scales))
+        scales = consumer.Scales(shard_scale.reshape(1), None, column_scales)
     try:
         consumer.all_gather_matmul_consumer(
             data[0], list(mat2s), [None if b is None else b.contiguous() for b in biases],
