@@ -55,10 +55,10 @@ def _scaled_mm_into(a, scale, mat2, mat2_scale, bias, out, out_dtype, use_fast_a
         )
 
 
-def all_gather_copy_engine_scaled_mm(
-    shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
-    use_fast_accum=False, return_gathered=False,
-):  # fmt: skip
+def _start_gather(shard, shard_scale, mat2s, gather_dim, world_size, group_name, out_dtype, return_gathered):
+    """The all-gather variants' common start: the outputs, then steps 1 and 2 of the protocol
+    (agm.start) for the float8 rows and, if rowwise, their scales. Returns (layout, parts:
+    the shard's rows and scales, outs, gathered or None, ws, data: each part's gathered rows)."""
     layout = RowLayout.of(shard.shape, gather_dim, world_size)
     rowwise = not scaled_ops.is_tensorwise(shard_scale)
     parts = [agm.shard_rows(shard)] + ([_scale_rows(shard_scale)] if rowwise else [])
@@ -66,11 +66,21 @@ def all_gather_copy_engine_scaled_mm(
     outs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]], dtype=out_dtype) for m in mat2s]
     gathered = shard.new_empty(gathered_shape) if return_gathered else None
     ws, data = agm.start(parts, layout, group_name, own_too=return_gathered)
+    return layout, parts, outs, gathered, ws, data
+
+
+def all_gather_copy_engine_scaled_mm(
+    shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
+    use_fast_accum=False, return_gathered=False,
+):  # fmt: skip
+    layout, parts, outs, gathered, ws, data = _start_gather(
+        shard, shard_scale, mat2s, gather_dim, world_size, group_name, out_dtype, return_gathered
+    )
     try:
         for chunk in schedule.all_gather_order(ws.rank, world_size):
             a = agm.chunk_rows(ws, data[0], parts[0], layout, chunk)  # waits for the chunk's flag
             scale = shard_scale
-            if rowwise:  # arrived with the rows, under the same flag
+            if len(parts) > 1:  # rowwise: arrived with the rows, under the same flag
                 scale = layout.own(parts[1]) if chunk == ws.rank else layout.chunk(data[1], chunk)
             for out, mat2, mat2_scale, bias in zip(outs, mat2s, mat2_scales, biases):
                 target = layout.chunk(out.view(-1, out.shape[-1]), chunk)
@@ -95,16 +105,12 @@ def all_gather_fused_scaled_mm(
     ``use_fast_accum`` says)."""
     if not _fused_fits(shard, mat2s):  # before the barrier: every rank refuses alike
         raise NotImplementedError("the fused float8 consumer needs TMA-aligned operands and [N, K] weights")
-    layout = RowLayout.of(shard.shape, gather_dim, world_size)
-    rowwise = not scaled_ops.is_tensorwise(shard_scale)
-    parts = [agm.shard_rows(shard)] + ([_scale_rows(shard_scale)] if rowwise else [])
-    gathered_shape = ops._gathered_shape(shard, gather_dim, world_size)
-    outs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]], dtype=out_dtype) for m in mat2s]
-    gathered = shard.new_empty(gathered_shape) if return_gathered else None
-    ws, data = agm.start(parts, layout, group_name, own_too=return_gathered)
     # the kernel reads a weight's rowwise scale as N consecutive words
     column_scales = tuple(s if scaled_ops.is_tensorwise(s) else scaled_ops._standard_strides(s) for s in mat2_scales)
-    if rowwise:  # every gathered row's scale (each chunk's arrives with its rows), and the own
+    layout, parts, outs, gathered, ws, data = _start_gather(
+        shard, shard_scale, mat2s, gather_dim, world_size, group_name, out_dtype, return_gathered
+    )
+    if len(parts) > 1:  # rowwise: every gathered row's scale (each chunk's with its rows), the own
         scales = consumer.Scales(data[1].view(-1), parts[1].view(-1), column_scales)
     else:
         scales = consumer.Scales(shard_scale.reshape(1), None, column_scales)
