@@ -218,14 +218,7 @@ def nccl_cublas(
     shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
     contract_with=(), gathered_left=(),
 ):  # fmt: skip
-    group = _resolve_process_group(group_name)
-    shard = shard.contiguous()
-    stacked = shard.new_empty((world_size,) + tuple(shard.shape))
-    dist.all_gather_into_tensor(stacked, shard, group=group)
-    if RowLayout.of(shard.shape, gather_dim, world_size).outer == 1:  # ranks stacked: in order
-        gathered = stacked.view(ops._gathered_shape(shard, gather_dim, world_size))
-    else:
-        gathered = torch.cat(stacked.unbind(0), dim=gather_dim)
+    gathered = nccl_gather(shard, gather_dim, world_size, _resolve_process_group(group_name))
     flat = gathered.view(-1, shard.shape[-1])
     outs = []
     for mat2, bias in zip(mat2s, biases):
@@ -234,6 +227,19 @@ def nccl_cublas(
     for other, left in zip(contract_with, gathered_left):
         outs.append(flat.t() @ other if left else other.t() @ flat)
     return (gathered if return_gathered else None), outs
+
+
+def nccl_gather(shard: torch.Tensor, gather_dim: int, world_size: int, group) -> torch.Tensor:
+    """NCCL all-gather along ``gather_dim``; 1-byte dtypes (float8) move as uint8."""
+    shard = shard.contiguous()
+    raw = shard.view(torch.uint8) if shard.element_size() == 1 else shard
+    # ranks one after another along dim 0 (the form every backend takes), then stacked
+    joined = raw.new_empty((world_size * shard.shape[0],) + tuple(shard.shape[1:]))
+    dist.all_gather_into_tensor(joined, raw, group=group)
+    stacked = joined.view(shard.dtype).view((world_size,) + tuple(shard.shape))
+    if RowLayout.of(shard.shape, gather_dim, world_size).outer == 1:  # ranks stacked: in order
+        return stacked.view(ops._gathered_shape(shard, gather_dim, world_size))
+    return torch.cat(stacked.unbind(0), dim=gather_dim)
 
 
 def variants(num_mat2s: int = 1) -> dict:

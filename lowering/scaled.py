@@ -149,27 +149,15 @@ def copy_engine_scaled_mm_reduce_scatter(
     return mrs.reduce_produced(call, lambda: mrs.push_partials(call, partial), reduce_op, out)
 
 
-def _gather(shard: torch.Tensor, gather_dim: int, world_size: int, group) -> torch.Tensor:
-    """NCCL all-gather along ``gather_dim``; 1-byte dtypes move as uint8."""
-    shard = shard.contiguous()
-    raw = shard.view(torch.uint8) if shard.element_size() == 1 else shard
-    stacked = raw.new_empty((world_size,) + tuple(shard.shape))
-    dist.all_gather_into_tensor(stacked, raw, group=group)
-    stacked = stacked.view(shard.dtype)
-    if RowLayout.of(shard.shape, gather_dim, world_size).outer == 1:  # ranks stacked: in order
-        return stacked.view(ops._gathered_shape(shard, gather_dim, world_size))
-    return torch.cat(stacked.unbind(0), dim=gather_dim)
-
-
 def all_gather_nccl_scaled_mm(
     shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
     use_fast_accum=False, return_gathered=False,
 ):  # fmt: skip
     group = _resolve_process_group(group_name)
-    gathered = _gather(shard, gather_dim, world_size, group)
+    gathered = agm.nccl_gather(shard, gather_dim, world_size, group)
     scale = shard_scale
     if not scaled_ops.is_tensorwise(shard_scale):
-        scale = _gather(shard_scale, gather_dim, world_size, group)
+        scale = agm.nccl_gather(shard_scale, gather_dim, world_size, group)
     outs = [
         scaled_ops.scaled_mm_rows(gathered, scale, mat2, mat2_scale, bias, out_dtype, use_fast_accum)
         for mat2, mat2_scale, bias in zip(mat2s, mat2_scales, biases)

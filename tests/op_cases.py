@@ -97,3 +97,19 @@ def widened_reduce_scatter(seed: int = 0, device: str = "cpu") -> bool:
     err = ((wide - exact).norm() / exact.norm()).item()
     unrounded = torch.equal(wide.bfloat16(), narrow)
     return wide.dtype == torch.float32 and err <= REL_TOL[torch.bfloat16] and unrounded
+
+
+def nccl_gather_in_order() -> bool:
+    """lowering's NCCL-variant gather (any backend's all_gather_into_tensor): a [batch, seq, dim]
+    shard gathered along seq, in bf16 and as float8 bytes, equals the shards concatenated."""
+    from overlap_pass.lowering import all_gather_matmul as agm
+
+    gen = torch.Generator().manual_seed(11)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    shards = [torch.randn(2, 3, 8, generator=gen) for _ in range(world)]
+    for dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        for dim, parts in ((1, shards), (0, [s[0] for s in shards])):
+            want = torch.cat([p.to(dtype) for p in parts], dim).view(torch.uint8)  # bytes: float8 has no equal
+            got = agm.nccl_gather(parts[rank].to(dtype), dim, world, dist.group.WORLD)
+            assert got.dtype == dtype and torch.equal(got.view(torch.uint8), want), (dtype, dim)
+    return True

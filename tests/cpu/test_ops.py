@@ -114,6 +114,10 @@ def test_reference_reduce_scatter_writes_float32_from_bf16(gloo_world):
     assert all(gloo_world(2).run(op_cases.widened_reduce_scatter))
 
 
+def test_nccl_variants_gather_in_row_order(gloo_world):
+    assert all(gloo_world(2).run(op_cases.nccl_gather_in_order))
+
+
 def test_cuda_tensors_dispatch_to_the_lowering():
     """Both ops have a CUDA kernel of their own (lowering/dispatch.py)."""
     has = torch._C._dispatch_has_kernel_for_dispatch_key
