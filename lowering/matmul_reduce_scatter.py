@@ -130,14 +130,15 @@ def reduce_produced(call: Call, produce, reduce_op: str, out: torch.Tensor) -> t
     return out
 
 
-def _produce_fused(call, flats, mat2s, bias, *, gemm_config):
-    """The Triton producer stores every tile into its owner's slot and flags each chunk."""
+def produce_fused(call, flats, mat2s, bias, *, gemm_config, scales=None, fast_accum=False):
+    """The Triton producer stores every tile into its owner's slot (in the call's dtype) and
+    flags each chunk. ``scales``, ``fast_accum``: float8 operands' (the producer's)."""
     ws = call.ws
     producer.matmul_reduce_scatter_producer(
         flats[0], mat2s[0], None if bias is None else bias.contiguous(),
         ws.peer_data_addresses(call.slots_shape, call.dtype), ws.peer_flag_addresses(),
         ws.counters, ws.epoch, rank=call.rank, world_size=call.world, config=gemm_config,
-        inner=call.layout.inner,
+        inner=call.layout.inner, scales=scales, out_dtype=call.dtype, fast_accum=fast_accum,
     )  # fmt: skip
 
 
@@ -175,7 +176,7 @@ def _produce_cublas_push(call, flats, mat2s, bias):
 def fused(inputs, *args, gemm_config=None, outputs=None):
     if len(inputs) != 1:  # before the barrier: every rank refuses alike, nobody waits
         raise NotImplementedError("the fused producer takes one matmul (use a cuBLAS variant for sums)")
-    produce = functools.partial(_produce_fused, gemm_config=gemm_config or gemm.CONFIGS[0])
+    produce = functools.partial(produce_fused, gemm_config=gemm_config or gemm.CONFIGS[0])
     return _overlapped(produce, inputs, *args, outputs=outputs)
 
 

@@ -5,15 +5,17 @@ variants that choose.py picks from, as for the bf16 ops.
   matmul_reduce_scatter.py) with one _scaled_mm (scaled_ops.scaled_mm_rows) per chunk. An
   all-gather moves the float8 rows and, for rowwise scales, the rows' scales with them, both
   under the chunk's one flag; a reduce-scatter's partials are the matmuls' out_dtype (bf16).
-- fused (all-gather, one per TMA config): the same pushes and flags, consumed by the
+- fused (one per TMA config): for the all-gather, the same pushes and flags, consumed by the
   persistent Triton float8 GEMM of templates/all_gather_matmul.py, the scales in its epilogue
-  (the row scales of each chunk read once its flag is set).
+  (the row scales of each chunk read once its flag is set); for the reduce-scatter (one matmul,
+  not a sum), the Triton float8 producer of templates/matmul_reduce_scatter.py, which stores
+  each tile's dequantized partial (bf16) in its owner's slot and flags each chunk.
 - nccl_cublas: the NCCL collective (float8 moved as bytes), then _scaled_mm on the whole
   tensor: what Inductor runs for these graphs without overlap. The baseline, and the fallback.
 
 A chunk of several blocks of rows (a [batch, seq, dim] tensor gathered or scattered along seq,
-row_layout.py) takes one _scaled_mm per block: _scaled_mm has no batched form. No Triton float8
-producer for the reduce-scatter yet.
+row_layout.py) takes one _scaled_mm per block: _scaled_mm has no batched form; the Triton
+kernels read the blocks in place.
 """
 
 import functools
@@ -101,8 +103,7 @@ def all_gather_fused_scaled_mm(
     use_fast_accum=False, return_gathered=False, *, gemm_config,
 ):  # fmt: skip
     """The copy engine's pushes and flags, consumed by the persistent Triton float8 GEMM
-    (templates/all_gather_matmul.py, scales in its epilogue; fp32 accumulation whatever
-    ``use_fast_accum`` says)."""
+    (templates/all_gather_matmul.py, scales in its epilogue)."""
     if not _fused_fits(shard, mat2s):  # before the barrier: every rank refuses alike
         raise NotImplementedError("the fused float8 consumer needs TMA-aligned operands and [N, K] weights")
     # the kernel reads a weight's rowwise scale as N consecutive words
@@ -111,9 +112,9 @@ def all_gather_fused_scaled_mm(
         shard, shard_scale, mat2s, gather_dim, world_size, group_name, out_dtype, return_gathered
     )
     if len(parts) > 1:  # rowwise: every gathered row's scale (each chunk's with its rows), the own
-        scales = consumer.Scales(data[1].view(-1), parts[1].view(-1), column_scales)
+        scales = consumer.Scales(data[1].view(-1), parts[1].view(-1), column_scales, use_fast_accum)
     else:
-        scales = consumer.Scales(shard_scale.reshape(1), None, column_scales)
+        scales = consumer.Scales(shard_scale.reshape(1), None, column_scales, use_fast_accum)
     try:
         consumer.all_gather_matmul_consumer(
             data[0], list(mat2s), [None if b is None else b.contiguous() for b in biases],
@@ -147,6 +148,28 @@ def copy_engine_scaled_mm_reduce_scatter(
                 target.add_(term)
 
     return mrs.reduce_produced(call, lambda: mrs.push_partials(call, partial), reduce_op, out)
+
+
+def fused_scaled_mm_reduce_scatter(
+    inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, group_name,
+    mm_dtype, out_dtype=None, use_fast_accum=False, *, gemm_config,
+):  # fmt: skip
+    """The persistent Triton float8 producer (templates/matmul_reduce_scatter.py, scales in its
+    epilogue) stores each partial into its owner's slot; the owner's reduction as the other
+    variants'."""
+    if len(inputs) != 1 or not _fused_fits(inputs[0], mat2s):  # before the barrier: every rank refuses alike
+        raise NotImplementedError("the fused float8 producer takes one matmul of TMA-aligned operands, [N, K] weights")
+    flats, layout = mrs._input_rows(inputs, scatter_dim, world_size)
+    # one word, or one per row of A / column of B, consecutive, as the kernel reads them
+    scales = tuple(s.reshape(-1).contiguous() for s in (input_scales[0], mat2_scales[0]))
+    n = mat2s[0].shape[1]
+    full = [*inputs[0].shape[:-1], n]
+    out = flats[0].new_empty(ops._scattered_shape(full, scatter_dim, world_size), dtype=out_dtype or mm_dtype)
+    call = mrs.Call(layout, n, mm_dtype, flats[0].device, group_name)
+    produce = functools.partial(
+        mrs.produce_fused, call, flats, mat2s, bias, gemm_config=gemm_config, scales=scales, fast_accum=use_fast_accum
+    )
+    return mrs.reduce_produced(call, produce, reduce_op, out)
 
 
 def all_gather_nccl_scaled_mm(
@@ -189,12 +212,12 @@ def nccl_scaled_mm_reduce_scatter(
 def variants(kind: str) -> dict:
     """Name -> implementation, every variant choose.py may pick for a scaled op of ``kind``."""
     if kind == AG_KIND:
-        table = {
-            f"fused:{cfg}": functools.partial(all_gather_fused_scaled_mm, gemm_config=cfg)
-            for cfg in gemm.CONFIGS
-            if cfg.tma
-        }
-        table["copy_engine_cublas"] = all_gather_copy_engine_scaled_mm
-        table["nccl_cublas"] = all_gather_nccl_scaled_mm
-        return table
-    return {"copy_engine_cublas": copy_engine_scaled_mm_reduce_scatter, "nccl_cublas": nccl_scaled_mm_reduce_scatter}
+        fused, copy_engine, nccl = all_gather_fused_scaled_mm, all_gather_copy_engine_scaled_mm, all_gather_nccl_scaled_mm
+    else:
+        fused, copy_engine, nccl = (
+            fused_scaled_mm_reduce_scatter, copy_engine_scaled_mm_reduce_scatter, nccl_scaled_mm_reduce_scatter
+        )
+    table = {f"fused:{cfg}": functools.partial(fused, gemm_config=cfg) for cfg in gemm.CONFIGS if cfg.tma}
+    table["copy_engine_cublas"] = copy_engine
+    table["nccl_cublas"] = nccl
+    return table

@@ -30,6 +30,8 @@ from .gemm import (
     pointer_fallback,
     pointer_mainloop,
     row_major,
+    scale_columns,
+    scale_rows,
     sm_count,
     tma_a,
     tma_mainloop,
@@ -123,6 +125,7 @@ def all_gather_matmul_tma_kernel(
     B_SCALE_MASK: tl.constexpr,
     B_ROWWISE_MASK: tl.constexpr,
     B_NK: tl.constexpr,
+    FP8_EXACT: tl.constexpr,
     PROXY_FENCE: tl.constexpr,
     SPIN_LIMIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -143,7 +146,8 @@ def all_gather_matmul_tma_kernel(
     value at a_scale_ptr, 2 by one value per row (a_scale_ptr: the gathered rows', in A's row
     order, there with their chunk; a_local_scale_ptr: the own chunk's); bit i of B_SCALE_MASK:
     B i has a scale (b_scale_ptrs[i]), one value, or one per column where bit i of
-    B_ROWWISE_MASK is set. Scales apply to the fp32 accumulator, before the bias."""
+    B_ROWWISE_MASK is set. Scales apply to the fp32 accumulator, before the bias; FP8_EXACT: see
+    gemm.tma_mainloop."""
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
     tiles_m = outer * tl.cdiv(inner, BLOCK_M)
@@ -186,18 +190,15 @@ def all_gather_matmul_tma_kernel(
             a_source = a_desc
             row0 = first_full
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = tma_mainloop(a_source, row0, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K)
+        acc = tma_mainloop(a_source, row0, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K, FP8_EXACT)
 
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
-        if A_SCALE == 1:
-            acc *= tl.load(a_scale_ptr)
-        if A_SCALE == 2:
+        if A_SCALE != 0:  # the own chunk's row scales are where its rows are
             if chunk == rank:
-                row_scales = tl.load(a_local_scale_ptr + first_own + offs_m, mask=m_mask, other=0.0)
+                acc = scale_rows(acc, A_SCALE, a_local_scale_ptr, first_own + offs_m, m_mask)
             else:
-                row_scales = tl.load(a_scale_ptr + first_full + offs_m, mask=m_mask, other=0.0)
-            acc *= row_scales[:, None]
+                acc = scale_rows(acc, A_SCALE, a_scale_ptr, first_full + offs_m, m_mask)
         if B_SCALE_MASK != 0:
             b_scale_ptr = b_scale_ptrs[0]
             b_rowwise = (B_ROWWISE_MASK & 1) != 0
@@ -205,10 +206,7 @@ def all_gather_matmul_tma_kernel(
                 if b == i:
                     b_scale_ptr = b_scale_ptrs[i]
                     b_rowwise = ((B_ROWWISE_MASK >> i) & 1) != 0
-            if b_rowwise:
-                acc *= tl.load(b_scale_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
-            else:
-                acc *= tl.load(b_scale_ptr)
+            acc = scale_columns(acc, b_scale_ptr, b_rowwise, offs_n, n_mask)
         if BIAS_MASK != 0:
             if has_bias:
                 acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
@@ -227,6 +225,7 @@ class Scales:
     a: torch.Tensor  # one value, or one per gathered row
     a_local: torch.Tensor | None  # the own chunk's rows' (rowwise)
     b: tuple  # per mat2: one value, or one per column
+    fast_accum: bool = False  # as _scaled_mm's use_fast_accum (gemm.tma_mainloop)
 
     @property
     def a_kind(self) -> int:
@@ -252,7 +251,8 @@ def _launch_tma(a_descs, group, flags, epoch, timeouts, outer, k, *, rank, world
         A_SCALE=scales.a_kind if scales else 0,
         B_SCALE_MASK=sum(1 << i for i, (_, _, _, sb) in enumerate(group) if sb is not None),
         B_ROWWISE_MASK=sum(1 << i for i, (_, _, _, sb) in enumerate(group) if sb is not None and sb.numel() > 1),
-        B_NK=group[0][0].stride(0) == 1, PROXY_FENCE=group[0][2].is_cuda, SPIN_LIMIT=spin_limit,
+        B_NK=group[0][0].stride(0) == 1, FP8_EXACT=scales is not None and not scales.fast_accum,
+        PROXY_FENCE=group[0][2].is_cuda, SPIN_LIMIT=spin_limit,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
@@ -308,7 +308,8 @@ def all_gather_matmul_consumer(
     ([N, K] transposed: K-major, as fp8 tensor cores and _scaled_mm want them); ``scales.a``
     one fp32 value or one per gathered row (rows in A's order, each chunk's there with its flag),
     ``scales.a_local`` the own chunk's row scales, ``scales.b`` one value or one per column for
-    each mat2. outs[i] = (A * a scale) @ (mat2s[i] * its scale) (+ biases[i])."""
+    each mat2, ``scales.fast_accum`` as _scaled_mm's use_fast_accum. outs[i] = (A * a scale) @
+    (mat2s[i] * its scale) (+ biases[i])."""
     rows, k = a_gathered.shape
     if not mat2s or not len(mat2s) == len(biases) == len(outs):
         raise ValueError(f"{len(mat2s)} mat2s, {len(biases)} biases, {len(outs)} outputs")

@@ -42,15 +42,25 @@ TEST_CONFIG = GemmConfig(16, 16, 16, 2, 4, 1)
 
 
 @triton.jit
-def tma_mainloop(a_desc, row0, b_desc, col0, K, acc, B_NK: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc += A[row0:row0+BM, :] @ B[:, col0:col0+BN] through TMA; B stored [N, K] if B_NK."""
+def tma_mainloop(
+    a_desc, row0, b_desc, col0, K, acc, B_NK: tl.constexpr, BLOCK_K: tl.constexpr, FP8_EXACT: tl.constexpr
+):  # fmt: skip
+    """acc += A[row0:row0+BM, :] @ B[:, col0:col0+BN] through TMA; B stored [N, K] if B_NK.
+
+    Float8 on Hopper: the tensor cores add fp8 products at less than fp32 precision, and
+    Triton's default there (max_num_imprecise_acc 2**30) never corrects for it, as _scaled_mm's
+    use_fast_accum=True. FP8_EXACT adds each block's product into the fp32 accumulator apart
+    (max_num_imprecise_acc = BLOCK_K), as its use_fast_accum=False."""
     for k0 in range(0, K, BLOCK_K):
         a = a_desc.load([row0, k0])
         if B_NK:
             b = b_desc.load([col0, k0]).T
         else:
             b = b_desc.load([k0, col0])
-        acc = tl.dot(a, b, acc)
+        if FP8_EXACT:
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+        else:
+            acc = tl.dot(a, b, acc)
     return acc
 
 
@@ -74,6 +84,28 @@ def pointer_mainloop(
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def scale_rows(acc, A_SCALE: tl.constexpr, scale_ptr, rows, m_mask):
+    """The float8 epilogue's A side, as _scaled_mm dequantizes: A_SCALE 0 leaves ``acc``, 1
+    multiplies it by the one value at ``scale_ptr``, 2 each row by its own (``rows``: the
+    tile's row indices into the scales)."""
+    if A_SCALE == 1:
+        acc *= tl.load(scale_ptr)
+    if A_SCALE == 2:
+        acc *= tl.load(scale_ptr + rows, mask=m_mask, other=0.0)[:, None]
+    return acc
+
+
+@triton.jit
+def scale_columns(acc, scale_ptr, rowwise, offs_n, n_mask):
+    """The float8 epilogue's B side: the one value at ``scale_ptr``, or one per column."""
+    if rowwise:
+        acc *= tl.load(scale_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
+    else:
+        acc *= tl.load(scale_ptr)
     return acc
 
 

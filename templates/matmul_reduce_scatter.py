@@ -32,11 +32,14 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .gemm import (
+    FLOAT8,
     GemmConfig,
     b_descriptor,
     chunk_tiles,
     pointer_fallback,
     pointer_mainloop,
+    scale_columns,
+    scale_rows,
     sm_count,
     tma_fits,
     tma_mainloop,
@@ -110,10 +113,14 @@ def matmul_reduce_scatter_producer_kernel(
 
 @triton.jit
 def matmul_reduce_scatter_tma_kernel(
-    a_desc, b_desc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch_ptr,
-    outer, inner, N, K, rank, world_size, num_programs,
+    a_desc, b_desc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch_ptr, a_scale_ptr,
+    b_scale_ptr, outer, inner, N, K, rank, world_size, num_programs,
     HAS_BIAS: tl.constexpr,
+    A_SCALE: tl.constexpr,
+    B_SCALE: tl.constexpr,
+    OUT_DTYPE: tl.constexpr,
     B_NK: tl.constexpr,
+    FP8_EXACT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -121,7 +128,11 @@ def matmul_reduce_scatter_tma_kernel(
 ):  # fmt: skip
     """The producer with TMA loads (host-side descriptors), same order and epilogue. Rows past a
     block's end that a tile loads are the next rows of A (or TMA's zeros): they only feed rows
-    that the masked store drops."""
+    that the masked store drops. Partials are stored as OUT_DTYPE.
+
+    Float8 (A and B float8, scales dequantize as _scaled_mm's, on the fp32 accumulator before
+    the bias; FP8_EXACT: see gemm.tma_mainloop): A_SCALE 1, the one value at a_scale_ptr, 2,
+    one per row of A (A's row order); B_SCALE 1, one value at b_scale_ptr, 2, one per column."""
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
     tiles_m, tiles_n, tiles_per_chunk = tile_counts(outer, inner, N, BLOCK_M, BLOCK_N)
@@ -130,16 +141,27 @@ def matmul_reduce_scatter_tma_kernel(
         chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
         first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = tma_mainloop(a_desc, first_full, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K)
+        acc = tma_mainloop(a_desc, first_full, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K, FP8_EXACT)
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = scale_rows(acc, A_SCALE, a_scale_ptr, first_full + offs_m, m_mask)
+        if B_SCALE != 0:
+            acc = scale_columns(acc, b_scale_ptr, B_SCALE == 2, offs_n, offs_n < N)
         _store_and_publish(
             acc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch, chunk,
-            slot + first_own + offs_m, m_mask, offs_n, N, tiles_per_chunk, a_desc.dtype, HAS_BIAS,
+            slot + first_own + offs_m, m_mask, offs_n, N, tiles_per_chunk, OUT_DTYPE, HAS_BIAS,
         )  # fmt: skip
 
 
 _TMA_KERNEL = DirectKernel(matmul_reduce_scatter_tma_kernel)
 _POINTER_KERNEL = DirectKernel(matmul_reduce_scatter_producer_kernel)
+
+
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+def _scale_kind(scale: torch.Tensor) -> int:
+    """1: one value, 2: one per row (A) or column (B)."""
+    return 1 if scale.numel() == 1 else 2
 
 
 def matmul_reduce_scatter_producer(
@@ -157,40 +179,66 @@ def matmul_reduce_scatter_producer(
     inner: int | None = None,
     num_programs: int | None = None,
     tile_log: torch.Tensor | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    out_dtype: torch.dtype | None = None,
+    fast_accum: bool = False,
 ) -> None:
     """Launches the producer: for every chunk j, A_j @ mat2 (+ bias) into ``dest_ptrs[j]`` (int64
-    addresses of [M, N] contiguous buffers of a's dtype), rows of slot ``rank``; then flag
-    ``flag_ptrs[j]`` (int64 address of an int32) = ``epoch[0]``. ``a``: [M, K], the full input:
-    M / (world * inner) blocks of ``world`` chunks of ``inner`` rows (tiles.py; default: one
-    block, chunk j the j-th M / world rows).
+    addresses of [M, N] contiguous buffers of ``out_dtype``, by default a's), rows of slot
+    ``rank``; then flag ``flag_ptrs[j]`` (int64 address of an int32) = ``epoch[0]``. ``a``:
+    [M, K], the full input: M / (world * inner) blocks of ``world`` chunks of ``inner`` rows
+    (tiles.py; default: one block, chunk j the j-th M / world rows).
     ``counters``: int32, one per chunk, zero before the first call (the kernel leaves them zero).
-    ``tile_log`` (int32, tiles + 1; pointer loads): the order tiles started in."""
+    ``tile_log`` (int32, tiles + 1; pointer loads): the order tiles started in.
+
+    Float8 (a and mat2 float8, e4m3 or e5m2 each; ``scales`` given): TMA loads only, mat2 a
+    linear weight ([N, K] transposed, K-major, as fp8 tensor cores and _scaled_mm want it);
+    ``scales`` = (a's: one fp32 value or M contiguous, one per row; mat2's: one value or N
+    contiguous, one per column). A_j @ mat2 is then (A_j * its scales) @ (mat2 * its scales);
+    ``fast_accum`` as _scaled_mm's use_fast_accum (gemm.tma_mainloop)."""
     m, k = a.shape
     inner = inner or m // world_size
-    if m % (world_size * inner) or mat2.shape[0] != k or mat2.dtype != a.dtype:
+    float8 = a.dtype in FLOAT8 and mat2.dtype in FLOAT8
+    if m % (world_size * inner) or mat2.shape[0] != k or (mat2.dtype != a.dtype and not float8):
         raise ValueError(
             f"A {list(a.shape)} {a.dtype}, B {list(mat2.shape)} {mat2.dtype}, world {world_size}, inner {inner}"
         )
+    if float8 != (scales is not None):
+        raise ValueError("float8 operands take scales, and only they")
     for name, t in (("dest_ptrs", dest_ptrs), ("flag_ptrs", flag_ptrs)):
         if t.dtype != torch.int64 or t.numel() != world_size:
             raise ValueError(f"{name} must hold {world_size} int64 addresses")
     if counters.dtype != torch.int32 or counters.numel() != world_size:
         raise ValueError(f"counters must be {world_size} int32 words")
     outer, n = m // (world_size * inner), mat2.shape[1]
+    out_dtype = out_dtype or a.dtype
     use_tma = config.tma and tile_log is None and tma_fits(a, mat2)
+    if float8:
+        a_scale, b_scale = scales
+        if not (use_tma and mat2.stride(0) == 1) or a_scale.numel() not in (1, m) or b_scale.numel() not in (1, n):
+            raise ValueError(
+                f"float8 needs a TMA config, aligned operands, mat2 a transposed [N, K] weight and "
+                f"scales of 1 or {m} and 1 or {n} values: got {a_scale.numel()} and {b_scale.numel()}"
+            )
     if not use_tma:
         config = pointer_fallback(config, a.dtype)
     programs = min(num_programs or sm_count(a.device), chunk_tiles(world_size, outer, inner, n, config))
     bias_arg = bias if bias is not None else a
     if use_tma:
         bm, bk = config.block_m, config.block_k
+        a_scale, b_scale = scales or (counters, counters)
+        a_kind, b_kind = (_scale_kind(s) for s in scales) if scales else (0, 0)
         _TMA_KERNEL[(programs,)](
             TensorDescriptor.from_tensor(a, [bm, bk]), b_descriptor(mat2, config), bias_arg, dest_ptrs,
-            flag_ptrs, counters, epoch, outer, inner, n, k, rank, world_size, programs,
-            HAS_BIAS=bias is not None, B_NK=mat2.stride(0) == 1, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=bk,
-            GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
+            flag_ptrs, counters, epoch, a_scale, b_scale, outer, inner, n, k, rank, world_size, programs,
+            HAS_BIAS=bias is not None, A_SCALE=a_kind, B_SCALE=b_kind,
+            OUT_DTYPE=_TL_DTYPES[out_dtype], B_NK=mat2.stride(0) == 1, FP8_EXACT=float8 and not fast_accum,
+            BLOCK_M=bm, BLOCK_N=config.block_n,
+            BLOCK_K=bk, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
         return
+    if out_dtype != a.dtype:
+        raise ValueError(f"pointer loads store partials in A's dtype {a.dtype}, not {out_dtype}")
     _POINTER_KERNEL[(programs,)](
         a, mat2, bias_arg, dest_ptrs, flag_ptrs, counters, epoch,
         tile_log if tile_log is not None else counters,

@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 from overlap_pass import schedule  # noqa: E402
 from overlap_pass.templates import all_gather_matmul as agm  # noqa: E402
 from overlap_pass.templates import gemm  # noqa: E402
-from tests.consumer_cases import EPOCH, problem, run_consumer  # noqa: E402
+from tests.consumer_cases import EPOCH, problem, run_consumer, run_fp8_consumer  # noqa: E402
 
 
 def _assert_all_close(outs, refs, tol):
@@ -153,6 +153,23 @@ def test_tma_several_mat2s_report_a_late_chunk():
     assert timeouts.tolist() == [0, 0, EPOCH]
     for out, ref in zip(outs, refs):  # every chunk but the late one is right
         torch.testing.assert_close(out[:32], ref[:32], atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
+@pytest.mark.parametrize(
+    "world, rank, shard_shape, gather_dim, ns, bias",
+    [(2, 1, (24, 32), 0, (48,), True), (3, 2, (2, 5, 32), 1, (48, 16), False)],
+)
+def test_float8_tiles_are_dequantized_before_the_bias(rowwise, world, rank, shard_shape, gather_dim, ns, bias):
+    """Float8 through TMA: each tile's fp32 accumulator times A's scale (one, or its rows', the
+    own chunk's from its own scales) and B's (one, or its columns'), then the bias."""
+    config = dataclasses.replace(gemm.TEST_CONFIG, tma=True)
+    outs, timeouts, refs = run_fp8_consumer(
+        world, rank, shard_shape, gather_dim, ns, rowwise, bias, 5, config, num_programs=3
+    )
+    assert not timeouts.any()
+    for out, ref in zip(outs, refs):
+        assert ((out.float() - ref).norm() / ref.norm()).item() <= 1e-2
 
 
 def test_barrier_names_the_ranks_that_never_came():

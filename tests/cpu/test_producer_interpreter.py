@@ -45,6 +45,43 @@ def test_a_chunk_of_several_blocks_is_read_in_place(config, world, rows, outer):
     assert (flags == EPOCH).all() and all(not c.any() for c in counters)
 
 
+@pytest.mark.parametrize("a_scale, b_scale", [("one", "one"), ("rows", "columns"), ("rows", "one")])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("world, rows, outer, bias", [(2, 16, 1, True), (3, 12, 2, False)])
+def test_float8_partials_are_dequantized_before_the_bias(a_scale, b_scale, dtype, world, rows, outer, bias):
+    """Float8 operands (TMA only): each tile's fp32 accumulator times A's scale (one, or its
+    rows', read from A's row order, also for chunks of several blocks) and B's (one, or its
+    columns'), then the bias, stored as bf16 in the owner's slot."""
+    k, n = 32, 48
+    gen = torch.Generator().manual_seed(7)
+    sizes = {"one": 1, "rows": world * rows, "columns": n}
+    scales = [tuple(torch.rand(sizes[s], generator=gen) + 0.5 for s in (a_scale, b_scale)) for _ in range(world)]
+    config = dataclasses.replace(gemm.TEST_CONFIG, tma=True)
+    inputs, mat2, b, partials, flags, counters = simulate(
+        world, rows, k, n, dtype, bias, config=config, outer=outer, scales=scales, out_dtype=torch.bfloat16
+    )
+    check_partials(inputs, mat2, b, partials, world, rows, 2e-2, outer, scales=scales)
+    assert (flags == EPOCH).all() and all(not c.any() for c in counters)
+
+
+def test_float8_refuses_pointer_loads_and_a_scale_of_the_wrong_size():
+    world, rows, k, n = 2, 16, 32, 48
+    a = torch.randn(world * rows, k).to(torch.float8_e4m3fn)
+    mat2 = torch.randn(n, k).to(torch.float8_e4m3fn).t()
+    one = torch.ones(1)
+    args = (
+        a, mat2, None, torch.zeros(world, dtype=torch.int64), torch.zeros(world, dtype=torch.int64),
+        torch.zeros(world, dtype=torch.int32), torch.tensor([EPOCH], dtype=torch.int32),
+    )  # fmt: skip
+    tma = dataclasses.replace(gemm.TEST_CONFIG, tma=True)
+    with pytest.raises(ValueError, match="float8 needs a TMA config"):
+        mrs.matmul_reduce_scatter_producer(*args, rank=0, world_size=world, config=gemm.TEST_CONFIG, scales=(one, one))
+    with pytest.raises(ValueError, match="got 5 and 1"):
+        mrs.matmul_reduce_scatter_producer(*args, rank=0, world_size=world, config=tma, scales=(torch.ones(5), one))
+    with pytest.raises(ValueError, match="take scales"):
+        mrs.matmul_reduce_scatter_producer(*args, rank=0, world_size=world, config=tma)
+
+
 @pytest.mark.parametrize("world, rank", [(2, 0), (4, 1), (4, 3), (8, 5)])
 def test_tiles_go_rank_plus_one_first_and_own_chunk_last(world, rank):
     rows, k, n = 20, 16, 40

@@ -70,14 +70,16 @@ def test_bf16_variants(world, batch):
 @pytest.mark.parametrize("batch", [1, 2])
 def test_all_gather_scaled_variants(world, batch, rowwise, fast_accum):
     """Every variant but NCCL's: the copy engine's _scaled_mm per chunk, the fused Triton
-    consumer per config (which accumulates in fp32 whatever fast_accum says)."""
+    consumer per config (fast_accum passed on as the kernel's FP8_EXACT)."""
     W = world.size
     for name, variant in scaled.variants(scaled.AG_KIND).items():
         if name == "nccl_cublas":
             continue
         for call in range(2):  # back to back, new values each
             gen = torch.Generator(device="cuda").manual_seed(100 * call + 10 * batch + rowwise)
-            shards = [_float8((batch, SEQ, K), gen) for _ in range(W)]
+            # the second call's shards: a gradient's e5m2 under a tensorwise recipe
+            dtype = torch.float8_e5m2 if call == 1 and not rowwise else FP8
+            shards = [_float8((batch, SEQ, K), gen).to(dtype) for _ in range(W)]
             # tensorwise: each rank's own scale, as the op's contract says
             scales = [_scale((batch, SEQ, 1) if rowwise else (), gen) for _ in range(W)]
             mat2s, mat2_scales = _weights(2, rowwise, gen)
@@ -105,30 +107,45 @@ def test_all_gather_scaled_variants(world, batch, rowwise, fast_accum):
 @pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("terms", [1, 2])
-def test_scaled_reduce_scatter_copy_engine(world, batch, rowwise, terms):
+def test_scaled_reduce_scatter_variants(world, batch, rowwise, terms):
+    """Every variant but NCCL's: the copy engine's _scaled_mm per chunk, the fused Triton
+    producer per config (one matmul only: it refuses a sum before entering the protocol). The
+    second call of each: an average, fast accumulation, and for tensorwise scales e5m2 inputs
+    (a gradient's) against e4m3 weights."""
     W = world.size
-    for call in range(2):
-        gen = torch.Generator(device="cuda").manual_seed(100 * call + 10 * batch + 2 * rowwise + terms)
-        inputs = [[_float8((batch, SEQ * W, K), gen) for _ in range(terms)] for _ in range(W)]
-        scales = [[_scale((batch, SEQ * W, 1) if rowwise else (), gen) for _ in range(terms)] for _ in range(W)]
-        mat2s, mat2_scales = _weights(terms, rowwise, gen)
-        bias = torch.randn(N, generator=gen, device="cuda").to(torch.bfloat16)
-        # the second call: an average, fast accumulation (cuBLAS straight into the partial)
-        reduce_op, fast = ("sum", False) if call == 0 else ("avg", True)
-        outs = world.run(
-            prepare=world.poison,
-            call=lambda r, g: scaled.copy_engine_scaled_mm_reduce_scatter(
-                inputs[r], scales[r], mat2s, mat2_scales, bias, reduce_op, 1, W, g, torch.bfloat16, torch.float32, fast
-            ),
-        )
-        total = 0
-        for r in range(W):
-            partial = bias.float()
-            for a, s, m, ms in zip(inputs[r], scales[r], mat2s, mat2_scales):
-                partial = partial + scaled_ops.scaled_mm_rows(a, s, m, ms, None, torch.bfloat16, fast).float()
-            total = total + partial
-        if reduce_op == "avg":
-            total = total / W
-        for r, out in enumerate(outs):
-            assert out.dtype == torch.float32
-            assert error(out, total.chunk(W, dim=1)[r]) < 1e-2, f"rank {r}, call {call}"
+    for name, variant in scaled.variants(scaled.RS_KIND).items():
+        if name == "nccl_cublas":
+            continue
+        fused = name.startswith("fused")
+        for call in range(2):
+            gen = torch.Generator(device="cuda").manual_seed(100 * call + 10 * batch + 2 * rowwise + terms)
+            # tensorwise recipes cast gradients to e5m2 (rowwise ones keep e4m3)
+            dtype = torch.float8_e5m2 if call == 1 and not rowwise else FP8
+            inputs = [[_float8((batch, SEQ * W, K), gen).to(dtype) for _ in range(terms)] for _ in range(W)]
+            scales = [[_scale((batch, SEQ * W, 1) if rowwise else (), gen) for _ in range(terms)] for _ in range(W)]
+            mat2s, mat2_scales = _weights(terms, rowwise, gen)
+            bias = torch.randn(N, generator=gen, device="cuda").to(torch.bfloat16)
+            reduce_op, fast = ("sum", False) if call == 0 else ("avg", True)
+
+            def run(r, g):
+                return variant(
+                    inputs[r], scales[r], mat2s, mat2_scales, bias, reduce_op, 1, W, g, torch.bfloat16,
+                    torch.float32, fast,
+                )  # fmt: skip
+
+            if fused and terms > 1:
+                with pytest.raises(NotImplementedError):
+                    run(0, world.group_names[0])
+                break
+            outs = world.run(prepare=world.poison, call=run)
+            total = 0
+            for r in range(W):
+                partial = bias.float()
+                for a, s, m, ms in zip(inputs[r], scales[r], mat2s, mat2_scales):
+                    partial = partial + scaled_ops.scaled_mm_rows(a, s, m, ms, None, torch.bfloat16, fast).float()
+                total = total + partial
+            if reduce_op == "avg":
+                total = total / W
+            for r, out in enumerate(outs):
+                assert out.dtype == torch.float32
+                assert error(out, total.chunk(W, dim=1)[r]) < 1e-2, f"{name} rank {r}, call {call}"

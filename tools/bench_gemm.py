@@ -1,0 +1,183 @@
+"""The fused kernels' GEMM alone on one GPU, against cuBLAS on the same operands.
+
+    python3 -m tools.bench_gemm --out gemm.json                     # bf16
+    python3 -m tools.bench_gemm --float8 rowwise --out gemm8.json   # float8, fast accumulation
+
+Per bench_ops shape at world size ``--world`` (its chunking; one GPU, no peers): the all-gather
+consumer with every chunk already arrived (all flags set, so it never waits) and the
+reduce-scatter producer storing each chunk's partial into buffers of this GPU, each TMA config
+(and, for float8, candidate configs with 128-deep K blocks, and one exact-accumulation run),
+against torch.mm (bf16) or torch._scaled_mm (float8: e4m3, bf16 out, the same scales and
+accumulation). What a fused variant's GEMM costs before any communication: at W ranks it can
+beat NCCL + cuBLAS only if the collective it hides is longer than this GEMM's lag behind cuBLAS.
+A time is the median over interleaved rounds (in shuffled order) of the mean per call.
+"""
+
+import argparse
+import dataclasses
+import json
+import random
+import statistics
+
+import torch
+
+from overlap_pass.templates import all_gather_matmul as consumer
+from overlap_pass.templates import gemm
+from overlap_pass.templates import matmul_reduce_scatter as producer
+from tools.bench_ops import SHAPES
+
+EPOCH = 1
+FP8 = torch.float8_e4m3fn
+# float8's candidates: 128 bytes of K per row, as fp8 tensor cores read them
+FP8_CANDIDATES = [
+    gemm.GemmConfig(128, 256, 128, 8, 8, 3, tma=True),
+    gemm.GemmConfig(128, 256, 128, 8, 8, 4, tma=True),
+    gemm.GemmConfig(128, 128, 128, 8, 4, 4, tma=True),
+]
+
+
+def _operands(m, k, n, float8, rowwise, device):
+    """A [m, k], a linear's weight as [k, n] (column-major) and their scales (None for bf16)."""
+    a = torch.randn(m, k, device=device)
+    w = torch.randn(n, k, device=device)
+    if not float8:
+        return a.bfloat16(), w.bfloat16().t(), None, None
+    a_scale = torch.rand(m, 1, device=device) + 0.5 if rowwise else torch.tensor(0.7, device=device)
+    w_scale = torch.rand(1, n, device=device) + 0.5 if rowwise else torch.tensor(0.9, device=device)
+    return a.to(FP8), w.to(FP8).t(), a_scale, w_scale
+
+
+def _consumer_run(a, w, a_scale, w_scale, world, config, fast_accum):
+    m = a.shape[0]
+    inner = m // world
+    out = torch.empty(m, w.shape[1], dtype=torch.bfloat16, device=a.device)
+    flags = torch.full((world,), EPOCH, dtype=torch.int32, device=a.device)
+    epoch = torch.tensor([EPOCH], dtype=torch.int32, device=a.device)
+    timeouts = torch.zeros(world, dtype=torch.int32, device=a.device)
+    scales = None
+    if a_scale is not None:
+        flat = a_scale.reshape(-1).contiguous()
+        scales = consumer.Scales(flat, flat[:inner] if flat.numel() > 1 else None, (w_scale.reshape(-1),), fast_accum)
+
+    def run():
+        consumer.all_gather_matmul_consumer(
+            a, [w], [None], [out], flags, epoch, rank=0, world_size=world, inner=inner, config=config,
+            timeouts=timeouts, scales=scales,
+        )  # fmt: skip
+
+    return run, lambda: out
+
+
+def _producer_run(a, w, a_scale, w_scale, world, config, fast_accum):
+    m, n = a.shape[0], w.shape[1]
+    dests = [torch.empty(m, n, dtype=torch.bfloat16, device=a.device) for _ in range(world)]
+    flags = torch.zeros(world, dtype=torch.int32, device=a.device)
+    dest_ptrs = torch.tensor([d.data_ptr() for d in dests], dtype=torch.int64, device=a.device)
+    flag_ptrs = torch.tensor([flags[j].data_ptr() for j in range(world)], dtype=torch.int64, device=a.device)
+    counters = torch.zeros(world, dtype=torch.int32, device=a.device)
+    epoch = torch.tensor([EPOCH], dtype=torch.int32, device=a.device)
+    scales = None if a_scale is None else (a_scale.reshape(-1).contiguous(), w_scale.reshape(-1).contiguous())
+
+    def run():
+        producer.matmul_reduce_scatter_producer(
+            a, w, None, dest_ptrs, flag_ptrs, counters, epoch, rank=0, world_size=world, config=config,
+            scales=scales, out_dtype=torch.bfloat16, fast_accum=fast_accum,
+        )  # fmt: skip
+
+    rows = m // world
+    # chunk j's partial lands in dests[j], rows of slot 0: gather them back into A's row order
+    return run, lambda: torch.cat([d[:rows] for d in dests])
+
+
+def _time(runners: dict, rounds: int, calls: int, warmup: int) -> dict:
+    samples = {key: [] for key in runners}
+    order = list(runners)
+    shuffle = random.Random(0)
+    for round_ in range(warmup + rounds):
+        shuffle.shuffle(order)
+        for key in order:
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                runners[key]()
+            end.record()
+            if round_ >= warmup:
+                samples[key].append((start, end))
+    torch.cuda.synchronize()
+    return {key: statistics.median(s.elapsed_time(e) * 1e3 / calls for s, e in runs) for key, runs in samples.items()}
+
+
+def bench_shape(op, name, m, k, n, args, device) -> dict:
+    float8 = args.float8 is not None
+    a, w, a_scale, w_scale = _operands(m, k, n, float8, args.float8 == "rowwise", device)
+    if float8:
+        ref = torch._scaled_mm(a, w, a_scale, w_scale, out_dtype=torch.bfloat16, use_fast_accum=True)
+        runners = {"cublas": lambda: torch._scaled_mm(a, w, a_scale, w_scale, out_dtype=torch.bfloat16, use_fast_accum=True)}
+    else:
+        ref = a @ w
+        runners = {"cublas": lambda: torch.mm(a, w)}
+    make = _consumer_run if op == "all_gather_matmul" else _producer_run
+    configs = [c for c in gemm.CONFIGS if c.tma] + (FP8_CANDIDATES if float8 else [])
+    errors = {}
+    runs = [(str(c), c, True) for c in configs]
+    if float8:  # exact accumulation (use_fast_accum=False) on the first config
+        runs.append((f"{configs[0]}:exact", configs[0], False))
+    for key, config, fast in runs:
+        run, result = make(a, w, a_scale, w_scale, args.world, config, fast)
+        run()
+        got = result()
+        errors[key] = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+        runners[key] = run
+    times = _time(runners, args.rounds, args.calls, args.warmup)
+    best = min((key for key in times if key != "cublas" and not key.endswith(":exact")), key=times.get)
+    flops = 2 * m * k * n
+    return {
+        "op": op, "shape": name, "M": m, "K": k, "N": n, "times_us": {key: round(t, 1) for key, t in times.items()},
+        "errors": {key: float(f"{e:.2e}") for key, e in errors.items()}, "best": best,
+        "cublas_tflops": round(flops / times["cublas"] / 1e6, 1), "best_tflops": round(flops / times[best] / 1e6, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--float8", choices=("tensorwise", "rowwise"), default=None)
+    parser.add_argument("--world", type=int, default=2, help="the chunking: the world size simulated")
+    parser.add_argument("--op", choices=("all_gather_matmul", "matmul_reduce_scatter", "both"), default="both")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    device = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    ops = list(SHAPES) if args.op == "both" else [args.op]
+    rows = []
+    for op in ops:
+        for name, m, k, n in SHAPES[op].get(args.world, SHAPES[op][4]):
+            rows.append(bench_shape(op, name, m, k, n, args, device))
+            r = rows[-1]
+            print(json.dumps(r), flush=True)
+    meta = {
+        "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
+        "triton": __import__("triton").__version__, "world_chunking": args.world,
+        "dtype": f"float8 {args.float8} (fast accumulation)" if args.float8 else "bf16",
+        "rounds": args.rounds, "calls": args.calls,
+    }  # fmt: skip
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    print(f"\n{meta}")
+    print(f"| op | shape | cuBLAS µs | best fused µs (config) | fused / cuBLAS | exact-accum µs |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        t = r["times_us"]
+        exact = next((v for key, v in t.items() if key.endswith(":exact")), None)
+        print(
+            f"| {r['op']} | {r['shape']} | {t['cublas']} | {t[r['best']]} ({r['best']}) | "
+            f"{t[r['best']] / t['cublas']:.2f} | {exact if exact is not None else '-'} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
