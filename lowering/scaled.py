@@ -5,7 +5,7 @@ variants that choose.py picks from, as for the bf16 ops.
   matmul_reduce_scatter.py) with one _scaled_mm (scaled_ops.scaled_mm_rows) per chunk. An
   all-gather moves the float8 rows and, for rowwise scales, the rows' scales with them, both
   under the chunk's one flag; a reduce-scatter's partials are the matmuls' out_dtype (bf16).
-- fused (one per TMA config): for the all-gather, the same pushes and flags, consumed by the
+- fused (one per gemm.FLOAT8_CONFIGS entry): for the all-gather, the same pushes and flags, consumed by the
   persistent Triton float8 GEMM of templates/all_gather_matmul.py, the scales in its epilogue
   (the row scales of each chunk read once its flag is set); for the reduce-scatter (one matmul,
   not a sum), the Triton float8 producer of templates/matmul_reduce_scatter.py, which stores
@@ -217,7 +217,7 @@ def variants(kind: str) -> dict:
         fused, copy_engine, nccl = (
             fused_scaled_mm_reduce_scatter, copy_engine_scaled_mm_reduce_scatter, nccl_scaled_mm_reduce_scatter
         )
-    table = {f"fused:{cfg}": functools.partial(fused, gemm_config=cfg) for cfg in gemm.CONFIGS if cfg.tma}
+    table = {f"fused:{cfg}": functools.partial(fused, gemm_config=cfg) for cfg in gemm.FLOAT8_CONFIGS}
     table["copy_engine_cublas"] = copy_engine
     table["nccl_cublas"] = nccl
     return table

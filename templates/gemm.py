@@ -38,6 +38,14 @@ CONFIGS = [
     GemmConfig(128, 128, 64, 8, 4, 4, tma=True),
     GemmConfig(64, 128, 64, 8, 4, 4),
 ]
+# float8 (tools/bench_gemm on an H100, session 11: 1.09-1.39x cuBLAS's time, as best of these):
+# 128-deep K blocks (128 bytes per row, one swizzle line) were the fastest on every shape but
+# the smallest, where 128x256x64 in 4 stages was
+FLOAT8_CONFIGS = [
+    GemmConfig(128, 256, 128, 8, 8, 3, tma=True),
+    GemmConfig(128, 256, 128, 8, 8, 4, tma=True),
+    GemmConfig(128, 256, 64, 8, 8, 4, tma=True),
+]
 TEST_CONFIG = GemmConfig(16, 16, 16, 2, 4, 1)
 
 

@@ -5,8 +5,8 @@
 
 Per bench_ops shape at world size ``--world`` (its chunking; one GPU, no peers): the all-gather
 consumer with every chunk already arrived (all flags set, so it never waits) and the
-reduce-scatter producer storing each chunk's partial into buffers of this GPU, each TMA config
-(and, for float8, candidate configs with 128-deep K blocks, and one exact-accumulation run),
+reduce-scatter producer storing each chunk's partial into buffers of this GPU, each config the
+variants take (gemm.CONFIGS' TMA ones, or gemm.FLOAT8_CONFIGS and one exact-accumulation run),
 against torch.mm (bf16) or torch._scaled_mm (float8: e4m3, bf16 out, the same scales and
 accumulation). What a fused variant's GEMM costs before any communication: at W ranks it can
 beat NCCL + cuBLAS only if the collective it hides is longer than this GEMM's lag behind cuBLAS.
@@ -28,14 +28,6 @@ from tools.bench_ops import SHAPES
 
 EPOCH = 1
 FP8 = torch.float8_e4m3fn
-# float8's candidates: 128 bytes of K per row, as fp8 tensor cores read them
-FP8_CANDIDATES = [
-    gemm.GemmConfig(128, 256, 128, 8, 8, 3, tma=True),
-    gemm.GemmConfig(128, 256, 128, 8, 8, 4, tma=True),
-    gemm.GemmConfig(128, 128, 128, 8, 4, 4, tma=True),
-]
-
-
 def _operands(m, k, n, float8, rowwise, device):
     """A [m, k], a linear's weight as [k, n] (column-major) and their scales (None for bf16)."""
     a = torch.randn(m, k, device=device)
@@ -118,7 +110,7 @@ def bench_shape(op, name, m, k, n, args, device) -> dict:
         ref = a @ w
         runners = {"cublas": lambda: torch.mm(a, w)}
     make = _consumer_run if op == "all_gather_matmul" else _producer_run
-    configs = [c for c in gemm.CONFIGS if c.tma] + (FP8_CANDIDATES if float8 else [])
+    configs = gemm.FLOAT8_CONFIGS if float8 else [c for c in gemm.CONFIGS if c.tma]
     errors = {}
     runs = [(str(c), c, True) for c in configs]
     if float8:  # exact accumulation (use_fast_accum=False) on the first config
