@@ -136,15 +136,21 @@ def copy_engine_scaled_mm_reduce_scatter(
     n = mat2s[0].shape[1]
     full = [*inputs[0].shape[:-1], n]
     out = flats[0].new_empty(ops._scattered_shape(full, scatter_dim, world_size), dtype=out_dtype or mm_dtype)
-    call = mrs.Call(layout, n, mm_dtype, flats[0].device, group_name)
+    # the op sums its terms widened (scaled_ops): a sum's partials travel in out_dtype; one
+    # term's in mm_dtype, which widens exactly at the owner
+    sum_dtype = out_dtype or mm_dtype
+    call = mrs.Call(layout, n, sum_dtype if len(inputs) > 1 else mm_dtype, flats[0].device, group_name)
 
     def partial(chunk: int, slot: torch.Tensor) -> None:
         target = layout.own(slot)
         for i, (a, scale, mat2, mat2_scale) in enumerate(zip(flats, scales, mat2s, mat2_scales)):
             rows, chunk_scale = layout.chunk(a, chunk), _chunk_scale(scale, layout, chunk)
-            term = target if i == 0 else torch.empty_like(target)
+            direct = i == 0 and target.dtype == mm_dtype
+            term = target if direct else torch.empty_like(target, dtype=mm_dtype)
             _scaled_mm_into(rows, chunk_scale, mat2, mat2_scale, bias if i == 0 else None, term, mm_dtype, use_fast_accum)
-            if i > 0:
+            if i == 0 and not direct:
+                target.copy_(term)
+            elif i > 0:
                 target.add_(term)
 
     return mrs.reduce_produced(call, lambda: mrs.push_partials(call, partial), reduce_op, out)
@@ -193,13 +199,10 @@ def nccl_scaled_mm_reduce_scatter(
     mm_dtype, out_dtype=None, use_fast_accum=False,
 ):  # fmt: skip
     full = None
-    for a, scale, mat2, mat2_scale in zip(inputs, input_scales, mat2s, mat2_scales):
-        term = scaled_ops.scaled_mm_rows(a, scale, mat2, mat2_scale, None, mm_dtype, use_fast_accum)
+    for i, (a, scale, mat2, mat2_scale) in enumerate(zip(inputs, input_scales, mat2s, mat2_scales)):
+        term = scaled_ops.scaled_mm_rows(a, scale, mat2, mat2_scale, bias if i == 0 else None, mm_dtype, use_fast_accum)
+        term = term.to(out_dtype or mm_dtype)  # summed widened, as the op says (scaled_ops)
         full = term if full is None else full + term
-    if bias is not None:
-        full = full + bias
-    if out_dtype is not None and out_dtype != full.dtype:
-        full = full.to(out_dtype)
     # NCCL scatters ranks stacked along dim 0: the scatter dim moved to the front, as Inductor's
     # graph does
     stacked = full.movedim(scatter_dim, 0).contiguous()

@@ -663,6 +663,13 @@ def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
     if any(widened) and not all(widened):
         raise NoMatch("some matmuls of the sum are widened before the reduce-scatter and others not")
     scaled = _scaled_terms(terms)
+    if scaled is not None and any(widened):
+        narrow_adds = [n for n in between if n.target is aten.add.Tensor and meta_val(n).dtype == scaled.out_dtype]
+        if narrow_adds:
+            raise NoMatch(
+                f"the scaled matmuls are summed in {scaled.out_dtype} before the widening cast "
+                f"({_node_names(narrow_adds)}); the op sums them widened"
+            )
     return MatmulReduceScatterMatch(
         terms=tuple(terms),
         between=tuple(between),

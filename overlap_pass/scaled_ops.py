@@ -5,7 +5,8 @@ of ops.py's two ops, each matmul a ``torch._scaled_mm``.
                                   out[i] = _scaled_mm(A, mat2s[i], As or shard_scale,
                                                       mat2_scales[i], biases[i], out_dtype)
     scaled_matmul_reduce_scatter: out = reduce_scatter(sum_i _scaled_mm(inputs[i], mat2s[i],
-                                        input_scales[i], mat2_scales[i], mm_dtype) + bias)
+                                        input_scales[i], mat2_scales[i], bias if i == 0,
+                                        mm_dtype).to(out_dtype or mm_dtype))
 
 Operands are float8; A and inputs[i] are [..., K] with the gathered or scattered dim a leading
 dim, mat2s[i] are [K, N] (column-major, as cuBLAS wants them on CUDA). Scales multiply (they
@@ -15,8 +16,11 @@ dequantize), in fp32, as _scaled_mm's do:
 - rowwise: one per row, shaped like the operand with a last dim of 1 ([..., 1]); the shard's
   rows are gathered with the shard, an input's are cut into chunks with it. mat2's are [1, N].
 
-The partial sums of matmul_reduce_scatter are in ``mm_dtype`` (the _scaled_mm's out_dtype), the
-reduction over ranks in fp32 and ``out`` in ``out_dtype`` (default: mm_dtype). The reference runs
+Each term of matmul_reduce_scatter is rounded to ``mm_dtype`` (the _scaled_mm's out_dtype), then
+widened to ``out_dtype`` (default: mm_dtype), in which the terms are summed: the graphs it
+replaces (torchao's Float8Linear in an fp32 model) widen each matmul's result before adding the
+two input gradients of w1 and w3. The reduction over ranks is in fp32, ``out`` in ``out_dtype``.
+The reference runs
 one _scaled_mm per chunk on torch.distributed point-to-point ops (float8 moves as bytes);
 CUDA tensors run lowering/dispatch.py's variants.
 """
@@ -230,13 +234,14 @@ def scaled_matmul_reduce_scatter_reference(
 
     def partial(index: int) -> torch.Tensor:
         acc = None
-        for a, scale, mat2, mat2_scale in zip(inputs, input_scales, mat2s, mat2_scales):
+        for i, (a, scale, mat2, mat2_scale) in enumerate(zip(inputs, input_scales, mat2s, mat2_scales)):
             rows = schedule.chunk(a, dim, index, world_size)
             if not is_tensorwise(scale):
                 scale = schedule.chunk(scale, dim, index, world_size)
-            term = scaled_mm_rows(rows, scale, mat2, mat2_scale, None, mm_dtype, use_fast_accum)
+            term = scaled_mm_rows(rows, scale, mat2, mat2_scale, bias if i == 0 else None, mm_dtype, use_fast_accum)
+            term = term.to(out_dtype or mm_dtype)
             acc = term if acc is None else acc + term
-        return (acc if bias is None else acc + bias).contiguous()
+        return acc.contiguous()
 
     return ops.reduce_scatter_partials(group, partial, reduce_op, out_dtype)
 

@@ -18,6 +18,7 @@ its input annotation, loss and spmd context. What a CPU run changes, and why:
 import glob
 import json
 import os
+import re
 import tempfile
 import unittest.mock
 
@@ -67,8 +68,20 @@ def _model_config():
     )  # fmt: skip
 
 
-def _parallel_model(parallelism, parallel_dims, compiled: bool, backend: str = "overlap"):
-    """The model on the meta device, parallelized (and compiled with ``backend``) by torchtitan."""
+def _float8(model_config, compiled: bool):
+    """torchtitan's Float8LinearConverter (rowwise, its default recipe) applied as its
+    model_registry applies converters: before the sharding config. Its capability check asks
+    for an SM89 GPU; torchao's Float8Linear and ``_scaled_mm`` run on CPU (torch 2.13)."""
+    import torchtitan.components.quantization.float8 as titan_float8
+
+    with unittest.mock.patch.object(titan_float8, "has_cuda_capability", lambda *_: True):
+        converter = titan_float8.Float8LinearConverter.Config(model_compile_enabled=compiled).build()
+    return converter.convert(model_config)
+
+
+def _parallel_model(parallelism, parallel_dims, compiled: bool, backend: str = "overlap", float8: bool = False):
+    """The model on the meta device, parallelized (and compiled with ``backend``) by torchtitan;
+    with ``float8``, its linears converted to torchao's Float8Linear first."""
     from torchtitan.config import CompileConfig, TrainingConfig
     from torchtitan.distributed.compile import apply_compile
     from torchtitan.models.llama3 import parallelize_llama
@@ -76,7 +89,7 @@ def _parallel_model(parallelism, parallel_dims, compiled: bool, backend: str = "
 
     training = TrainingConfig(dtype="float32", mixed_precision_param="float32", mixed_precision_reduce="float32")
     compile_config = CompileConfig(enable=compiled, backend=backend, components=["model"])
-    model_config = _model_config()
+    model_config = _float8(_model_config(), compiled) if float8 else _model_config()
     set_llama3_sharding_config(model_config, enable_sp=parallelism.enable_sequence_parallel)
     with torch.device("meta"):
         model = model_config.build()
@@ -106,6 +119,15 @@ def _decisions(folder: str) -> dict:
     return found
 
 
+def _fused_ops(folder: str) -> dict:
+    """{graph name: sorted overlap ops in its rewritten graph} of this rank's dumps."""
+    found = {}
+    for path in sorted(glob.glob(os.path.join(folder, f"rank{dist.get_rank()}", "*", "after.txt"))):
+        with open(path) as f:
+            found[os.path.basename(os.path.dirname(path))] = sorted(re.findall(r"torch\.ops\.overlap\.(\w+)", f.read()))
+    return found
+
+
 def assert_every_block_collective_rewritten(results: list[dict]) -> None:
     """Per rank, the decisions of every compiled block graph (``results[r]["decisions"]``): as
     many backward graphs as forward ones, and in each the gathers before wqkv and w1/w3 and the
@@ -123,14 +145,17 @@ def assert_every_block_collective_rewritten(results: list[dict]) -> None:
 
 
 def llama3_forward_backward(
-    spmd_backend: str, batch: int, backend: str = "overlap", seed: int = 0, sequence_parallel: bool = True
+    spmd_backend: str, batch: int, backend: str = "overlap", seed: int = 0, sequence_parallel: bool = True,
+    float8: bool = False, tol: dict = TOL,
 ) -> dict:  # fmt: skip
     """One training step of the compiled model against the eager one (same weights, same
     tokens): the loss and every gradient at fp32 tolerance. ``backend``: "overlap"
     (--compile.backend overlap), or "inductor" with the pass turned on in it (what
     ``python3 -m overlap_pass.launch torchtitan.train`` does). ``sequence_parallel=False``:
     --parallelism.enable_sequence_parallel off (plain TP, all-reduces), split at any size
-    (all_reduce_split.py's latency term off: the test model is tiny). Returns the pass's
+    (all_reduce_split.py's latency term off: the test model is tiny). ``float8``: torchtitan's
+    Float8LinearConverter (rowwise) on every linear, compared at ``tol``, the quantizations
+    moved before their gathers at any size. Returns the pass's
     decisions per graph and the step's losses."""
     import spmd_types
     from torchtitan.components.loss import cross_entropy_loss
@@ -152,8 +177,8 @@ def llama3_forward_backward(
     context = dist_utils.get_spmd_context(parallel_dims=parallel_dims)
 
     folder = tempfile.mkdtemp(prefix="overlap-torchtitan-")
-    eager = _parallel_model(parallelism, parallel_dims, compiled=False)
-    compiled = _parallel_model(parallelism, parallel_dims, compiled=True, backend=backend)
+    eager = _parallel_model(parallelism, parallel_dims, compiled=False, float8=float8)
+    compiled = _parallel_model(parallelism, parallel_dims, compiled=True, backend=backend, float8=float8)
     for model in (eager, compiled):
         model.to_empty(device="cpu")
     with torch.no_grad(), context():
@@ -172,8 +197,11 @@ def llama3_forward_backward(
         inputs, targets, extra = tokens, labels, {"positions": positions}
         if spmd_backend == "spmd_types":
             inputs, targets, extra = annotate_input_spmd_types(parallel_dims, inputs, targets, extra)
-        split_always = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0 if not sequence_parallel else all_reduce_split.LATENCY_BYTES)
-        with config.patch(debug_dir=folder, enabled=backend == "inductor"), context(), split_always:
+        # the test model is tiny: every split and quantization before a gather pays when a
+        # collective's latency is not counted
+        tiny = not sequence_parallel or float8
+        latency = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0 if tiny else all_reduce_split.LATENCY_BYTES)
+        with config.patch(debug_dir=folder, enabled=backend == "inductor"), context(), latency:
             loss = cross_entropy_loss(model(inputs, **extra), targets, global_vocab_size=VOCAB) / targets.numel()
             with spmd_types.no_typecheck():
                 loss.backward()
@@ -181,8 +209,10 @@ def llama3_forward_backward(
 
     losses = [step(eager), step(compiled)]
     full = [loss.full_tensor() if hasattr(loss, "full_tensor") else loss for loss in losses]
-    torch.testing.assert_close(full[1], full[0], **TOL)
+    torch.testing.assert_close(full[1], full[0], **tol)
     for (name, theirs), (_, ours) in zip(eager.named_parameters(), compiled.named_parameters()):
         assert ours.grad is not None and theirs.grad is not None, f"{name}: no gradient"
-        torch.testing.assert_close(_local(ours.grad), _local(theirs.grad), **TOL, msg=name)
-    return {"decisions": _decisions(folder), "loss": full[0].item()}
+        torch.testing.assert_close(
+            _local(ours.grad), _local(theirs.grad), **tol, msg=lambda m, name=name: f"{name}: {m}"
+        )
+    return {"decisions": _decisions(folder), "ops": _fused_ops(folder), "loss": full[0].item()}

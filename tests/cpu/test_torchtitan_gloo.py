@@ -64,3 +64,38 @@ def test_llama3_without_sequence_parallel_splits_its_all_reduces(pool, spmd_back
                 assert plain == [(AGM, False, PLAIN)], (rank, name, candidates)
             else:
                 assert SPLIT not in {kind for kind, _, _ in candidates}, (rank, name, candidates)
+
+
+MAX = "reduce op 'max' (only sum)"
+SCALE = "the gathered tensor is a scaled matmul's scale: it goes with its rows' all-gather"
+PLAIN_SAVED = "no matmul reads the gathered rows"
+
+
+@pytest.mark.parametrize("spmd_backend", ["spmd_types", "partial_dtensor"])
+def test_llama3_float8_rowwise_fuses_every_scaled_matmul(pool, spmd_backend):
+    """torchtitan's Float8LinearConverter (rowwise, its recipe; torchao's Float8Linear on CPU),
+    sequence parallel, batch 2, both spmd backends: in the forward and the backward block graph, the
+    quantizations of the gathered activations (gradients) run on the shards, both gathers feed
+    all_gather_scaled_matmul (their row scales travel with them), both scatters come from
+    scaled_matmul_reduce_scatter; the token-wise quantizations for the weight gradients are
+    gathered plainly; DTensor's all-reduces of the weights' amax stay. Loss and every gradient
+    equal eager at fp32 tolerance."""
+    pytest.importorskip("torchao", reason="pip install -e .[float8]")
+    results = pool.run(cases.llama3_forward_backward, spmd_backend, 2, "overlap", 0, True, True)
+    assert results[0]["loss"] == results[1]["loss"]
+    for rank, result in enumerate(results):
+        graphs = result["decisions"]
+        forward = [g for g in graphs if "forward" in g]
+        assert forward and 2 * len(forward) == len(graphs), (rank, sorted(graphs))
+        for name, candidates in graphs.items():
+            done = sorted(kind for kind, ok, _ in candidates if ok)
+            assert done == ["all_gather_matmul"] * 2 + ["matmul_reduce_scatter"] * 2 + ["quantize_before_gather"] * 2, (
+                rank, name, candidates,
+            )  # fmt: skip
+            left = sorted(reason.split(";")[0] for kind, ok, reason in candidates if not ok and kind != SPLIT)
+            assert left == [PLAIN_SAVED] * 2 + [SCALE] * 2, (rank, name, candidates)
+            # DTensor all-reduces the amax of each sharded weight (and gradient): kept
+            splits = {reason for kind, _, reason in candidates if kind == SPLIT}
+            assert splits <= {MAX}, (rank, name, candidates)
+            ops = result["ops"][name]
+            assert ops == ["all_gather_scaled_matmul"] * 2 + ["scaled_matmul_reduce_scatter"] * 2, (rank, name, ops)
