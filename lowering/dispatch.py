@@ -182,22 +182,31 @@ def _scale_kind(scale: torch.Tensor) -> str:
     return "tensorwise" if scaled_ops.is_tensorwise(scale) else "rowwise"
 
 
-def all_gather_scaled_matmul_shapes(shard, shard_scale, mat2s, biases, gather_dim, out_dtype, use_fast_accum) -> dict:
+def all_gather_scaled_matmul_shapes(
+    shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, out_dtype, use_fast_accum
+) -> dict:  # fmt: skip
     """What the float8 all-gather's choice depends on: the bf16 op's keys, its scales (rowwise
-    ones travel too) and what the matmuls compute."""
+    ones travel too; cuBLAS runs another kernel for rowwise weights) and what the matmuls
+    compute."""
     shapes = all_gather_matmul_shapes(shard.shape, mat2s, biases, gather_dim)
-    shapes.update(scales=_scale_kind(shard_scale), out_dtype=str(out_dtype), fast_accum=use_fast_accum)
+    shapes.update(
+        scales=_scale_kind(shard_scale), weight_scales=",".join(_scale_kind(s) for s in mat2_scales),
+        out_dtype=str(out_dtype), fast_accum=use_fast_accum,
+    )  # fmt: skip
     return shapes
 
 
 def scaled_matmul_reduce_scatter_shapes(
-    inputs, input_scales, mat2s, bias, reduce_op, scatter_dim, mm_dtype, out_dtype, use_fast_accum
+    inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, mm_dtype, out_dtype, use_fast_accum
 ) -> dict:  # fmt: skip
     """What the float8 reduce-scatter's choice depends on (as all_gather_scaled_matmul_shapes)."""
     shapes = matmul_reduce_scatter_shapes(
         [a.shape for a in inputs], mat2s, bias is not None, reduce_op, scatter_dim, out_dtype
     )
-    shapes.update(scales=_scale_kind(input_scales[0]), mm_dtype=str(mm_dtype), fast_accum=use_fast_accum)
+    shapes.update(
+        scales=_scale_kind(input_scales[0]), weight_scales=",".join(_scale_kind(s) for s in mat2_scales),
+        mm_dtype=str(mm_dtype), fast_accum=use_fast_accum,
+    )  # fmt: skip
     return shapes
 
 
@@ -219,7 +228,9 @@ def all_gather_scaled_matmul(
     )  # fmt: skip
     if run is not None:
         return run(*args)
-    shapes = all_gather_scaled_matmul_shapes(shard, shard_scale, mat2s, biases, args[5], out_dtype, use_fast_accum)
+    shapes = all_gather_scaled_matmul_shapes(
+        shard, shard_scale, mat2s, mat2_scales, biases, args[5], out_dtype, use_fast_accum
+    )
     variants = scaled.variants(scaled.AG_KIND)
     run = _resolve(scaled.AG_KIND, fast_key, group_name, world_size, variants, shapes, shard.dtype, shard.device, args)
     return scaled_ops.all_gather_scaled_matmul_reference(*args) if run is None else run(*args)
@@ -248,7 +259,7 @@ def scaled_matmul_reduce_scatter(
     if run is not None:
         return run(*args)
     shapes = scaled_matmul_reduce_scatter_shapes(
-        inputs, input_scales, mat2s, bias, reduce_op, args[6], mm_dtype, out_dtype, use_fast_accum
+        inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, args[6], mm_dtype, out_dtype, use_fast_accum
     )
     variants = scaled.variants(scaled.RS_KIND)
     run = _resolve(scaled.RS_KIND, fast_key, group_name, world_size, variants, shapes, inputs[0].dtype, inputs[0].device, args)

@@ -208,7 +208,7 @@ def _all_gather_scaled_matmul_runners(m, k, n, device, group_name, recipe) -> tu
     for vname, fn in scaled.variants(scaled.AG_KIND).items():
         if vname != "nccl_cublas":
             runners[f"overlap[{vname}]"] = lambda fn=fn: fn(*args)[1][0]
-    shapes = dispatch.all_gather_scaled_matmul_shapes(shard, shard_scale, [b], [None], 0, bf16, True)
+    shapes = dispatch.all_gather_scaled_matmul_shapes(shard, shard_scale, [b], [b_scale], [None], 0, bf16, True)
     return runners, choose.shape_key(scaled.AG_KIND, world, shapes, shard.dtype)
 
 
@@ -236,7 +236,9 @@ def _scaled_matmul_reduce_scatter_runners(m, k, n, device, group_name, recipe) -
     for vname, fn in scaled.variants(scaled.RS_KIND).items():
         if vname != "nccl_cublas":
             runners[f"overlap[{vname}]"] = lambda fn=fn: fn(*args)
-    shapes = dispatch.scaled_matmul_reduce_scatter_shapes([a], [a_scale], [b], None, "sum", 0, bf16, None, True)
+    shapes = dispatch.scaled_matmul_reduce_scatter_shapes(
+        [a], [a_scale], [b], [b_scale], None, "sum", 0, bf16, None, True
+    )
     return runners, choose.shape_key(scaled.RS_KIND, world, shapes, a.dtype)
 
 

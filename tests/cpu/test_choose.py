@@ -113,3 +113,28 @@ def test_the_warm_up_of_cuda_graph_trees_is_told_apart(monkeypatch):
 
     monkeypatch.setattr(cudagraph_trees, "get_manager", moved)
     assert not choose.replays_graphs(device)  # eager timing, as without graphs
+
+
+def test_float8_choices_tell_weight_scale_kinds_apart():
+    """cuBLAS runs other kernels for rowwise weight scales: a choice made for tensorwise weights
+    is not reused for rowwise ones, in either float8 op."""
+    from overlap_pass.lowering import dispatch, scaled
+
+    fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
+    rows, w = torch.empty(64, 32, dtype=fp8), torch.empty(48, 32, dtype=fp8).t()
+    row_scales, one, columns = torch.ones(64, 1), torch.ones(()), torch.ones(1, 48)
+    ag = {
+        choose.shape_key(
+            scaled.AG_KIND, 2, dispatch.all_gather_scaled_matmul_shapes(rows, row_scales, [w], [s], [None], 0, bf16, True), fp8
+        )
+        for s in (one, columns)
+    }
+    rs = {
+        choose.shape_key(
+            scaled.RS_KIND, 2,
+            dispatch.scaled_matmul_reduce_scatter_shapes([rows], [row_scales], [w], [s], None, "sum", 0, bf16, None, True),
+            fp8,
+        )  # fmt: skip
+        for s in (one, columns)
+    }
+    assert len(ag) == 2 and len(rs) == 2, (ag, rs)
