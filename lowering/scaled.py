@@ -4,12 +4,14 @@ variants that choose.py picks from, as for the bf16 ops.
 - copy_engine_cublas: the bf16 ops' copy-engine protocol (all_gather_matmul.py,
   matmul_reduce_scatter.py) with one _scaled_mm (scaled_ops.scaled_mm_rows) per chunk. An
   all-gather moves the float8 rows and, for rowwise scales, the rows' scales with them, both
-  under the chunk's one flag; a reduce-scatter's partials are the matmuls' out_dtype (bf16).
-- fused (one per gemm.FLOAT8_CONFIGS entry): for the all-gather, the same pushes and flags, consumed by the
-  persistent Triton float8 GEMM of templates/all_gather_matmul.py, the scales in its epilogue
-  (the row scales of each chunk read once its flag is set); for the reduce-scatter (one matmul,
-  not a sum), the Triton float8 producer of templates/matmul_reduce_scatter.py, which stores
-  each tile's dequantized partial (bf16) in its owner's slot and flags each chunk.
+  under the chunk's one flag; a reduce-scatter's partials are the matmul's out_dtype (bf16), a
+  sum's the op's out_dtype (the terms are summed widened, scaled_ops.py).
+- fused (one per gemm.FLOAT8_CONFIGS entry): for the all-gather, the same pushes and flags,
+  consumed by the persistent Triton float8 GEMM of templates/all_gather_matmul.py, the scales
+  in its epilogue (the row scales of each chunk read once its flag is set); for the
+  reduce-scatter (one matmul, not a sum), the Triton float8 producer of
+  templates/matmul_reduce_scatter.py, which stores each tile's dequantized partial (bf16) in
+  its owner's slot and flags each chunk.
 - nccl_cublas: the NCCL collective (float8 moved as bytes), then _scaled_mm on the whole
   tensor: what Inductor runs for these graphs without overlap. The baseline, and the fallback.
 
@@ -147,7 +149,8 @@ def copy_engine_scaled_mm_reduce_scatter(
             rows, chunk_scale = layout.chunk(a, chunk), _chunk_scale(scale, layout, chunk)
             direct = i == 0 and target.dtype == mm_dtype
             term = target if direct else torch.empty_like(target, dtype=mm_dtype)
-            _scaled_mm_into(rows, chunk_scale, mat2, mat2_scale, bias if i == 0 else None, term, mm_dtype, use_fast_accum)
+            term_bias = bias if i == 0 else None
+            _scaled_mm_into(rows, chunk_scale, mat2, mat2_scale, term_bias, term, mm_dtype, use_fast_accum)
             if i == 0 and not direct:
                 target.copy_(term)
             elif i > 0:
@@ -215,7 +218,9 @@ def nccl_scaled_mm_reduce_scatter(
 def variants(kind: str) -> dict:
     """Name -> implementation, every variant choose.py may pick for a scaled op of ``kind``."""
     if kind == AG_KIND:
-        fused, copy_engine, nccl = all_gather_fused_scaled_mm, all_gather_copy_engine_scaled_mm, all_gather_nccl_scaled_mm
+        fused, copy_engine, nccl = (
+            all_gather_fused_scaled_mm, all_gather_copy_engine_scaled_mm, all_gather_nccl_scaled_mm
+        )
     else:
         fused, copy_engine, nccl = (
             fused_scaled_mm_reduce_scatter, copy_engine_scaled_mm_reduce_scatter, nccl_scaled_mm_reduce_scatter

@@ -20,9 +20,8 @@ Each term of matmul_reduce_scatter is rounded to ``mm_dtype`` (the _scaled_mm's 
 widened to ``out_dtype`` (default: mm_dtype), in which the terms are summed: the graphs it
 replaces (torchao's Float8Linear in an fp32 model) widen each matmul's result before adding the
 two input gradients of w1 and w3. The reduction over ranks is in fp32, ``out`` in ``out_dtype``.
-The reference runs
-one _scaled_mm per chunk on torch.distributed point-to-point ops (float8 moves as bytes);
-CUDA tensors run lowering/dispatch.py's variants.
+The reference runs one _scaled_mm per chunk on torch.distributed point-to-point ops (float8
+moves as bytes); CUDA tensors run lowering/dispatch.py's variants.
 """
 
 import torch
