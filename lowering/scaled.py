@@ -129,19 +129,23 @@ def all_gather_fused_scaled_mm(
     return gathered, outs
 
 
+def _reduce_scatter(inputs, flats, layout, n, scatter_dim, world_size, group_name, reduce_op, dtypes, produce):
+    """What both symmetric-memory reduce-scatter variants do around their own step: the output
+    (``dtypes``: the partials' and the output's), the call (which enters the protocol),
+    ``produce(call)``, then the owner's reduction (mrs.reduce_produced)."""
+    partial_dtype, out_dtype = dtypes
+    full = [*inputs[0].shape[:-1], n]
+    out = flats[0].new_empty(ops._scattered_shape(full, scatter_dim, world_size), dtype=out_dtype)
+    call = mrs.Call(layout, n, partial_dtype, flats[0].device, group_name)
+    return mrs.reduce_produced(call, lambda: produce(call), reduce_op, out)
+
+
 def copy_engine_scaled_mm_reduce_scatter(
     inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, group_name,
     mm_dtype, out_dtype=None, use_fast_accum=False,
 ):  # fmt: skip
     flats, layout = mrs._input_rows(inputs, scatter_dim, world_size)
     scales = [_scale_rows(s) for s in input_scales]
-    n = mat2s[0].shape[1]
-    full = [*inputs[0].shape[:-1], n]
-    out = flats[0].new_empty(ops._scattered_shape(full, scatter_dim, world_size), dtype=out_dtype or mm_dtype)
-    # the op sums its terms widened (scaled_ops): a sum's partials travel in out_dtype; one
-    # term's in mm_dtype, which widens exactly at the owner
-    sum_dtype = out_dtype or mm_dtype
-    call = mrs.Call(layout, n, sum_dtype if len(inputs) > 1 else mm_dtype, flats[0].device, group_name)
 
     def partial(chunk: int, slot: torch.Tensor) -> None:
         target = layout.own(slot)
@@ -156,7 +160,13 @@ def copy_engine_scaled_mm_reduce_scatter(
             elif i > 0:
                 target.add_(term)
 
-    return mrs.reduce_produced(call, lambda: mrs.push_partials(call, partial), reduce_op, out)
+    # the op sums its terms widened (scaled_ops): a sum's partials travel in out_dtype; one
+    # term's in mm_dtype, which widens exactly at the owner
+    dtypes = ((out_dtype or mm_dtype) if len(inputs) > 1 else mm_dtype, out_dtype or mm_dtype)
+    return _reduce_scatter(
+        inputs, flats, layout, mat2s[0].shape[1], scatter_dim, world_size, group_name, reduce_op, dtypes,
+        lambda call: mrs.push_partials(call, partial),
+    )  # fmt: skip
 
 
 def fused_scaled_mm_reduce_scatter(
@@ -166,19 +176,19 @@ def fused_scaled_mm_reduce_scatter(
     """The persistent Triton float8 producer (templates/matmul_reduce_scatter.py, scales in its
     epilogue) stores each partial into its owner's slot; the owner's reduction as the other
     variants'."""
-    if len(inputs) != 1 or not _fused_fits(inputs[0], mat2s):  # before the barrier: every rank refuses alike
-        raise NotImplementedError("the fused float8 producer takes one matmul of TMA-aligned operands, [N, K] weights")
     flats, layout = mrs._input_rows(inputs, scatter_dim, world_size)
+    if len(inputs) != 1 or not _fused_fits(flats[0], mat2s):  # before the barrier: every rank refuses alike
+        raise NotImplementedError("the fused float8 producer takes one matmul of TMA-aligned operands, [N, K] weights")
     # one word, or one per row of A / column of B, consecutive, as the kernel reads them
     scales = tuple(s.reshape(-1).contiguous() for s in (input_scales[0], mat2_scales[0]))
-    n = mat2s[0].shape[1]
-    full = [*inputs[0].shape[:-1], n]
-    out = flats[0].new_empty(ops._scattered_shape(full, scatter_dim, world_size), dtype=out_dtype or mm_dtype)
-    call = mrs.Call(layout, n, mm_dtype, flats[0].device, group_name)
     produce = functools.partial(
-        mrs.produce_fused, call, flats, mat2s, bias, gemm_config=gemm_config, scales=scales, fast_accum=use_fast_accum
-    )
-    return mrs.reduce_produced(call, produce, reduce_op, out)
+        mrs.produce_fused, flats=flats, mat2s=mat2s, bias=bias, gemm_config=gemm_config, scales=scales,
+        fast_accum=use_fast_accum,
+    )  # fmt: skip
+    return _reduce_scatter(
+        inputs, flats, layout, mat2s[0].shape[1], scatter_dim, world_size, group_name, reduce_op,
+        (mm_dtype, out_dtype or mm_dtype), produce,
+    )  # fmt: skip
 
 
 def all_gather_nccl_scaled_mm(

@@ -10,13 +10,12 @@ variants take (gemm.CONFIGS' TMA ones, or gemm.FLOAT8_CONFIGS and one exact-accu
 against torch.mm (bf16) or torch._scaled_mm (float8: e4m3, bf16 out, the same scales and
 accumulation). What a fused variant's GEMM costs before any communication: at W ranks it can
 beat NCCL + cuBLAS only if the collective it hides is longer than this GEMM's lag behind cuBLAS.
-A time is the median over interleaved rounds (in shuffled order) of the mean per call.
+A time is the median over interleaved rounds (in shuffled order) of the mean per call
+(tools/measure.time_interleaved).
 """
 
 import argparse
 import json
-import random
-import statistics
 
 import torch
 
@@ -24,6 +23,7 @@ from overlap_pass.templates import all_gather_matmul as consumer
 from overlap_pass.templates import gemm
 from overlap_pass.templates import matmul_reduce_scatter as producer
 from tools.bench_ops import SHAPES
+from tools.measure import time_interleaved
 
 EPOCH = 1
 FP8 = torch.float8_e4m3fn
@@ -80,25 +80,6 @@ def _producer_run(a, w, a_scale, w_scale, world, config, fast_accum):
     return run, lambda: torch.cat([d[:rows] for d in dests])
 
 
-def _time(runners: dict, rounds: int, calls: int, warmup: int) -> dict:
-    samples = {key: [] for key in runners}
-    order = list(runners)
-    shuffle = random.Random(0)
-    for round_ in range(warmup + rounds):
-        shuffle.shuffle(order)
-        for key in order:
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(calls):
-                runners[key]()
-            end.record()
-            if round_ >= warmup:
-                samples[key].append((start, end))
-    torch.cuda.synchronize()
-    return {key: statistics.median(s.elapsed_time(e) * 1e3 / calls for s, e in runs) for key, runs in samples.items()}
-
-
 def bench_shape(op, name, m, k, n, args, device) -> dict:
     float8 = args.float8 is not None
     a, w, a_scale, w_scale = _operands(m, k, n, float8, args.float8 == "rowwise", device)
@@ -121,7 +102,7 @@ def bench_shape(op, name, m, k, n, args, device) -> dict:
         got = result()
         errors[key] = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
         runners[key] = run
-    times = _time(runners, args.rounds, args.calls, args.warmup)
+    times, _ = time_interleaved(runners, device, args.rounds, args.calls, args.warmup)
     best = min((key for key in times if key != "cublas" and not key.endswith(":exact")), key=times.get)
     flops = 2 * m * k * n
     return {

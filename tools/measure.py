@@ -9,7 +9,10 @@ import torch.distributed as dist
 
 
 def slowest(value: float, device: torch.device) -> float:
-    """The largest ``value`` over the ranks of the default group."""
+    """The largest ``value`` over the ranks of the default group (``value`` itself without
+    one: a one-GPU tool)."""
+    if not dist.is_initialized():
+        return value
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
@@ -22,10 +25,10 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def time_interleaved(runners: dict, device, rounds: int, calls: int, warmup: int) -> tuple[dict, dict]:
     """Times every runner (key -> function of no arguments) in shuffled, interleaved rounds of
-    ``calls`` back-to-back calls, ranks in step (a barrier before each). Returns ({key: µs per
-    call}, {key: host µs to queue one call}), each the median over rounds of the slowest rank:
-    interleaving keeps the machine's drift out of the comparison, and a host time near the
-    call's time means the GPU waits for the host."""
+    ``calls`` back-to-back calls, ranks in step (a barrier before each, in a process group).
+    Returns ({key: µs per call}, {key: host µs to queue one call}), each the median over rounds
+    of the slowest rank: interleaving keeps the machine's drift out of the comparison, and a
+    host time near the call's time means the GPU waits for the host."""
     samples = {key: [] for key in runners}
     order = list(runners)
     shuffle = random.Random(0)  # the same order on every rank
@@ -33,7 +36,8 @@ def time_interleaved(runners: dict, device, rounds: int, calls: int, warmup: int
         shuffle.shuffle(order)
         for key in order:
             torch.cuda.synchronize(device)
-            dist.barrier()
+            if dist.is_initialized():
+                dist.barrier()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             issued = time.perf_counter()
