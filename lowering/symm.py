@@ -269,6 +269,8 @@ class Workspace:
         table = self._views.get(key)
         if table is None:
             ptrs = [self.peer_data(p, shape, dtype).data_ptr() for p in range(self.world_size)]
+            if any(ptr % 16 for ptr in ptrs):  # the producer's stores assume it (vector width)
+                raise RuntimeError(f"overlap: peer data regions of group {self.group_name} are not 16-byte aligned")
             table = self._views[key] = _lasting(ptrs, torch.int64, self.device)
         return table
 

@@ -42,6 +42,48 @@ def test_matches_torch(config, dtype, world, shard_shape, gather_dim, ns, bias):
     _check(outs, refs, dtype)
 
 
+@pytest.mark.parametrize("float8", [False, True], ids=["bf16", "float8"])
+def test_chunks_landing_while_the_consumer_runs(float8):
+    """Peer chunks NaN until they land, from another stream, long after the consumer started
+    (a sleep first), each copied in and then flagged. The TMA consumer's pipeline issues loads
+    stages ahead and across tiles: a load above its chunk's wait would read the NaNs. Few
+    programs, so that each goes through every chunk and the landing stream finds free SMs."""
+    world, rank, rows, k, n = 4, 1, 512, 512, 640
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    dtype = torch.float8_e4m3fn if float8 else torch.bfloat16
+    real = torch.randn(world * rows, k, device="cuda", generator=gen).to(dtype)
+    weight = torch.randn(n, k, device="cuda", generator=gen).to(dtype)
+    gathered = real.clone()
+    for chunk in range(world):
+        if chunk != rank:  # e4m3's NaN is 0x7f
+            gathered[chunk * rows : (chunk + 1) * rows].view(torch.uint8).fill_(0x7F)
+    scales, config = None, gemm.CONFIGS[0]
+    if float8:
+        one = torch.ones((), device="cuda")
+        scales, config = agm.Scales(one, None, (one,), fast_accum=True), gemm.FLOAT8_CONFIGS[0]
+    ref = (real.float() @ weight.float().t()).to(torch.bfloat16)
+    out = torch.full((world * rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    flags = torch.full((world,), EPOCH - 1, dtype=torch.int32, device="cuda")
+    landed = torch.full((1,), EPOCH, dtype=torch.int32, device="cuda")
+    timeouts = torch.zeros(world, dtype=torch.int32, device="cuda")
+    lander = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    agm.all_gather_matmul_consumer(
+        gathered, [weight.t()], [None], [out], flags, torch.tensor([EPOCH], dtype=torch.int32, device="cuda"),
+        rank=rank, world_size=world, inner=rows, config=config, num_programs=4, timeouts=timeouts,
+        scales=scales,
+    )  # fmt: skip
+    with torch.cuda.stream(lander):
+        torch.cuda._sleep(2_000_000)  # about a millisecond: the consumer is well into its own chunk
+        for step in range(1, world):
+            chunk = (rank + step) % world
+            gathered[chunk * rows : (chunk + 1) * rows].copy_(real[chunk * rows : (chunk + 1) * rows])
+            flags[chunk : chunk + 1].copy_(landed)
+    torch.cuda.synchronize()
+    agm.raise_on_timeouts(timeouts, rank)
+    _check([out], [ref], torch.bfloat16)
+
+
 def test_late_chunk_is_reported_on_the_gpu():
     world, rank, late = 4, 2, 1
     gathered, mat2s, biases, _, inner = problem(world, (256, 128), 256, torch.bfloat16, False, 0, device="cuda")

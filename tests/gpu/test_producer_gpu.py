@@ -22,9 +22,12 @@ TOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}
     "world, rows, outer, k, n, bias",
     [(2, 1024, 1, 512, 768, True), (2, 1024, 4, 256, 384, False), (4, 3 * 77, 3, 64, 200, True), (3, 500, 2, 96, 130, False)],
 )
-def test_partials_land_in_the_owners_slots(config, dtype, world, rows, outer, k, n, bias):
+@pytest.mark.parametrize("num_programs", [None, 3], ids=["programs=SMs", "programs=3"])
+def test_partials_land_in_the_owners_slots(config, dtype, world, rows, outer, k, n, bias, num_programs):
+    """Every partial in place, every flag set, counters left zero; with 3 programs each stores
+    several tiles of a chunk before it counts them."""
     inputs, mat2, b, partials, flags, counters = simulate(
-        world, rows, k, n, dtype, bias, config=config, outer=outer, num_programs=None, device="cuda"
+        world, rows, k, n, dtype, bias, config=config, outer=outer, num_programs=num_programs, device="cuda"
     )
     torch.cuda.synchronize()
     assert all(not torch.isnan(p).any() for p in partials), "some partial rows were never written"
