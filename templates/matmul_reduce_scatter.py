@@ -14,10 +14,10 @@ publishing each chunk as soon as all its tiles are written.
     flags[j]: the address of rank j's flag word for this rank; set to the call's epoch (release,
               system scope) once every tile of chunk j is in dest[j]
 
-A chunk is published once all its tiles are stored: a program leaving a chunk adds the tiles
-it stored there to the chunk's counter (release); the program that brings it to
-tiles_per_chunk (acquire) resets the counter for the next call and writes the flag. A program's
-tiles of one chunk are consecutive, so it leaves each chunk right after its last tile there. Every partial holds the bias, as every rank's matmul + bias
+A chunk is published once all its tiles are stored: programs go chunk by chunk, and each adds
+the tiles it stored in a chunk to the chunk's counter once it is done there (release); the
+program that brings it to tiles_per_chunk (acquire) resets the counter for the next call and
+writes the flag. Every partial holds the bias, as every rank's matmul + bias
 does before a reduce-scatter (the op's semantics: the sum holds it once per rank).
 
 Phases per tile: load -> dot -> (bias) -> store -> count [-> publish].
@@ -47,7 +47,7 @@ from .gemm import (
 )
 from .launch import DirectKernel
 from .signals import wait_flag
-from .tiles import block_rows, chunk_tile, tile_counts
+from .tiles import block_rows, chunk_tile, program_chunk_tiles, tile_counts
 
 
 @triton.jit
@@ -68,24 +68,18 @@ def _store_partial(
 
 @triton.jit
 def _count_tiles(counters_ptr, flag_ptrs_ptr, chunk, done, tiles_per_chunk, epoch):
-    """A program leaving chunk ``chunk`` adds the ``done`` tiles it stored there to the chunk's
-    counter (release: after a CTA barrier, so it covers every thread's stores); the program
-    that completes the count (acquire) resets the counter for the next call and publishes the
-    chunk. One system-scope atomic per program and chunk, not per tile: a release fences until
-    the program's stores to peers have landed, so per tile it would stall every tile's end."""
+    """A program done with chunk ``chunk`` adds the ``done`` tiles it stored there to the
+    chunk's counter (release: after a CTA barrier, so it covers every thread's stores); the
+    program that completes the count (acquire) resets the counter for the next call and
+    publishes the chunk. One system-scope atomic per program and chunk, not per tile: a release
+    waits until the program's stores to peers have landed, so per tile it would stall every
+    tile's end."""
     tl.debug_barrier()
     total = tl.atomic_add(counters_ptr + chunk, done, sem="acq_rel", scope="sys") + done
     if total == tiles_per_chunk:
         tl.atomic_xchg(counters_ptr + chunk, 0, sem="relaxed", scope="gpu")
         flag = tl.load(flag_ptrs_ptr + chunk).to(tl.pointer_type(tl.int32))
         tl.atomic_xchg(flag, epoch, sem="release", scope="sys")
-
-
-@triton.jit
-def _leaves_chunk(tile, num_programs, tiles_per_chunk, total_tiles):
-    """Whether the program's tile after ``tile`` is in another chunk (or there is none)."""
-    following = tile + num_programs
-    return (following >= total_tiles) | (following // tiles_per_chunk != tile // tiles_per_chunk)
 
 
 @triton.jit
@@ -107,29 +101,29 @@ def matmul_reduce_scatter_producer_kernel(
     tiles_m, tiles_n, tiles_per_chunk = tile_counts(outer, inner, N, BLOCK_M, BLOCK_N)
     total_tiles = tiles_per_chunk * world_size
     slot = rank * outer * inner  # this rank's first row in every owner's buffer
-    done = 0  # tiles stored in the current chunk, not yet counted
-    for tile in range(pid, total_tiles, num_programs):
+    for step in range(0, world_size):
         # rank + 1 first, the own chunk last (schedule.reduce_scatter_order)
-        chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
-        if LOG_TILES:
-            tl.store(tile_log_ptr + tile, tl.atomic_add(tile_log_ptr + total_tiles, 1))
+        chunk = (rank + 1 + step) % world_size
+        first, end, count = program_chunk_tiles(step, tiles_per_chunk, pid, num_programs)
+        for tile in range(first, end, num_programs):
+            _, tile_m, tile_n = chunk_tile(tile - step * tiles_per_chunk, tiles_m, tiles_n, 0, 1, GROUP_M)
+            if LOG_TILES:
+                tl.store(tile_log_ptr + tile, tl.atomic_add(tile_log_ptr + total_tiles, 1))
 
-        first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
-        offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        a_rows = (first_full + offs_m).to(tl.int64)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = pointer_mainloop(
-            a_ptr + a_rows[:, None] * stride_am, stride_ak, b_ptr, stride_bk, stride_bn, offs_n,
-            m_mask, offs_n < N, K, acc, FP32_IEEE, BLOCK_K,
-        )  # fmt: skip
-        _store_partial(
-            acc, bias_ptr, dest_ptrs_ptr, chunk, slot + first_own + offs_m, m_mask, offs_n, N,
-            a_ptr.dtype.element_ty, HAS_BIAS,
-        )  # fmt: skip
-        done += 1
-        if _leaves_chunk(tile, num_programs, tiles_per_chunk, total_tiles):
-            _count_tiles(counters_ptr, flag_ptrs_ptr, chunk, done, tiles_per_chunk, epoch)
-            done = 0
+            first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
+            offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            a_rows = (first_full + offs_m).to(tl.int64)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc = pointer_mainloop(
+                a_ptr + a_rows[:, None] * stride_am, stride_ak, b_ptr, stride_bk, stride_bn, offs_n,
+                m_mask, offs_n < N, K, acc, FP32_IEEE, BLOCK_K,
+            )  # fmt: skip
+            _store_partial(
+                acc, bias_ptr, dest_ptrs_ptr, chunk, slot + first_own + offs_m, m_mask, offs_n, N,
+                a_ptr.dtype.element_ty, HAS_BIAS,
+            )  # fmt: skip
+        if count > 0:
+            _count_tiles(counters_ptr, flag_ptrs_ptr, chunk, count, tiles_per_chunk, epoch)
 
 
 @triton.jit
@@ -149,9 +143,9 @@ def matmul_reduce_scatter_tma_kernel(
 ):  # fmt: skip
     """The producer with TMA loads (host-side descriptors), same order and epilogue. Rows past a
     block's end that a tile loads are the next rows of A (or TMA's zeros): they only feed rows
-    that the masked store drops. Partials are stored as OUT_DTYPE. The tile loop is flattened
-    into the K loop (one software pipeline over every tile of the program), and the epilogue
-    finds its tile again from a counter of its own, as in the TMA consumer.
+    that the masked store drops. Partials are stored as OUT_DTYPE. Chunk by chunk, as the TMA
+    consumer: a program's tiles of a chunk in one loop flattened into the K loop (one software
+    pipeline over them), the chunk's count after it.
 
     Float8 (A and B float8, scales dequantize as _scaled_mm's, on the fp32 accumulator before
     the bias; FP8_EXACT: see gemm.tma_mainloop): A_SCALE 1, the one value at a_scale_ptr, 2,
@@ -159,31 +153,30 @@ def matmul_reduce_scatter_tma_kernel(
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
     tiles_m, tiles_n, tiles_per_chunk = tile_counts(outer, inner, N, BLOCK_M, BLOCK_N)
-    total_tiles = tiles_per_chunk * world_size
     slot = rank * outer * inner
-    done = 0
-    tile_c = pid - num_programs  # the epilogue's tile
-    for tile in tl.range(pid, total_tiles, num_programs, flatten=True):
-        chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
-        _, first_full, _, _ = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = tma_mainloop(a_desc, first_full, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K, FP8_EXACT)
+    for step in range(0, world_size):
+        chunk = (rank + 1 + step) % world_size
+        first, end, count = program_chunk_tiles(step, tiles_per_chunk, pid, num_programs)
+        tile_c = first - num_programs  # the epilogue's tile
+        for tile in tl.range(first, end, num_programs, flatten=True):
+            _, tile_m, tile_n = chunk_tile(tile - step * tiles_per_chunk, tiles_m, tiles_n, 0, 1, GROUP_M)
+            _, first_full, _, _ = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc = tma_mainloop(a_desc, first_full, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K, FP8_EXACT)
 
-        tile_c += num_programs
-        chunk, tile_m, tile_n = chunk_tile(tile_c, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
-        first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
-        offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = scale_rows(acc, A_SCALE, a_scale_ptr, first_full + offs_m, m_mask)
-        if B_SCALE != 0:
-            acc = scale_columns(acc, b_scale_ptr, B_SCALE == 2, offs_n, offs_n < N)
-        _store_partial(
-            acc, bias_ptr, dest_ptrs_ptr, chunk, slot + first_own + offs_m, m_mask, offs_n, N,
-            OUT_DTYPE, HAS_BIAS,
-        )  # fmt: skip
-        done += 1
-        if _leaves_chunk(tile_c, num_programs, tiles_per_chunk, total_tiles):
-            _count_tiles(counters_ptr, flag_ptrs_ptr, chunk, done, tiles_per_chunk, epoch)
-            done = 0
+            tile_c += num_programs
+            _, tile_m, tile_n = chunk_tile(tile_c - step * tiles_per_chunk, tiles_m, tiles_n, 0, 1, GROUP_M)
+            first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
+            offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            acc = scale_rows(acc, A_SCALE, a_scale_ptr, first_full + offs_m, m_mask)
+            if B_SCALE != 0:
+                acc = scale_columns(acc, b_scale_ptr, B_SCALE == 2, offs_n, offs_n < N)
+            _store_partial(
+                acc, bias_ptr, dest_ptrs_ptr, chunk, slot + first_own + offs_m, m_mask, offs_n, N,
+                OUT_DTYPE, HAS_BIAS,
+            )  # fmt: skip
+        if count > 0:
+            _count_tiles(counters_ptr, flag_ptrs_ptr, chunk, count, tiles_per_chunk, epoch)
 
 
 _TMA_KERNEL = DirectKernel(matmul_reduce_scatter_tma_kernel)

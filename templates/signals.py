@@ -27,8 +27,7 @@ def wait_flag(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT: tl.constexpr):
     An acquire read (atomic add of 0), so that every load after it sees the chunk's
     data; on giving up, timeouts[chunk] = epoch (relaxed) and the caller goes on. A chunk given
     up on in this call is not waited for again by later tiles, so a lost peer costs one spin per
-    call, not one per tile; the next call waits afresh. Returns the flag's last value read: a
-    load that must not move above the wait takes it as an operand (see the TMA consumer)."""
+    call, not one per tile; the next call waits afresh."""
     given_up = tl.load(timeouts_ptr + chunk, volatile=True) == epoch
     polls = given_up.to(tl.int32) * SPIN_LIMIT
     value = tl.atomic_add(flags_ptr + chunk, 0, sem="acquire", scope="sys")
@@ -37,7 +36,6 @@ def wait_flag(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT: tl.constexpr):
         polls += 1
     if _behind(value, epoch):
         tl.atomic_xchg(timeouts_ptr + chunk, epoch, sem="relaxed", scope="gpu")
-    return value
 
 
 @triton.jit

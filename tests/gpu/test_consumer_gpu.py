@@ -67,11 +67,13 @@ def test_chunks_landing_while_the_consumer_runs(float8):
     landed = torch.full((1,), EPOCH, dtype=torch.int32, device="cuda")
     timeouts = torch.zeros(world, dtype=torch.int32, device="cuda")
     lander = torch.cuda.Stream()
+    with torch.cuda.stream(lander):  # loaded before: loading a kernel waits for running ones
+        torch.cuda._sleep(1)
     torch.cuda.synchronize()
     agm.all_gather_matmul_consumer(
         gathered, [weight.t()], [None], [out], flags, torch.tensor([EPOCH], dtype=torch.int32, device="cuda"),
         rank=rank, world_size=world, inner=rows, config=config, num_programs=4, timeouts=timeouts,
-        scales=scales,
+        scales=scales, spin_limit=5_000_000,
     )  # fmt: skip
     with torch.cuda.stream(lander):
         torch.cuda._sleep(2_000_000)  # about a millisecond: the consumer is well into its own chunk
