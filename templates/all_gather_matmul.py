@@ -38,8 +38,8 @@ from .gemm import (
     tma_operand,
 )
 from .launch import DirectKernel
-from .signals import wait_flag
-from .tiles import block_rows, chunk_tile, program_chunk_tiles, tile_counts
+from .signals import wait_flag, wait_flag_in_pipeline
+from .tiles import block_rows, chunk_tile, tile_counts
 
 
 @triton.jit
@@ -106,16 +106,6 @@ def all_gather_matmul_consumer_kernel(
 
 
 @triton.jit
-def _proxy_fence(token):
-    """fence.proxy.async.global: TMA (the async proxy) then sees what the acquire made visible.
-    (``token``: any int32 scalar; inline asm wants an operand.)"""
-    tl.inline_asm_elementwise(
-        "fence.proxy.async.global; mov.b32 $0, $1;", "=r,r", [token], dtype=tl.int32,
-        is_pure=False, pack=1,
-    )
-
-
-@triton.jit
 def _tma_tile(local, tiles_m, Ns, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """(b, tile_m, tile_n) of tile ``local`` of a chunk in the TMA consumer: B 0's tiles, then
     B 1's, and so on, each GROUP_M-swizzled."""
@@ -141,7 +131,7 @@ def all_gather_matmul_tma_kernel(
     B_ROWWISE_MASK: tl.constexpr,
     B_NK: tl.constexpr,
     FP8_EXACT: tl.constexpr,
-    PROXY_FENCE: tl.constexpr,
+    PIPELINED_WAIT: tl.constexpr,
     SPIN_LIMIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -157,11 +147,13 @@ def all_gather_matmul_tma_kernel(
     (K's and V's few tiles alone would leave most SMs idle). Rows past a chunk's end that a tile
     loads are the next rows of A (or TMA's zeros): they only feed rows that the masked store drops.
 
-    Chunk by chunk: a program waits for a peer chunk's flag once, then runs its tiles of the
-    chunk in one loop flattened into the K loop (one software pipeline over the chunk's tiles:
-    the next tile's first loads are in flight during this tile's epilogue; the wait stays
-    outside it, so no load can be issued before it). The epilogue finds its tile again from a
-    counter of its own, as Triton's persistent matmul does.
+    The tile loop is flattened into the K loop: one software pipeline over all the program's
+    tiles, the next tile's first loads in flight during this tile's epilogue. A program waits
+    for a peer chunk's flag once, before its first tile there (its chunks come in order and
+    never return); on GPUs through signals.wait_flag_in_pipeline, which keeps the loop
+    pipelined and the loads behind the wait (PIPELINED_WAIT; the interpreter takes wait_flag).
+    The epilogue finds its tile again from a counter of its own, as Triton's persistent matmul
+    does.
 
     Float8 (A and B float8, scales dequantize as _scaled_mm's): A_SCALE 1 multiplies by the one
     value at a_scale_ptr, 2 by one value per row (a_scale_ptr: the gathered rows', in A's row
@@ -175,66 +167,71 @@ def all_gather_matmul_tma_kernel(
     tiles_per_chunk = 0
     for i in tl.static_range(len(Ns)):
         tiles_per_chunk += tiles_m * tl.cdiv(Ns[i], BLOCK_N)
-    for step in range(0, world_size):
+    ready = rank  # the last chunk this program waited for (its own needs no wait)
+    tile_c = pid - num_programs  # the epilogue's tile
+    for tile in tl.range(pid, tiles_per_chunk * world_size, num_programs, flatten=True):
         # own chunk first, then rank + 1, ... (schedule.all_gather_order)
-        chunk = (rank + step) % world_size
-        first, end, count = program_chunk_tiles(step, tiles_per_chunk, pid, num_programs)
+        chunk = (rank + tile // tiles_per_chunk) % world_size
+        b, tile_m, tile_n = _tma_tile(tile % tiles_per_chunk, tiles_m, Ns, BLOCK_N, GROUP_M)
+        first_own, first_full, _, _ = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
+        b_desc = b_desc0  # picked in turn: one main loop, one pipeline's buffers
+        if len(Ns) > 1:
+            if b == 1:
+                b_desc = b_desc1
+        if len(Ns) > 2:
+            if b == 2:
+                b_desc = b_desc2
+        if len(Ns) > 3:
+            if b == 3:
+                b_desc = b_desc3
+        # load -> dot, after the chunk's flag if it is a peer's this program has not waited for
+        needed = (chunk != rank) & (chunk != ready)
+        ready = chunk
+        if PIPELINED_WAIT:  # on every tile, outside any branch (see wait_flag_in_pipeline)
+            peer_row0 = wait_flag_in_pipeline(flags_ptr, timeouts_ptr, chunk, epoch, first_full, needed, SPIN_LIMIT)
+        else:
+            if needed:
+                wait_flag(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT)
+            peer_row0 = first_full
         if chunk == rank:
             a_source = a_local_desc
+            row0 = first_own
         else:
             a_source = a_desc
-            if count > 0:  # a peer's chunk must have landed before any load from it
-                wait_flag(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT)
-                if PROXY_FENCE:
-                    _proxy_fence(epoch)
-        tile_c = first - num_programs  # the epilogue's tile
-        for tile in tl.range(first, end, num_programs, flatten=True):
-            # load -> dot
-            b, tile_m, tile_n = _tma_tile(tile - step * tiles_per_chunk, tiles_m, Ns, BLOCK_N, GROUP_M)
-            first_own, first_full, _, _ = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
-            row0 = first_own if chunk == rank else first_full
-            b_desc = b_desc0  # picked in turn: one main loop, one pipeline's buffers
-            if len(Ns) > 1:
-                if b == 1:
-                    b_desc = b_desc1
-            if len(Ns) > 2:
-                if b == 2:
-                    b_desc = b_desc2
-            if len(Ns) > 3:
-                if b == 3:
-                    b_desc = b_desc3
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            acc = tma_mainloop(a_source, row0, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K, FP8_EXACT)
+            row0 = peer_row0
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = tma_mainloop(a_source, row0, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K, FP8_EXACT)
 
-            # epilogue: scales -> bias -> store
-            tile_c += num_programs
-            b, tile_m, tile_n = _tma_tile(tile_c - step * tiles_per_chunk, tiles_m, Ns, BLOCK_N, GROUP_M)
-            first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
-            bias_ptr, c_ptr, N, stride_cm = bias_ptrs[0], c_ptrs[0], Ns[0], strides_cm[0]
-            has_bias = (BIAS_MASK & 1) != 0
+        # epilogue: scales -> bias -> store
+        tile_c += num_programs
+        chunk = (rank + tile_c // tiles_per_chunk) % world_size
+        b, tile_m, tile_n = _tma_tile(tile_c % tiles_per_chunk, tiles_m, Ns, BLOCK_N, GROUP_M)
+        first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
+        bias_ptr, c_ptr, N, stride_cm = bias_ptrs[0], c_ptrs[0], Ns[0], strides_cm[0]
+        has_bias = (BIAS_MASK & 1) != 0
+        for i in tl.static_range(1, len(Ns)):
+            if b == i:
+                bias_ptr, c_ptr, N, stride_cm = bias_ptrs[i], c_ptrs[i], Ns[i], strides_cm[i]
+                has_bias = ((BIAS_MASK >> i) & 1) != 0
+        offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+        if A_SCALE != 0:  # the own chunk's row scales are where its rows are
+            if chunk == rank:
+                acc = scale_rows(acc, A_SCALE, a_local_scale_ptr, first_own + offs_m, m_mask)
+            else:
+                acc = scale_rows(acc, A_SCALE, a_scale_ptr, first_full + offs_m, m_mask)
+        if B_SCALE_MASK != 0:
+            b_scale_ptr = b_scale_ptrs[0]
+            b_rowwise = (B_ROWWISE_MASK & 1) != 0
             for i in tl.static_range(1, len(Ns)):
                 if b == i:
-                    bias_ptr, c_ptr, N, stride_cm = bias_ptrs[i], c_ptrs[i], Ns[i], strides_cm[i]
-                    has_bias = ((BIAS_MASK >> i) & 1) != 0
-            offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < N
-            if A_SCALE != 0:  # the own chunk's row scales are where its rows are
-                if chunk == rank:
-                    acc = scale_rows(acc, A_SCALE, a_local_scale_ptr, first_own + offs_m, m_mask)
-                else:
-                    acc = scale_rows(acc, A_SCALE, a_scale_ptr, first_full + offs_m, m_mask)
-            if B_SCALE_MASK != 0:
-                b_scale_ptr = b_scale_ptrs[0]
-                b_rowwise = (B_ROWWISE_MASK & 1) != 0
-                for i in tl.static_range(1, len(Ns)):
-                    if b == i:
-                        b_scale_ptr = b_scale_ptrs[i]
-                        b_rowwise = ((B_ROWWISE_MASK >> i) & 1) != 0
-                acc = scale_columns(acc, b_scale_ptr, b_rowwise, offs_n, n_mask)
-            if BIAS_MASK != 0:
-                if has_bias:
-                    acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            _store_tile(c_ptr, acc, bias_ptr, first_full + offs_m, offs_n, m_mask, n_mask, stride_cm, 1, False)
+                    b_scale_ptr = b_scale_ptrs[i]
+                    b_rowwise = ((B_ROWWISE_MASK >> i) & 1) != 0
+            acc = scale_columns(acc, b_scale_ptr, b_rowwise, offs_n, n_mask)
+        if BIAS_MASK != 0:
+            if has_bias:
+                acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        _store_tile(c_ptr, acc, bias_ptr, first_full + offs_m, offs_n, m_mask, n_mask, stride_cm, 1, False)
 
 
 _TMA_KERNEL = DirectKernel(all_gather_matmul_tma_kernel)
@@ -276,7 +273,7 @@ def _launch_tma(a_descs, group, flags, epoch, timeouts, outer, k, *, rank, world
         B_SCALE_MASK=sum(1 << i for i, (_, _, _, sb) in enumerate(group) if sb is not None),
         B_ROWWISE_MASK=sum(1 << i for i, (_, _, _, sb) in enumerate(group) if sb is not None and sb.numel() > 1),
         B_NK=group[0][0].stride(0) == 1, FP8_EXACT=scales is not None and not scales.fast_accum,
-        PROXY_FENCE=group[0][2].is_cuda, SPIN_LIMIT=spin_limit,
+        PIPELINED_WAIT=group[0][2].is_cuda, SPIN_LIMIT=spin_limit,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip

@@ -67,19 +67,38 @@ def _store_partial(
 
 
 @triton.jit
-def _count_tiles(counters_ptr, flag_ptrs_ptr, chunk, done, tiles_per_chunk, epoch):
-    """A program done with chunk ``chunk`` adds the ``done`` tiles it stored there to the
-    chunk's counter (release: after a CTA barrier, so it covers every thread's stores); the
-    program that completes the count (acquire) resets the counter for the next call and
-    publishes the chunk. One system-scope atomic per program and chunk, not per tile: a release
-    waits until the program's stores to peers have landed, so per tile it would stall every
-    tile's end."""
-    tl.debug_barrier()
-    total = tl.atomic_add(counters_ptr + chunk, done, sem="acq_rel", scope="sys") + done
-    if total == tiles_per_chunk:
-        tl.atomic_xchg(counters_ptr + chunk, 0, sem="relaxed", scope="gpu")
-        flag = tl.load(flag_ptrs_ptr + chunk).to(tl.pointer_type(tl.int32))
-        tl.atomic_xchg(flag, epoch, sem="release", scope="sys")
+def _cta_barrier(cond):
+    """bar.sync 0 (all threads of the CTA) where ``cond``, uniform over the CTA, holds. As inline
+    PTX: Triton does not software-pipeline a loop with a tl.debug_barrier in its body."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred %p; setp.ne.s32 %p, $1, 0; @%p bar.sync 0; mov.b32 $0, $1; }", "=r,r",
+        [cond.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _count_tiles(counters_ptr, flag_ptrs_ptr, tile, pid, num_programs, tiles_per_chunk, world_size, epoch,
+                 first_chunk, ON_GPU: tl.constexpr):  # fmt: skip
+    """After the stores of a program's tile ``tile``: if it is the program's last tile of its
+    chunk, the program adds all its tiles of the chunk to the chunk's counter (release, after a
+    CTA barrier, so it covers every thread's stores); the program that completes the count
+    (acquire) resets the counter for the next call and publishes the chunk. One system-scope
+    atomic per program and chunk, not per tile: a release waits until the program's stores to
+    peers have landed, so per tile it would stall every tile's end. Masked atomics, no branch:
+    Triton 3.6 fails to flatten a loop with an atomic under a branch of its epilogue."""
+    step = tile // tiles_per_chunk
+    chunk = (first_chunk + step) % world_size
+    last = tile + num_programs >= (step + 1) * tiles_per_chunk
+    count = program_chunk_tiles(step, tiles_per_chunk, pid, num_programs)[2]
+    if ON_GPU:
+        _cta_barrier(last)
+    else:
+        tl.debug_barrier()
+    total = tl.atomic_add(counters_ptr + chunk, count, mask=last, sem="acq_rel", scope="sys") + count
+    publish = last & (total == tiles_per_chunk)
+    tl.atomic_xchg(counters_ptr + chunk, 0, mask=publish, sem="relaxed", scope="gpu")
+    flag = tl.load(flag_ptrs_ptr + chunk).to(tl.pointer_type(tl.int32))
+    tl.atomic_xchg(flag, epoch, mask=publish, sem="release", scope="sys")
 
 
 @triton.jit
@@ -101,29 +120,28 @@ def matmul_reduce_scatter_producer_kernel(
     tiles_m, tiles_n, tiles_per_chunk = tile_counts(outer, inner, N, BLOCK_M, BLOCK_N)
     total_tiles = tiles_per_chunk * world_size
     slot = rank * outer * inner  # this rank's first row in every owner's buffer
-    for step in range(0, world_size):
+    for tile in range(pid, total_tiles, num_programs):
         # rank + 1 first, the own chunk last (schedule.reduce_scatter_order)
-        chunk = (rank + 1 + step) % world_size
-        first, end, count = program_chunk_tiles(step, tiles_per_chunk, pid, num_programs)
-        for tile in range(first, end, num_programs):
-            _, tile_m, tile_n = chunk_tile(tile - step * tiles_per_chunk, tiles_m, tiles_n, 0, 1, GROUP_M)
-            if LOG_TILES:
-                tl.store(tile_log_ptr + tile, tl.atomic_add(tile_log_ptr + total_tiles, 1))
+        chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
+        if LOG_TILES:
+            tl.store(tile_log_ptr + tile, tl.atomic_add(tile_log_ptr + total_tiles, 1))
 
-            first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
-            offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            a_rows = (first_full + offs_m).to(tl.int64)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            acc = pointer_mainloop(
-                a_ptr + a_rows[:, None] * stride_am, stride_ak, b_ptr, stride_bk, stride_bn, offs_n,
-                m_mask, offs_n < N, K, acc, FP32_IEEE, BLOCK_K,
-            )  # fmt: skip
-            _store_partial(
-                acc, bias_ptr, dest_ptrs_ptr, chunk, slot + first_own + offs_m, m_mask, offs_n, N,
-                a_ptr.dtype.element_ty, HAS_BIAS,
-            )  # fmt: skip
-        if count > 0:
-            _count_tiles(counters_ptr, flag_ptrs_ptr, chunk, count, tiles_per_chunk, epoch)
+        first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
+        offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        a_rows = (first_full + offs_m).to(tl.int64)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = pointer_mainloop(
+            a_ptr + a_rows[:, None] * stride_am, stride_ak, b_ptr, stride_bk, stride_bn, offs_n,
+            m_mask, offs_n < N, K, acc, FP32_IEEE, BLOCK_K,
+        )  # fmt: skip
+        _store_partial(
+            acc, bias_ptr, dest_ptrs_ptr, chunk, slot + first_own + offs_m, m_mask, offs_n, N,
+            a_ptr.dtype.element_ty, HAS_BIAS,
+        )  # fmt: skip
+        _count_tiles(
+            counters_ptr, flag_ptrs_ptr, tile, pid, num_programs, tiles_per_chunk, world_size, epoch,
+            rank + 1, False,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -136,6 +154,7 @@ def matmul_reduce_scatter_tma_kernel(
     OUT_DTYPE: tl.constexpr,
     B_NK: tl.constexpr,
     FP8_EXACT: tl.constexpr,
+    ON_GPU: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -143,9 +162,9 @@ def matmul_reduce_scatter_tma_kernel(
 ):  # fmt: skip
     """The producer with TMA loads (host-side descriptors), same order and epilogue. Rows past a
     block's end that a tile loads are the next rows of A (or TMA's zeros): they only feed rows
-    that the masked store drops. Partials are stored as OUT_DTYPE. Chunk by chunk, as the TMA
-    consumer: a program's tiles of a chunk in one loop flattened into the K loop (one software
-    pipeline over them), the chunk's count after it.
+    that the masked store drops. Partials are stored as OUT_DTYPE. The tile loop is flattened
+    into the K loop (one software pipeline over all the program's tiles), and the epilogue
+    finds its tile again from a counter of its own, as in the TMA consumer.
 
     Float8 (A and B float8, scales dequantize as _scaled_mm's, on the fp32 accumulator before
     the bias; FP8_EXACT: see gemm.tma_mainloop): A_SCALE 1, the one value at a_scale_ptr, 2,
@@ -154,29 +173,29 @@ def matmul_reduce_scatter_tma_kernel(
     epoch = tl.load(epoch_ptr)
     tiles_m, tiles_n, tiles_per_chunk = tile_counts(outer, inner, N, BLOCK_M, BLOCK_N)
     slot = rank * outer * inner
-    for step in range(0, world_size):
-        chunk = (rank + 1 + step) % world_size
-        first, end, count = program_chunk_tiles(step, tiles_per_chunk, pid, num_programs)
-        tile_c = first - num_programs  # the epilogue's tile
-        for tile in tl.range(first, end, num_programs, flatten=True):
-            _, tile_m, tile_n = chunk_tile(tile - step * tiles_per_chunk, tiles_m, tiles_n, 0, 1, GROUP_M)
-            _, first_full, _, _ = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            acc = tma_mainloop(a_desc, first_full, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K, FP8_EXACT)
+    total_tiles = tiles_per_chunk * world_size
+    tile_c = pid - num_programs  # the epilogue's tile
+    for tile in tl.range(pid, total_tiles, num_programs, flatten=True):
+        chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
+        _, first_full, _, _ = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = tma_mainloop(a_desc, first_full, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K, FP8_EXACT)
 
-            tile_c += num_programs
-            _, tile_m, tile_n = chunk_tile(tile_c - step * tiles_per_chunk, tiles_m, tiles_n, 0, 1, GROUP_M)
-            first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
-            offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            acc = scale_rows(acc, A_SCALE, a_scale_ptr, first_full + offs_m, m_mask)
-            if B_SCALE != 0:
-                acc = scale_columns(acc, b_scale_ptr, B_SCALE == 2, offs_n, offs_n < N)
-            _store_partial(
-                acc, bias_ptr, dest_ptrs_ptr, chunk, slot + first_own + offs_m, m_mask, offs_n, N,
-                OUT_DTYPE, HAS_BIAS,
-            )  # fmt: skip
-        if count > 0:
-            _count_tiles(counters_ptr, flag_ptrs_ptr, chunk, count, tiles_per_chunk, epoch)
+        tile_c += num_programs
+        chunk, tile_m, tile_n = chunk_tile(tile_c, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
+        first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
+        offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = scale_rows(acc, A_SCALE, a_scale_ptr, first_full + offs_m, m_mask)
+        if B_SCALE != 0:
+            acc = scale_columns(acc, b_scale_ptr, B_SCALE == 2, offs_n, offs_n < N)
+        _store_partial(
+            acc, bias_ptr, dest_ptrs_ptr, chunk, slot + first_own + offs_m, m_mask, offs_n, N,
+            OUT_DTYPE, HAS_BIAS,
+        )  # fmt: skip
+        _count_tiles(
+            counters_ptr, flag_ptrs_ptr, tile_c, pid, num_programs, tiles_per_chunk, world_size, epoch,
+            rank + 1, ON_GPU,
+        )  # fmt: skip
 
 
 _TMA_KERNEL = DirectKernel(matmul_reduce_scatter_tma_kernel)
@@ -261,6 +280,7 @@ def matmul_reduce_scatter_producer(
             flag_ptrs, counters, epoch, a_scale, b_scale, outer, inner, n, k, rank, world_size, programs,
             HAS_BIAS=bias is not None, A_SCALE=a_kind, B_SCALE=b_kind,
             OUT_DTYPE=_TL_DTYPES[out_dtype], B_NK=mat2.stride(0) == 1, FP8_EXACT=float8 and not fast_accum,
+            ON_GPU=a.is_cuda,
             BLOCK_M=bm, BLOCK_N=config.block_n,
             BLOCK_K=bk, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip

@@ -77,3 +77,48 @@ def wait_kernel(flags_ptr, epoch_ptr, timeouts_ptr, chunk, SPIN_LIMIT: tl.conste
 
 BARRIER = DirectKernel(barrier_kernel)
 WAIT = DirectKernel(wait_kernel)
+
+
+@triton.jit
+def wait_flag_in_pipeline(flags_ptr, timeouts_ptr, chunk, epoch, row, needed, SPIN_LIMIT: tl.constexpr):
+    """wait_flag for a loop that Triton software-pipelines (a TMA consumer's flattened tile loop),
+    on GPUs only, called on every iteration: waits only if ``needed``. What keeps the loop
+    pipelined (checked in the TTGIR): the poll loop is one inline-PTX op (a loop in the body,
+    wait_flag's, stops pipelining), and no load or wait sits under a branch of the body.
+    Returns ``row`` through the same op, so a load that takes its row from here depends on the
+    wait and the pipeliner cannot issue it earlier; then fence.proxy.async.global, for the TMA
+    loads (the async proxy) to see what the acquire made visible. Bounded and reported as
+    wait_flag: a chunk given up on in this call is not waited for again."""
+    given_up = tl.load(timeouts_ptr + chunk, volatile=True) == epoch
+    limit = tl.where(needed & (given_up == 0), SPIN_LIMIT, 0)
+    value, row = tl.inline_asm_elementwise(
+        """{
+        .reg .pred %p;
+        .reg .b32 %polls, %gap;
+        mov.b32 $1, $5;
+        mov.b32 $0, $3;
+        mov.u32 %polls, 0;
+        setp.eq.s32 %p, $4, 0;
+        @%p bra DONE_${:uid};
+        WAIT_${:uid}:
+        ld.acquire.sys.global.b32 $0, [$2];
+        sub.s32 %gap, $0, $3;
+        setp.ge.s32 %p, %gap, 0;
+        @%p bra FENCE_${:uid};
+        setp.ge.s32 %p, %polls, $4;
+        @%p bra FENCE_${:uid};
+        add.s32 %polls, %polls, 1;
+        bra WAIT_${:uid};
+        FENCE_${:uid}:
+        fence.proxy.async.global;
+        DONE_${:uid}:
+        }""",
+        "=r,=r,l,r,r,r",
+        [flags_ptr + chunk, epoch, limit, row],
+        dtype=(tl.int32, tl.int32),
+        is_pure=False,
+        pack=1,
+    )
+    if _behind(value, epoch):
+        tl.atomic_xchg(timeouts_ptr + chunk, epoch, sem="relaxed", scope="gpu")
+    return row

@@ -58,8 +58,7 @@ def program_chunk_tiles(step, tiles_per_chunk, pid, num_programs):
     """A persistent program's tiles of the ``step``-th chunk of its launch (tiles [step *
     tiles_per_chunk, (step + 1) * tiles_per_chunk), handed out round-robin: tile t to program t
     mod num_programs): (first, end, count), its tiles being first, first + num_programs, ... <
-    end. Kernels go chunk by chunk, so that the per-chunk steps (a consumer's wait, a
-    producer's publish) stay outside the software-pipelined loop over the chunk's tiles."""
+    end."""
     start = step * tiles_per_chunk
     end = start + tiles_per_chunk
     first = pid + tl.cdiv(tl.maximum(start - pid, 0), num_programs) * num_programs
