@@ -169,7 +169,9 @@ def all_gather_matmul_tma_kernel(
         tiles_per_chunk += tiles_m * tl.cdiv(Ns[i], BLOCK_N)
     ready = rank  # the last chunk this program waited for (its own needs no wait)
     tile_c = pid - num_programs  # the epilogue's tile
-    for tile in tl.range(pid, tiles_per_chunk * world_size, num_programs, flatten=True):
+    # exact float8 accumulation flattened needs more shared memory than Hopper has (and ran
+    # slower on an H100): its tile loop stays apart
+    for tile in tl.range(pid, tiles_per_chunk * world_size, num_programs, flatten=not FP8_EXACT):
         # own chunk first, then rank + 1, ... (schedule.all_gather_order)
         chunk = (rank + tile // tiles_per_chunk) % world_size
         b, tile_m, tile_n = _tma_tile(tile % tiles_per_chunk, tiles_m, Ns, BLOCK_N, GROUP_M)
