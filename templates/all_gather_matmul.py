@@ -27,6 +27,7 @@ from .gemm import (
     GemmConfig,
     b_descriptor,
     chunk_tiles,
+    flatten_tiles,
     pointer_fallback,
     pointer_mainloop,
     row_major,
@@ -131,6 +132,7 @@ def all_gather_matmul_tma_kernel(
     B_ROWWISE_MASK: tl.constexpr,
     B_NK: tl.constexpr,
     FP8_EXACT: tl.constexpr,
+    FLATTEN: tl.constexpr,
     PIPELINED_WAIT: tl.constexpr,
     SPIN_LIMIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -169,9 +171,7 @@ def all_gather_matmul_tma_kernel(
         tiles_per_chunk += tiles_m * tl.cdiv(Ns[i], BLOCK_N)
     ready = rank  # the last chunk this program waited for (its own needs no wait)
     tile_c = pid - num_programs  # the epilogue's tile
-    # exact float8 accumulation flattened needs more shared memory than Hopper has (and ran
-    # slower on an H100): its tile loop stays apart
-    for tile in tl.range(pid, tiles_per_chunk * world_size, num_programs, flatten=not FP8_EXACT):
+    for tile in tl.range(pid, tiles_per_chunk * world_size, num_programs, flatten=FLATTEN):
         # own chunk first, then rank + 1, ... (schedule.all_gather_order)
         chunk = (rank + tile // tiles_per_chunk) % world_size
         b, tile_m, tile_n = _tma_tile(tile % tiles_per_chunk, tiles_m, Ns, BLOCK_N, GROUP_M)
@@ -263,6 +263,7 @@ def _launch_tma(a_descs, group, flags, epoch, timeouts, outer, k, *, rank, world
     tiles = sum(chunk_tiles(world_size, outer, inner, m.shape[1], config) for m, _, _, _ in group)
     programs = min(num_programs, tiles)
     a_scale = scales.a if scales else flags
+    exact = scales is not None and not scales.fast_accum
     a_local_scale = scales.a_local if scales and scales.a_local is not None else a_scale
     _TMA_KERNEL[(programs,)](
         *a_descs, *b_descs, tuple(out if bias is None else bias for _, bias, out, _ in group),
@@ -274,7 +275,8 @@ def _launch_tma(a_descs, group, flags, epoch, timeouts, outer, k, *, rank, world
         A_SCALE=scales.a_kind if scales else 0,
         B_SCALE_MASK=sum(1 << i for i, (_, _, _, sb) in enumerate(group) if sb is not None),
         B_ROWWISE_MASK=sum(1 << i for i, (_, _, _, sb) in enumerate(group) if sb is not None and sb.numel() > 1),
-        B_NK=group[0][0].stride(0) == 1, FP8_EXACT=scales is not None and not scales.fast_accum,
+        B_NK=group[0][0].stride(0) == 1, FP8_EXACT=exact,
+        FLATTEN=flatten_tiles(exact, [out.dtype for _, _, out, _ in group]),
         PIPELINED_WAIT=group[0][2].is_cuda, SPIN_LIMIT=spin_limit,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,

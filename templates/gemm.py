@@ -117,6 +117,14 @@ def scale_columns(acc, scale_ptr, rowwise, offs_n, n_mask):
     return acc
 
 
+def flatten_tiles(exact: bool, out_dtypes) -> bool:
+    """Whether a TMA kernel flattens its tile loop into the K loop (FLATTEN: one software
+    pipeline over all the program's tiles). Not for exact float8 accumulation, nor 32-bit
+    outputs: flattened, their epilogue's shared memory does not fit next to the pipeline's
+    buffers (278 KB of Hopper's 227 for a float8 128x256x128 tile with fp32 out, 3 stages)."""
+    return not exact and all(dtype.itemsize <= 2 for dtype in out_dtypes)
+
+
 def tma_operand(t: torch.Tensor) -> bool:
     """TMA needs a unit last stride and 16-byte aligned bases and row strides."""
     return t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0

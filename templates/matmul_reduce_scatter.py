@@ -37,6 +37,7 @@ from .gemm import (
     GemmConfig,
     b_descriptor,
     chunk_tiles,
+    flatten_tiles,
     pointer_fallback,
     pointer_mainloop,
     scale_columns,
@@ -154,6 +155,7 @@ def matmul_reduce_scatter_tma_kernel(
     OUT_DTYPE: tl.constexpr,
     B_NK: tl.constexpr,
     FP8_EXACT: tl.constexpr,
+    FLATTEN: tl.constexpr,
     ON_GPU: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -175,9 +177,7 @@ def matmul_reduce_scatter_tma_kernel(
     slot = rank * outer * inner
     total_tiles = tiles_per_chunk * world_size
     tile_c = pid - num_programs  # the epilogue's tile
-    # exact float8 accumulation flattened needs more shared memory than Hopper has (and ran
-    # slower on an H100): its tile loop stays apart
-    for tile in tl.range(pid, total_tiles, num_programs, flatten=not FP8_EXACT):
+    for tile in tl.range(pid, total_tiles, num_programs, flatten=FLATTEN):
         chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
         _, first_full, _, _ = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -277,11 +277,13 @@ def matmul_reduce_scatter_producer(
         bm, bk = config.block_m, config.block_k
         a_scale, b_scale = scales or (counters, counters)
         a_kind, b_kind = (_scale_kind(s) for s in scales) if scales else (0, 0)
+        exact = float8 and not fast_accum
         _TMA_KERNEL[(programs,)](
             TensorDescriptor.from_tensor(a, [bm, bk]), b_descriptor(mat2, config), bias_arg, dest_ptrs,
             flag_ptrs, counters, epoch, a_scale, b_scale, outer, inner, n, k, rank, world_size, programs,
             HAS_BIAS=bias is not None, A_SCALE=a_kind, B_SCALE=b_kind,
-            OUT_DTYPE=_TL_DTYPES[out_dtype], B_NK=mat2.stride(0) == 1, FP8_EXACT=float8 and not fast_accum,
+            OUT_DTYPE=_TL_DTYPES[out_dtype], B_NK=mat2.stride(0) == 1, FP8_EXACT=exact,
+            FLATTEN=flatten_tiles(exact, [out_dtype]),
             ON_GPU=a.is_cuda,
             BLOCK_M=bm, BLOCK_N=config.block_n,
             BLOCK_K=bk, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
