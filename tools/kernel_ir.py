@@ -1,0 +1,157 @@
+"""The fused TMA kernels compiled for Hopper (sm_90a) without a GPU, and what their IR says.
+
+    python3 -m tools.kernel_ir            # a table: each kernel variant's pipelining, stores, smem
+    python3 -m tools.kernel_ir --json     # the same as JSON, one object per variant
+
+(Not under TRITON_INTERPRET=1, which makes kernels uncompilable: the CPU test runs this apart.)
+
+Triton compiles for a GPU target it is told of, GPU or not, so whether a loop was software
+pipelined, whether stores vectorized and how much shared memory a kernel takes can be checked on
+any machine. Session 12 found both regressions this way (an atomic under a branch of the tile
+loop, a CTA barrier in it, an alignment hint on an integer: each silently cost 5 to 70% on an
+H100); tests/cpu/test_kernel_ir.py keeps them out.
+"""
+
+import collections
+import dataclasses
+import json
+import re
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from overlap_pass.templates import all_gather_matmul as consumer
+from overlap_pass.templates import gemm
+from overlap_pass.templates import matmul_reduce_scatter as producer
+
+HOPPER = GPUTarget("cuda", 90, 32)
+SMEM_LIMIT = 232448  # bytes of shared memory a Hopper block may take
+_NOT_16 = ("rank", "world_size", "num_programs", "outer")  # ints the JIT rarely sees 16-divisible
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelIR:
+    name: str
+    tma_loads: int  # TMA load ops in the TTGIR: the loop body's 2, and a prologue's if pipelined
+    flattened: bool  # the tile loop fused into the K loop
+    pipelined: bool  # loads issued ahead of the dot
+    stores: dict  # PTX global store instructions by kind
+    shared_bytes: int
+
+
+def _aligned_attrs(signature: dict) -> dict:
+    """As the JIT specializes the shapes we run: pointers 16-byte aligned, ints 16-divisible."""
+    attrs = {}
+    for i, (name, ty) in enumerate(signature.items()):
+        for j, t in enumerate(ty if isinstance(ty, tuple) else (ty,)):
+            path = (i, j) if isinstance(ty, tuple) else (i,)
+            if t.startswith("*") or (t == "i32" and name not in _NOT_16):
+                attrs[path] = [["tt.divisibility", 16]]
+    return attrs
+
+
+def compile_hopper(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int):
+    signature = {**signature, **{k: "constexpr" for k in constexprs}}
+    source = ASTSource(fn, signature, constexprs, _aligned_attrs(signature))
+    return triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+# the loop that Triton's flattening makes: unit steps over every (tile, K block) of the
+# program, the accumulator carried (the K loops step by BLOCK_K)
+_FLATTENED_LOOP = re.compile(r"scf\.for [^\n]* step %c1_i32 iter_args\([^\n]*tensor<\d+x\d+xf32, #mma>")
+
+
+def summarize(name: str, kernel) -> KernelIR:
+    ttgir, ptx = kernel.asm["ttgir"], kernel.asm["ptx"]
+    loads = ttgir.count("ttng.async_tma_copy_global_to_local")
+    return KernelIR(
+        name=name,
+        tma_loads=loads,
+        flattened=bool(_FLATTENED_LOOP.search(ttgir)),
+        pipelined=loads > 2,  # more than the loop body's own two: a prologue loads ahead
+        stores=dict(collections.Counter(re.findall(r"st\.global[a-z0-9.:]*", ptx))),
+        shared_bytes=kernel.metadata.shared,
+    )
+
+
+def _dtype_name(float8: bool) -> str:
+    return "fp8e4nv" if float8 else "bf16"
+
+
+def consumer_ir(float8: bool, num_b: int = 1, exact: bool = False, config=None) -> KernelIR:
+    """The all-gather consumer's TMA kernel over ``num_b`` weights ([N, K] layout), bf16 out;
+    float8 with rowwise scales."""
+    config = config or (gemm.FLOAT8_CONFIGS[0] if float8 else gemm.CONFIGS[0])
+    dt, bm, bn, bk = _dtype_name(float8), config.block_m, config.block_n, config.block_k
+    signature = {"a_desc": f"tensordesc<{dt}[{bm}, {bk}]>", "a_local_desc": f"tensordesc<{dt}[{bm}, {bk}]>"}
+    signature.update({f"b_desc{i}": f"tensordesc<{dt}[{bn}, {bk}]>" for i in range(consumer.MAX_B)})
+    many = lambda t: tuple([t] * num_b)  # noqa: E731
+    signature.update({
+        "bias_ptrs": many("*bf16"), "c_ptrs": many("*bf16"), "Ns": many("i32"), "strides_cm": many("i32"),
+        "flags_ptr": "*i32", "epoch_ptr": "*i32", "timeouts_ptr": "*i32", "outer": "i32", "inner": "i32",
+        "K": "i32", "rank": "i32", "world_size": "i32", "num_programs": "i32", "a_scale_ptr": "*fp32",
+        "a_local_scale_ptr": "*fp32", "b_scale_ptrs": many("*fp32"),
+    })  # fmt: skip
+    mask = (1 << num_b) - 1 if float8 else 0
+    constexprs = dict(
+        BIAS_MASK=0, A_SCALE=2 if float8 else 0, B_SCALE_MASK=mask, B_ROWWISE_MASK=mask, B_NK=True,
+        FP8_EXACT=exact, FLATTEN=gemm.flatten_tiles(exact, [torch.bfloat16]),
+        PIPELINED_WAIT=True, SPIN_LIMIT=1 << 30, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
+    )  # fmt: skip
+    kernel = compile_hopper(consumer.all_gather_matmul_tma_kernel, signature, constexprs, config.num_warps, config.num_stages)
+    return summarize(f"consumer {dt} B={num_b}{' exact' if exact else ''} {config}", kernel)
+
+
+def producer_ir(float8: bool, exact: bool = False, config=None) -> KernelIR:
+    """The reduce-scatter producer's TMA kernel, bf16 partials; float8 with rowwise scales."""
+    config = config or (gemm.FLOAT8_CONFIGS[0] if float8 else gemm.CONFIGS[0])
+    dt, bm, bn, bk = _dtype_name(float8), config.block_m, config.block_n, config.block_k
+    signature = {
+        "a_desc": f"tensordesc<{dt}[{bm}, {bk}]>", "b_desc": f"tensordesc<{dt}[{bn}, {bk}]>", "bias_ptr": "*bf16",
+        "dest_ptrs_ptr": "*i64", "flag_ptrs_ptr": "*i64", "counters_ptr": "*i32", "epoch_ptr": "*i32",
+        "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32", "outer": "i32", "inner": "i32", "N": "i32", "K": "i32",
+        "rank": "i32", "world_size": "i32", "num_programs": "i32",
+    }  # fmt: skip
+    constexprs = dict(
+        HAS_BIAS=False, A_SCALE=2 if float8 else 0, B_SCALE=2 if float8 else 0, OUT_DTYPE=tl.bfloat16, B_NK=True,
+        FP8_EXACT=exact, FLATTEN=gemm.flatten_tiles(exact, [torch.bfloat16]), ON_GPU=True, BLOCK_M=bm,
+        BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
+    )  # fmt: skip
+    kernel = compile_hopper(producer.matmul_reduce_scatter_tma_kernel, signature, constexprs, config.num_warps, config.num_stages)
+    return summarize(f"producer {dt}{' exact' if exact else ''} {config}", kernel)
+
+
+def variants() -> list:
+    """(what, function of no arguments) for every TMA kernel variant the ops launch: each config
+    of the bf16 and float8 lists, three weights in one consumer launch, exact accumulation."""
+    tma = [c for c in gemm.CONFIGS if c.tma]
+    runs = [(f"consumer bf16 {c}", lambda c=c: consumer_ir(False, config=c)) for c in tma]
+    runs += [(f"consumer float8 {c}", lambda c=c: consumer_ir(True, config=c)) for c in gemm.FLOAT8_CONFIGS]
+    runs += [(f"producer bf16 {c}", lambda c=c: producer_ir(False, config=c)) for c in tma]
+    runs += [(f"producer float8 {c}", lambda c=c: producer_ir(True, config=c)) for c in gemm.FLOAT8_CONFIGS]
+    runs += [
+        ("consumer bf16, three weights", lambda: consumer_ir(False, num_b=3)),
+        ("consumer float8, exact", lambda: consumer_ir(True, exact=True)),
+        ("producer float8, exact", lambda: producer_ir(True, exact=True)),
+    ]
+    return runs
+
+
+def main() -> None:
+    runs = variants()
+    rows = [run() for _, run in runs]
+    if "--json" in sys.argv:
+        print(json.dumps([{"what": what, **dataclasses.asdict(r)} for (what, _), r in zip(runs, rows)]))
+        return
+    print("| kernel | flattened | pipelined | TMA loads | stores | shared memory |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r.name} | {r.flattened} | {r.pipelined} | {r.tma_loads} | {r.stores} | {r.shared_bytes} |")
+
+
+if __name__ == "__main__":
+    main()
