@@ -14,10 +14,10 @@ publishing each chunk as soon as all its tiles are written.
     flags[j]: the address of rank j's flag word for this rank; set to the call's epoch (release,
               system scope) once every tile of chunk j is in dest[j]
 
-A chunk is published once all its tiles are stored: programs go chunk by chunk, and each adds
-the tiles it stored in a chunk to the chunk's counter once it is done there (release); the
-program that brings it to tiles_per_chunk (acquire) resets the counter for the next call and
-writes the flag. Every partial holds the bias, as every rank's matmul + bias
+A chunk is published once all its tiles are stored: a program's tiles come chunk by chunk, and
+after its last tile in a chunk it adds all it stored there to the chunk's counter (release);
+the program that brings it to tiles_per_chunk (acquire) resets the counter for the next call
+and writes the flag. Every partial holds the bias, as every rank's matmul + bias
 does before a reduce-scatter (the op's semantics: the sum holds it once per rank).
 
 Phases per tile: load -> dot -> (bias) -> store -> count [-> publish].

@@ -86,12 +86,14 @@ def test_chunks_landing_while_the_consumer_runs(float8):
     _check([out], [ref], torch.bfloat16)
 
 
-def test_late_chunk_is_reported_on_the_gpu():
+@pytest.mark.parametrize("config", [gemm.TEST_CONFIG, gemm.CONFIGS[0]], ids=str)
+def test_late_chunk_is_reported_on_the_gpu(config):
+    """Pointer loads (wait_flag) and TMA (the inline-PTX poll of wait_flag_in_pipeline)."""
     world, rank, late = 4, 2, 1
     gathered, mat2s, biases, _, inner = problem(world, (256, 128), 256, torch.bfloat16, False, 0, device="cuda")
     flags = torch.full((world,), EPOCH, dtype=torch.int32, device="cuda")
     flags[late] = EPOCH - 1
-    _, timeouts = run_consumer(gathered, mat2s, biases, world, rank, inner, flags, spin_limit=10_000)
+    _, timeouts = run_consumer(gathered, mat2s, biases, world, rank, inner, flags, config=config, spin_limit=10_000)
     torch.cuda.synchronize()
     with pytest.raises(agm.ChunkTimeout, match="rank 2 gave up waiting for the flags of chunks \\[1\\]"):
         agm.raise_on_timeouts(timeouts, rank)
