@@ -48,7 +48,7 @@ from .gemm import (
 )
 from .launch import DirectKernel
 from .signals import wait_flag
-from .tiles import block_rows, chunk_tile, program_chunk_tiles, tile_counts
+from .tiles import block_rows, chunk_tile, program_chunk_tile_count, tile_counts
 
 
 @triton.jit
@@ -79,7 +79,7 @@ def _cta_barrier(cond):
 
 @triton.jit
 def _count_tiles(counters_ptr, flag_ptrs_ptr, tile, pid, num_programs, tiles_per_chunk, world_size, epoch,
-                 first_chunk, ON_GPU: tl.constexpr):  # fmt: skip
+                 first_chunk, PTX_BARRIER: tl.constexpr):  # fmt: skip
     """After the stores of a program's tile ``tile``: if it is the program's last tile of its
     chunk, the program adds all its tiles of the chunk to the chunk's counter (release, after a
     CTA barrier, so it covers every thread's stores); the program that completes the count
@@ -90,8 +90,8 @@ def _count_tiles(counters_ptr, flag_ptrs_ptr, tile, pid, num_programs, tiles_per
     step = tile // tiles_per_chunk
     chunk = (first_chunk + step) % world_size
     last = tile + num_programs >= (step + 1) * tiles_per_chunk
-    count = program_chunk_tiles(step, tiles_per_chunk, pid, num_programs)[2]
-    if ON_GPU:
+    count = program_chunk_tile_count(step, tiles_per_chunk, pid, num_programs)
+    if PTX_BARRIER:  # a flattened loop on a GPU (tl.debug_barrier would stop its pipelining)
         _cta_barrier(last)
     else:
         tl.debug_barrier()
@@ -156,7 +156,7 @@ def matmul_reduce_scatter_tma_kernel(
     B_NK: tl.constexpr,
     FP8_EXACT: tl.constexpr,
     FLATTEN: tl.constexpr,
-    ON_GPU: tl.constexpr,
+    PTX_BARRIER: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -196,7 +196,7 @@ def matmul_reduce_scatter_tma_kernel(
         )  # fmt: skip
         _count_tiles(
             counters_ptr, flag_ptrs_ptr, tile_c, pid, num_programs, tiles_per_chunk, world_size, epoch,
-            rank + 1, ON_GPU,
+            rank + 1, PTX_BARRIER,
         )  # fmt: skip
 
 
@@ -284,7 +284,7 @@ def matmul_reduce_scatter_producer(
             HAS_BIAS=bias is not None, A_SCALE=a_kind, B_SCALE=b_kind,
             OUT_DTYPE=_TL_DTYPES[out_dtype], B_NK=mat2.stride(0) == 1, FP8_EXACT=exact,
             FLATTEN=flatten_tiles(exact, [out_dtype]),
-            ON_GPU=a.is_cuda,
+            PTX_BARRIER=a.is_cuda,
             BLOCK_M=bm, BLOCK_N=config.block_n,
             BLOCK_K=bk, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip

@@ -54,13 +54,10 @@ def chunk_tile(tile, tiles_m, tiles_n, first_chunk, world_size, GROUP_M: tl.cons
 
 
 @triton.jit
-def program_chunk_tiles(step, tiles_per_chunk, pid, num_programs):
-    """A persistent program's tiles of the ``step``-th chunk of its launch (tiles [step *
-    tiles_per_chunk, (step + 1) * tiles_per_chunk), handed out round-robin: tile t to program t
-    mod num_programs): (first, end, count), its tiles being first, first + num_programs, ... <
-    end."""
+def program_chunk_tile_count(step, tiles_per_chunk, pid, num_programs):
+    """How many tiles of the ``step``-th chunk of its launch (tiles [step * tiles_per_chunk,
+    (step + 1) * tiles_per_chunk), handed out round-robin: tile t to program t mod
+    num_programs) persistent program ``pid`` runs."""
     start = step * tiles_per_chunk
-    end = start + tiles_per_chunk
     first = pid + tl.cdiv(tl.maximum(start - pid, 0), num_programs) * num_programs
-    count = tl.maximum(tl.cdiv(end - first, num_programs), 0)
-    return first, end, count
+    return tl.maximum(tl.cdiv(start + tiles_per_chunk - first, num_programs), 0)

@@ -18,15 +18,18 @@ import argparse
 import json
 
 import torch
+import triton
 
 from overlap_pass.templates import all_gather_matmul as consumer
 from overlap_pass.templates import gemm
 from overlap_pass.templates import matmul_reduce_scatter as producer
 from tools.bench_ops import SHAPES
-from tools.measure import time_interleaved
+from tools.measure import relative_error, time_interleaved
 
 EPOCH = 1
 FP8 = torch.float8_e4m3fn
+
+
 def _operands(m, k, n, float8, rowwise, device):
     """A [m, k], a linear's weight as [k, n] (column-major) and their scales (None for bf16)."""
     a = torch.randn(m, k, device=device)
@@ -99,8 +102,7 @@ def bench_shape(op, name, m, k, n, args, device) -> dict:
     for key, config, fast in runs:
         run, result = make(a, w, a_scale, w_scale, args.world, config, fast)
         run()
-        got = result()
-        errors[key] = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+        errors[key] = relative_error(result(), ref)
         runners[key] = run
     times, _ = time_interleaved(runners, device, args.rounds, args.calls, args.warmup)
     best = min((key for key in times if key != "cublas" and not key.endswith(":exact")), key=times.get)
@@ -133,7 +135,7 @@ def main() -> None:
             print(json.dumps(r), flush=True)
     meta = {
         "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-        "triton": __import__("triton").__version__, "world_chunking": args.world,
+        "triton": triton.__version__, "world_chunking": args.world,
         "dtype": f"float8 {args.float8} (fast accumulation)" if args.float8 else "bf16",
         "rounds": args.rounds, "calls": args.calls,
     }  # fmt: skip

@@ -118,7 +118,7 @@ def producer_ir(float8: bool, exact: bool = False, config=None) -> KernelIR:
     }  # fmt: skip
     constexprs = dict(
         HAS_BIAS=False, A_SCALE=2 if float8 else 0, B_SCALE=2 if float8 else 0, OUT_DTYPE=tl.bfloat16, B_NK=True,
-        FP8_EXACT=exact, FLATTEN=gemm.flatten_tiles(exact, [torch.bfloat16]), ON_GPU=True, BLOCK_M=bm,
+        FP8_EXACT=exact, FLATTEN=gemm.flatten_tiles(exact, [torch.bfloat16]), PTX_BARRIER=True, BLOCK_M=bm,
         BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
     )  # fmt: skip
     kernel = compile_hopper(producer.matmul_reduce_scatter_tma_kernel, signature, constexprs, config.num_warps, config.num_stages)
