@@ -27,16 +27,17 @@ from .gemm import (
     GemmConfig,
     b_descriptor,
     chunk_tiles,
+    column_scales,
     flatten_tiles,
     pointer_fallback,
     pointer_mainloop,
     row_major,
-    scale_columns,
-    scale_rows,
+    row_scales,
     sm_count,
     tma_a,
     tma_mainloop,
     tma_operand,
+    tma_store_halves,
 )
 from .launch import DirectKernel
 from .signals import wait_flag, wait_flag_in_pipeline
@@ -123,8 +124,8 @@ def _tma_tile(local, tiles_m, Ns, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
 
 @triton.jit
 def all_gather_matmul_tma_kernel(
-    a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, bias_ptrs, c_ptrs, Ns, strides_cm,
-    flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, K, rank, world_size, num_programs,
+    a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, c_desc0, c_desc1, c_desc2, c_desc3,
+    bias_ptrs, c_ptrs, Ns, strides_cm, flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, K, rank, world_size, num_programs,
     a_scale_ptr, a_local_scale_ptr, b_scale_ptrs,
     BIAS_MASK: tl.constexpr,
     A_SCALE: tl.constexpr,
@@ -134,6 +135,7 @@ def all_gather_matmul_tma_kernel(
     FP8_EXACT: tl.constexpr,
     FLATTEN: tl.constexpr,
     PIPELINED_WAIT: tl.constexpr,
+    TMA_STORE: tl.constexpr,
     SPIN_LIMIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -204,36 +206,53 @@ def all_gather_matmul_tma_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc = tma_mainloop(a_source, row0, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K, FP8_EXACT)
 
-        # epilogue: scales -> bias -> store
+        # epilogue: every load first (together they wait out the tile's last MMA), then scales
+        # -> bias -> store
         tile_c += num_programs
         chunk = (rank + tile_c // tiles_per_chunk) % world_size
         b, tile_m, tile_n = _tma_tile(tile_c % tiles_per_chunk, tiles_m, Ns, BLOCK_N, GROUP_M)
         first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
-        bias_ptr, c_ptr, N, stride_cm = bias_ptrs[0], c_ptrs[0], Ns[0], strides_cm[0]
+        bias_ptr, c_ptr, N, stride_cm, b_scale_ptr = bias_ptrs[0], c_ptrs[0], Ns[0], strides_cm[0], b_scale_ptrs[0]
         has_bias = (BIAS_MASK & 1) != 0
+        b_rowwise = (B_ROWWISE_MASK & 1) != 0
         for i in tl.static_range(1, len(Ns)):
             if b == i:
                 bias_ptr, c_ptr, N, stride_cm = bias_ptrs[i], c_ptrs[i], Ns[i], strides_cm[i]
+                b_scale_ptr = b_scale_ptrs[i]
                 has_bias = ((BIAS_MASK >> i) & 1) != 0
+                b_rowwise = ((B_ROWWISE_MASK >> i) & 1) != 0
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
+        own = chunk == rank
         if A_SCALE != 0:  # the own chunk's row scales are where its rows are
-            if chunk == rank:
-                acc = scale_rows(acc, A_SCALE, a_local_scale_ptr, first_own + offs_m, m_mask)
-            else:
-                acc = scale_rows(acc, A_SCALE, a_scale_ptr, first_full + offs_m, m_mask)
+            a_scales = row_scales(
+                A_SCALE, tl.where(own, a_local_scale_ptr, a_scale_ptr),
+                tl.where(own, first_own, first_full) + offs_m, m_mask,
+            )  # fmt: skip
         if B_SCALE_MASK != 0:
-            b_scale_ptr = b_scale_ptrs[0]
-            b_rowwise = (B_ROWWISE_MASK & 1) != 0
-            for i in tl.static_range(1, len(Ns)):
-                if b == i:
-                    b_scale_ptr = b_scale_ptrs[i]
-                    b_rowwise = ((B_ROWWISE_MASK >> i) & 1) != 0
-            acc = scale_columns(acc, b_scale_ptr, b_rowwise, offs_n, n_mask)
+            b_scales = column_scales(b_scale_ptr, b_rowwise, offs_n, n_mask)
         if BIAS_MASK != 0:
-            if has_bias:
-                acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        _store_tile(c_ptr, acc, bias_ptr, first_full + offs_m, offs_n, m_mask, n_mask, stride_cm, 1, False)
+            bias = tl.load(bias_ptr + offs_n, mask=n_mask & has_bias, other=0.0).to(tl.float32)
+        if A_SCALE != 0:
+            acc *= a_scales
+        if B_SCALE_MASK != 0:
+            acc *= b_scales
+        if BIAS_MASK != 0:
+            acc += bias[None, :]
+        if TMA_STORE:  # whole tiles inside their chunk (the host checks)
+            c_desc = c_desc0
+            if len(Ns) > 1:
+                if b == 1:
+                    c_desc = c_desc1
+            if len(Ns) > 2:
+                if b == 2:
+                    c_desc = c_desc2
+            if len(Ns) > 3:
+                if b == 3:
+                    c_desc = c_desc3
+            tma_store_halves(c_desc, acc, first_full, tile_n * BLOCK_N, BLOCK_N)
+        else:
+            _store_tile(c_ptr, acc, bias_ptr, first_full + offs_m, offs_n, m_mask, n_mask, stride_cm, 1, False)
 
 
 _TMA_KERNEL = DirectKernel(all_gather_matmul_tma_kernel)
@@ -260,15 +279,25 @@ def _launch_tma(a_descs, group, flags, epoch, timeouts, outer, k, *, rank, world
     ``a_descs``: the descriptors of A and of the local chunk, shared by a call's launches."""
     b_descs = [b_descriptor(m, config) for m, _, _, _ in group]
     b_descs += b_descs[:1] * (MAX_B - len(group))
+    outs = [out for _, _, out, _ in group]
+    # TMA stores write whole tiles: only where no tile passes its chunk's last row
+    tma_store = config.tma_store and inner % config.block_m == 0 and all(
+        tma_operand(out) and out.element_size() == 2 for out in outs
+    )
+    if tma_store:
+        c_descs = [TensorDescriptor.from_tensor(out, [config.block_m, config.block_n // 2]) for out in outs]
+        c_descs += c_descs[:1] * (MAX_B - len(group))
+    else:
+        c_descs = b_descs  # unused
     tiles = sum(chunk_tiles(world_size, outer, inner, m.shape[1], config) for m, _, _, _ in group)
     programs = min(num_programs, tiles)
     a_scale = scales.a if scales else flags
     exact = scales is not None and not scales.fast_accum
     a_local_scale = scales.a_local if scales and scales.a_local is not None else a_scale
     _TMA_KERNEL[(programs,)](
-        *a_descs, *b_descs, tuple(out if bias is None else bias for _, bias, out, _ in group),
-        tuple(out for _, _, out, _ in group), tuple(m.shape[1] for m, _, _, _ in group),
-        tuple(out.stride(0) for _, _, out, _ in group), flags, epoch, timeouts, outer, inner, k,
+        *a_descs, *b_descs, *c_descs, tuple(out if bias is None else bias for _, bias, out, _ in group),
+        tuple(outs), tuple(m.shape[1] for m, _, _, _ in group),
+        tuple(out.stride(0) for out in outs), flags, epoch, timeouts, outer, inner, k,
         rank, world_size, programs, a_scale, a_local_scale,
         tuple(out if sb is None else sb for _, _, out, sb in group),
         BIAS_MASK=sum(1 << i for i, (_, bias, _, _) in enumerate(group) if bias is not None),
@@ -276,8 +305,8 @@ def _launch_tma(a_descs, group, flags, epoch, timeouts, outer, k, *, rank, world
         B_SCALE_MASK=sum(1 << i for i, (_, _, _, sb) in enumerate(group) if sb is not None),
         B_ROWWISE_MASK=sum(1 << i for i, (_, _, _, sb) in enumerate(group) if sb is not None and sb.numel() > 1),
         B_NK=group[0][0].stride(0) == 1, FP8_EXACT=exact,
-        FLATTEN=flatten_tiles(exact, [out.dtype for _, _, out, _ in group]),
-        PIPELINED_WAIT=group[0][2].is_cuda, SPIN_LIMIT=spin_limit,
+        FLATTEN=flatten_tiles(exact, [out.dtype for out in outs]),
+        PIPELINED_WAIT=outs[0].is_cuda, TMA_STORE=tma_store, SPIN_LIMIT=spin_limit,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip

@@ -155,10 +155,67 @@ def test_tma_several_mat2s_report_a_late_chunk():
         torch.testing.assert_close(out[:32], ref[:32], atol=1e-2, rtol=1e-2)
 
 
+def _spy_tma_stores(monkeypatch) -> list:
+    """Records TMA_STORE of every TMA consumer launch."""
+    seen, kernel = [], agm._TMA_KERNEL
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["TMA_STORE"])
+                return kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(agm, "_TMA_KERNEL", Spy())
+    return seen
+
+
+@pytest.mark.parametrize(
+    "world, rank, shard_shape, gather_dim, ns, bias",
+    [
+        (2, 0, (32, 24), 0, (24,), True),  # N past the last tile's end: TMA clips it
+        (3, 2, (2, 16, 32), 1, (40, 8, 16), (True, False, True)),  # Q, K, V, batch 2
+        (4, 1, (16, 16), 0, (56, 8), False),
+    ],
+)
+def test_tma_stores_write_whole_tiles_and_nothing_else(monkeypatch, world, rank, shard_shape, gather_dim, ns, bias):
+    """Chunks of whole M tiles store through TMA, into outputs that are column slices of wider
+    buffers: every output element written, nothing beside them."""
+    gathered, mat2s, biases, refs, inner = problem(world, shard_shape, ns, torch.float16, bias, gather_dim)
+    seen = _spy_tma_stores(monkeypatch)
+    buffers = [torch.full((gathered.shape[0], m.shape[1] + 24), float("nan"), dtype=torch.float16) for m in mat2s]
+    outs = [buf[:, 8 : 8 + m.shape[1]] for buf, m in zip(buffers, mat2s)]
+    timeouts = torch.zeros(world, dtype=torch.int32)
+    agm.all_gather_matmul_consumer(
+        gathered, mat2s, biases, outs, torch.full((world,), EPOCH, dtype=torch.int32),
+        torch.tensor([EPOCH], dtype=torch.int32), rank=rank, world_size=world, inner=inner,
+        config=dataclasses.replace(gemm.TEST_CONFIG, tma=True), timeouts=timeouts, num_programs=3,
+    )  # fmt: skip
+    assert seen == [True] and not timeouts.any()
+    _assert_all_close(outs, refs, 1e-2)
+    for buf, m in zip(buffers, mat2s):
+        assert torch.isnan(buf[:, :8]).all() and torch.isnan(buf[:, 8 + m.shape[1] :]).all()
+
+
+def test_tma_stores_only_where_tiles_stay_in_their_chunk(monkeypatch):
+    """A chunk that ends inside an M tile stores through pointers (masked), not TMA."""
+    seen = _spy_tma_stores(monkeypatch)
+    gathered, mat2s, biases, refs, inner = problem(2, (24, 16), 16, torch.float16, False, 0)
+    config = dataclasses.replace(gemm.TEST_CONFIG, tma=True)
+    outs, timeouts = run_consumer(gathered, mat2s, biases, 2, 1, inner, torch.full((2,), EPOCH), config=config)
+    assert seen == [False] and not timeouts.any()
+    _assert_all_close(outs, refs, 1e-2)
+
+
 @pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
 @pytest.mark.parametrize(
     "world, rank, shard_shape, gather_dim, ns, bias",
-    [(2, 1, (24, 32), 0, (48,), True), (3, 2, (2, 5, 32), 1, (48, 16), False)],
+    [
+        (2, 1, (24, 32), 0, (48,), True),
+        (3, 2, (2, 5, 32), 1, (48, 16), False),
+        (2, 0, (2, 16, 32), 1, (40, 24), True),  # whole M tiles: TMA stores
+    ],
 )
 def test_float8_tiles_are_dequantized_before_the_bias(rowwise, world, rank, shard_shape, gather_dim, ns, bias):
     """Float8 through TMA: each tile's fp32 accumulator times A's scale (one, or its rows', the

@@ -1,0 +1,133 @@
+"""Probe (session 13, one H100): the fused GEMMs before and after this session's epilogue work
+(the consumer's wait reads no memory on tiles that need no wait; every epilogue issues its
+loads before it touches the accumulator; the consumer stores whole tiles through TMA in two
+halves), interleaved with cuBLAS in one process, at the bench_ops W=2 shapes.
+
+``s13_before/`` (not committed) holds templates/ as of commit 25b2835:
+
+    mkdir s13_before && for f in __init__ all_gather_matmul gemm launch matmul_reduce_scatter \
+        signals tiles; do git show 25b2835:templates/$f.py > s13_before/$f.py; done
+    PYTHONPATH=$PWD python3 docs/bench/2026-11-24-s13/probe_epilogue.py --mode bf16|rowwise|tensorwise [--compile-only]
+"""
+
+import argparse
+import dataclasses
+import json
+
+import torch
+import triton
+
+import s13_before.all_gather_matmul as consumer_before
+import s13_before.gemm as gemm_before
+import s13_before.matmul_reduce_scatter as producer_before
+from overlap_pass.templates import all_gather_matmul as consumer
+from overlap_pass.templates import gemm
+from overlap_pass.templates import matmul_reduce_scatter as producer
+from tools.bench_gemm import _operands
+from tools.bench_ops import SHAPES
+from tools.measure import relative_error, time_interleaved
+
+EPOCH = 1
+
+
+def consumer_runner(module, a, w, a_scale, w_scale, config):
+    m, world = a.shape[0], 2
+    inner = m // world
+    out = torch.full((m, w.shape[1]), float("nan"), dtype=torch.bfloat16, device=a.device)  # poisoned
+    flags = torch.full((world,), EPOCH, dtype=torch.int32, device=a.device)
+    epoch = torch.tensor([EPOCH], dtype=torch.int32, device=a.device)
+    timeouts = torch.zeros(world, dtype=torch.int32, device=a.device)
+    scales = None
+    if a_scale is not None:
+        flat = a_scale.reshape(-1).contiguous()
+        scales = module.Scales(flat, flat[:inner] if flat.numel() > 1 else None, (w_scale.reshape(-1),), True)
+
+    def run():
+        module.all_gather_matmul_consumer(
+            a, [w], [None], [out], flags, epoch, rank=0, world_size=world, inner=inner, config=config,
+            timeouts=timeouts, scales=scales,
+        )  # fmt: skip
+
+    return run, lambda: out
+
+
+def producer_runner(module, a, w, a_scale, w_scale, config):
+    m, n, world = a.shape[0], w.shape[1], 2
+    dests = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=a.device) for _ in range(world)]
+    flags = torch.zeros(world, dtype=torch.int32, device=a.device)
+    dest_ptrs = torch.tensor([d.data_ptr() for d in dests], dtype=torch.int64, device=a.device)
+    flag_ptrs = torch.tensor([flags[j].data_ptr() for j in range(world)], dtype=torch.int64, device=a.device)
+    counters = torch.zeros(world, dtype=torch.int32, device=a.device)
+    epoch = torch.tensor([EPOCH], dtype=torch.int32, device=a.device)
+    scales = None if a_scale is None else (a_scale.reshape(-1).contiguous(), w_scale.reshape(-1).contiguous())
+
+    def run():
+        module.matmul_reduce_scatter_producer(
+            a, w, None, dest_ptrs, flag_ptrs, counters, epoch, rank=0, world_size=world, config=config,
+            scales=scales, out_dtype=torch.bfloat16, fast_accum=True,
+        )  # fmt: skip
+
+    rows = m // world
+    return run, lambda: torch.cat([d[:rows] for d in dests])
+
+
+def variants(op, float8):
+    """name -> (module, config): before and after at the first config; after with 4 stages (and
+    the consumer with pointer stores at the first config)."""
+    before = (gemm_before.FLOAT8_CONFIGS if float8 else gemm_before.CONFIGS)[0]
+    configs = gemm.FLOAT8_CONFIGS if float8 else gemm.CONFIGS
+    module, old = (consumer, consumer_before) if op == "all_gather_matmul" else (producer, producer_before)
+    out = {"before": (old, before), "after": (module, configs[0]), "after s4": (module, configs[1])}
+    if op == "all_gather_matmul":
+        out["after ptr-store"] = (module, dataclasses.replace(configs[0], tma_store=False))
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=("bf16", "rowwise", "tensorwise"), required=True)
+    parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    float8 = args.mode != "bf16"
+    device = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    rows = []
+    for op in SHAPES:
+        for name, m, k, n in SHAPES[op][2]:
+            a, w, a_scale, w_scale = _operands(m, k, n, float8, args.mode == "rowwise", device)
+            if float8:
+                runners = {"cublas": lambda: torch._scaled_mm(a, w, a_scale, w_scale, out_dtype=torch.bfloat16, use_fast_accum=True)}
+            else:
+                runners = {"cublas": lambda: torch.mm(a, w)}
+            ref = runners["cublas"]()
+            make = consumer_runner if op == "all_gather_matmul" else producer_runner
+            errors = {}
+            for key, (module, config) in variants(op, float8).items():
+                run, result = make(module, a, w, a_scale, w_scale, config)
+                run()
+                torch.cuda.synchronize()
+                errors[key] = relative_error(result(), ref)
+                runners[key] = run
+            if args.compile_only:
+                print(op, name, {k_: f"{e:.1e}" for k_, e in errors.items()}, flush=True)
+                continue
+            times, _ = time_interleaved(runners, device, args.rounds, 10, 3)
+            row = {"op": op, "shape": name, "M": m, "K": k, "N": n, "times_us": {k_: round(t, 1) for k_, t in times.items()},
+                   "errors": {k_: float(f"{e:.1e}") for k_, e in errors.items()}}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    if args.compile_only:
+        return
+    print(f"\n{torch.cuda.get_device_name(device)} torch {torch.__version__} triton {triton.__version__} {args.mode}")
+    keys = ["before", "after", "after s4", "after ptr-store"]
+    print("| op | shape | " + " | ".join(keys) + " |  (time / cuBLAS)")
+    print("|---|---|" + "---|" * len(keys))
+    for r in rows:
+        t = r["times_us"]
+        cells = [f"{t[k_] / t['cublas']:.3f}" if k_ in t else "" for k_ in keys]
+        print(f"| {r['op'][:14]} | {r['shape']} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
