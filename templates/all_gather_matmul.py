@@ -37,7 +37,6 @@ from .gemm import (
     tma_a,
     tma_mainloop,
     tma_operand,
-    tma_store_halves,
 )
 from .launch import DirectKernel
 from .signals import wait_flag, wait_flag_in_pipeline
@@ -124,18 +123,17 @@ def _tma_tile(local, tiles_m, Ns, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
 
 @triton.jit
 def all_gather_matmul_tma_kernel(
-    a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, c_desc0, c_desc1, c_desc2, c_desc3,
-    bias_ptrs, c_ptrs, Ns, strides_cm, flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, K, rank, world_size, num_programs,
+    a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, bias_ptrs, c_ptrs, Ns, strides_cm,
+    flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, K, rank, world_size, num_programs,
     a_scale_ptr, a_local_scale_ptr, b_scale_ptrs,
     BIAS_MASK: tl.constexpr,
     A_SCALE: tl.constexpr,
     B_SCALE_MASK: tl.constexpr,
-    B_ROWWISE_MASK: tl.constexpr,
+    B_ROWWISE: tl.constexpr,
     B_NK: tl.constexpr,
     FP8_EXACT: tl.constexpr,
     FLATTEN: tl.constexpr,
     PIPELINED_WAIT: tl.constexpr,
-    TMA_STORE: tl.constexpr,
     SPIN_LIMIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -162,8 +160,8 @@ def all_gather_matmul_tma_kernel(
     Float8 (A and B float8, scales dequantize as _scaled_mm's): A_SCALE 1 multiplies by the one
     value at a_scale_ptr, 2 by one value per row (a_scale_ptr: the gathered rows', in A's row
     order, there with their chunk; a_local_scale_ptr: the own chunk's); bit i of B_SCALE_MASK:
-    B i has a scale (b_scale_ptrs[i]), one value, or one per column where bit i of
-    B_ROWWISE_MASK is set. Scales apply to the fp32 accumulator, before the bias; FP8_EXACT: see
+    B i has a scale (b_scale_ptrs[i]), one value, or one per column where B_ROWWISE (the same for
+    every B of a launch). Scales apply to the fp32 accumulator, before the bias; FP8_EXACT: see
     gemm.tma_mainloop."""
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
@@ -214,13 +212,11 @@ def all_gather_matmul_tma_kernel(
         first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
         bias_ptr, c_ptr, N, stride_cm, b_scale_ptr = bias_ptrs[0], c_ptrs[0], Ns[0], strides_cm[0], b_scale_ptrs[0]
         has_bias = (BIAS_MASK & 1) != 0
-        b_rowwise = (B_ROWWISE_MASK & 1) != 0
         for i in tl.static_range(1, len(Ns)):
             if b == i:
                 bias_ptr, c_ptr, N, stride_cm = bias_ptrs[i], c_ptrs[i], Ns[i], strides_cm[i]
                 b_scale_ptr = b_scale_ptrs[i]
                 has_bias = ((BIAS_MASK >> i) & 1) != 0
-                b_rowwise = ((B_ROWWISE_MASK >> i) & 1) != 0
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
         own = chunk == rank
@@ -230,7 +226,7 @@ def all_gather_matmul_tma_kernel(
                 tl.where(own, first_own, first_full) + offs_m, m_mask,
             )  # fmt: skip
         if B_SCALE_MASK != 0:
-            b_scales = column_scales(b_scale_ptr, b_rowwise, offs_n, n_mask)
+            b_scales = column_scales(b_scale_ptr, B_ROWWISE, offs_n, n_mask)
         if BIAS_MASK != 0:
             bias = tl.load(bias_ptr + offs_n, mask=n_mask & has_bias, other=0.0).to(tl.float32)
         if A_SCALE != 0:
@@ -239,20 +235,7 @@ def all_gather_matmul_tma_kernel(
             acc *= b_scales
         if BIAS_MASK != 0:
             acc += bias[None, :]
-        if TMA_STORE:  # whole tiles inside their chunk (the host checks)
-            c_desc = c_desc0
-            if len(Ns) > 1:
-                if b == 1:
-                    c_desc = c_desc1
-            if len(Ns) > 2:
-                if b == 2:
-                    c_desc = c_desc2
-            if len(Ns) > 3:
-                if b == 3:
-                    c_desc = c_desc3
-            tma_store_halves(c_desc, acc, first_full, tile_n * BLOCK_N, BLOCK_N)
-        else:
-            _store_tile(c_ptr, acc, bias_ptr, first_full + offs_m, offs_n, m_mask, n_mask, stride_cm, 1, False)
+        _store_tile(c_ptr, acc, bias_ptr, first_full + offs_m, offs_n, m_mask, n_mask, stride_cm, 1, False)
 
 
 _TMA_KERNEL = DirectKernel(all_gather_matmul_tma_kernel)
@@ -280,22 +263,13 @@ def _launch_tma(a_descs, group, flags, epoch, timeouts, outer, k, *, rank, world
     b_descs = [b_descriptor(m, config) for m, _, _, _ in group]
     b_descs += b_descs[:1] * (MAX_B - len(group))
     outs = [out for _, _, out, _ in group]
-    # TMA stores write whole tiles: only where no tile passes its chunk's last row
-    tma_store = config.tma_store and inner % config.block_m == 0 and all(
-        tma_operand(out) and out.element_size() == 2 for out in outs
-    )
-    if tma_store:
-        c_descs = [TensorDescriptor.from_tensor(out, [config.block_m, config.block_n // 2]) for out in outs]
-        c_descs += c_descs[:1] * (MAX_B - len(group))
-    else:
-        c_descs = b_descs  # unused
     tiles = sum(chunk_tiles(world_size, outer, inner, m.shape[1], config) for m, _, _, _ in group)
     programs = min(num_programs, tiles)
     a_scale = scales.a if scales else flags
     exact = scales is not None and not scales.fast_accum
     a_local_scale = scales.a_local if scales and scales.a_local is not None else a_scale
     _TMA_KERNEL[(programs,)](
-        *a_descs, *b_descs, *c_descs, tuple(out if bias is None else bias for _, bias, out, _ in group),
+        *a_descs, *b_descs, tuple(out if bias is None else bias for _, bias, out, _ in group),
         tuple(outs), tuple(m.shape[1] for m, _, _, _ in group),
         tuple(out.stride(0) for out in outs), flags, epoch, timeouts, outer, inner, k,
         rank, world_size, programs, a_scale, a_local_scale,
@@ -303,10 +277,10 @@ def _launch_tma(a_descs, group, flags, epoch, timeouts, outer, k, *, rank, world
         BIAS_MASK=sum(1 << i for i, (_, bias, _, _) in enumerate(group) if bias is not None),
         A_SCALE=scales.a_kind if scales else 0,
         B_SCALE_MASK=sum(1 << i for i, (_, _, _, sb) in enumerate(group) if sb is not None),
-        B_ROWWISE_MASK=sum(1 << i for i, (_, _, _, sb) in enumerate(group) if sb is not None and sb.numel() > 1),
+        B_ROWWISE=any(sb is not None and sb.numel() > 1 for _, _, _, sb in group),
         B_NK=group[0][0].stride(0) == 1, FP8_EXACT=exact,
         FLATTEN=flatten_tiles(exact, [out.dtype for out in outs]),
-        PIPELINED_WAIT=outs[0].is_cuda, TMA_STORE=tma_store, SPIN_LIMIT=spin_limit,
+        PIPELINED_WAIT=outs[0].is_cuda, SPIN_LIMIT=spin_limit,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
@@ -393,11 +367,12 @@ def all_gather_matmul_consumer(
     programs = num_programs or sm_count(a_gathered.device)
     # TMA: one launch per B layout ([N, K] weights, [K, N] matrices), A's descriptors shared
     a_tma = config.tma and tile_log is None and tma_a(a_gathered) and tma_a(a_local)
-    tma_groups: dict[bool, list] = {}
+    tma_groups: dict[tuple, list] = {}  # by B layout and by B scales' kind
     b_scales = scales.b if scales is not None else [None] * len(mat2s)
     for mat2, bias, out, b_scale in zip(mat2s, biases, outs, b_scales):
         if a_tma and tma_operand(row_major(mat2)) and out.stride(1) == 1:
-            tma_groups.setdefault(mat2.stride(0) == 1, []).append((mat2, bias, out, b_scale))
+            rowwise = b_scale is not None and b_scale.numel() > 1
+            tma_groups.setdefault((mat2.stride(0) == 1, rowwise), []).append((mat2, bias, out, b_scale))
             continue
         if scales is not None:
             raise ValueError("float8 needs TMA: aligned operands, mat2 a transposed [N, K] weight")

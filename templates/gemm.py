@@ -20,12 +20,11 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     tma: bool = False  # TMA loads (bf16/fp16 with aligned strides), else pointer loads
-    tma_store: bool = True  # with TMA loads, a kernel that can stores through TMA too
 
     def __str__(self) -> str:
         return (
             f"{'tma' if self.tma else 'ptr'}{self.block_m}x{self.block_n}x{self.block_k}"
-            f"w{self.num_warps}s{self.num_stages}{'' if self.tma_store or not self.tma else '-ptrstore'}"
+            f"w{self.num_warps}s{self.num_stages}"
         )
 
 
@@ -110,23 +109,14 @@ def row_scales(A_SCALE: tl.constexpr, scale_ptr, rows, m_mask):
 
 
 @triton.jit
-def column_scales(scale_ptr, rowwise, offs_n, n_mask):
-    """The float8 epilogue's B factors as a [1, BLOCK_N] row: one value per column where
-    ``rowwise`` (runtime or constexpr), else the one value at ``scale_ptr`` for every column.
-    One load either way, no branch (see row_scales)."""
-    return tl.load(scale_ptr + tl.where(rowwise, offs_n, 0), mask=n_mask, other=0.0)[None, :]
-
-
-@triton.jit
-def tma_store_halves(c_desc, acc, row0, col0, BLOCK_N: tl.constexpr):
-    """Stores the fp32 tile ``acc`` at (row0, col0) as c_desc's dtype through TMA, in two
-    [BLOCK_M, BLOCK_N / 2] halves (c_desc's block): half the staging shared memory of one
-    whole-tile store, which leaves room for a fourth pipeline stage. TMA drops what falls past
-    the tensor's edges, and nothing else: the caller keeps tiles inside their chunk."""
-    halves = tl.permute(tl.reshape(acc, (acc.shape[0], 2, BLOCK_N // 2)), (0, 2, 1))
-    left, right = tl.split(halves)
-    c_desc.store([row0, col0], left.to(c_desc.dtype))
-    c_desc.store([row0, col0 + BLOCK_N // 2], right.to(c_desc.dtype))
+def column_scales(scale_ptr, ROWWISE: tl.constexpr, offs_n, n_mask):
+    """The float8 epilogue's B factors: one per column as a [1, BLOCK_N] row where ROWWISE,
+    else the one value at ``scale_ptr`` (see row_scales)."""
+    if ROWWISE:
+        factors = tl.load(scale_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
+    else:
+        factors = tl.load(scale_ptr)
+    return factors
 
 
 def flatten_tiles(exact: bool, out_dtypes) -> bool:

@@ -52,25 +52,19 @@ from .tiles import block_rows, chunk_tile, program_chunk_tile_count, tile_counts
 
 
 @triton.jit
-def _partials_buffer(dest_ptrs_ptr, chunk, dtype: tl.constexpr):
-    """Chunk ``chunk``'s owner's partials buffer. Buffers are 16-byte aligned (the host checks),
+def _store_partial(
+    acc, bias_ptr, dest_ptrs_ptr, chunk, dest_rows, m_mask, offs_n, N, dtype: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    """Epilogue of both producers: (+ bias) -> store into chunk ``chunk``'s owner's partials
+    buffer at ``dest_rows`` (this rank's slot). Buffers are 16-byte aligned (the host checks),
     which the compiler cannot see in an address loaded from memory: said, the stores vectorize."""
-    return tl.multiple_of(tl.load(dest_ptrs_ptr + chunk).to(tl.pointer_type(dtype)), 16)
-
-
-@triton.jit
-def _store_partial(acc, dest, dest_rows, m_mask, offs_n, N):
-    """Epilogue of both producers: store the tile at ``dest_rows`` (this rank's slot) of a
-    partials buffer."""
+    n_mask = offs_n < N
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    dest = tl.multiple_of(tl.load(dest_ptrs_ptr + chunk).to(tl.pointer_type(dtype)), 16)
     rows = dest_rows.to(tl.int64)
-    mask = m_mask[:, None] & (offs_n < N)[None, :]
-    tl.store(dest + rows[:, None] * N + offs_n[None, :], acc.to(dest.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _load_bias(bias_ptr, offs_n, N):
-    """The tile's bias as fp32 [1, BLOCK_N]."""
-    return tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(dest + rows[:, None] * N + offs_n[None, :], acc.to(dtype), mask=m_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
@@ -141,10 +135,10 @@ def matmul_reduce_scatter_producer_kernel(
             a_ptr + a_rows[:, None] * stride_am, stride_ak, b_ptr, stride_bk, stride_bn, offs_n,
             m_mask, offs_n < N, K, acc, FP32_IEEE, BLOCK_K,
         )  # fmt: skip
-        dest = _partials_buffer(dest_ptrs_ptr, chunk, a_ptr.dtype.element_ty)
-        if HAS_BIAS:
-            acc += _load_bias(bias_ptr, offs_n, N)
-        _store_partial(acc, dest, slot + first_own + offs_m, m_mask, offs_n, N)
+        _store_partial(
+            acc, bias_ptr, dest_ptrs_ptr, chunk, slot + first_own + offs_m, m_mask, offs_n, N,
+            a_ptr.dtype.element_ty, HAS_BIAS,
+        )  # fmt: skip
         _count_tiles(
             counters_ptr, flag_ptrs_ptr, tile, pid, num_programs, tiles_per_chunk, world_size, epoch,
             rank + 1, False,
@@ -193,22 +187,14 @@ def matmul_reduce_scatter_tma_kernel(
         chunk, tile_m, tile_n = chunk_tile(tile_c, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
         first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        # every load first (together they wait out the tile's last MMA), then scales -> bias ->
-        # store
-        dest = _partials_buffer(dest_ptrs_ptr, chunk, OUT_DTYPE)
         if A_SCALE != 0:
-            a_scales = row_scales(A_SCALE, a_scale_ptr, first_full + offs_m, m_mask)
+            acc *= row_scales(A_SCALE, a_scale_ptr, first_full + offs_m, m_mask)
         if B_SCALE != 0:
-            b_scales = column_scales(b_scale_ptr, B_SCALE == 2, offs_n, offs_n < N)
-        if HAS_BIAS:
-            bias = _load_bias(bias_ptr, offs_n, N)
-        if A_SCALE != 0:
-            acc *= a_scales
-        if B_SCALE != 0:
-            acc *= b_scales
-        if HAS_BIAS:
-            acc += bias
-        _store_partial(acc, dest, slot + first_own + offs_m, m_mask, offs_n, N)
+            acc *= column_scales(b_scale_ptr, B_SCALE == 2, offs_n, offs_n < N)
+        _store_partial(
+            acc, bias_ptr, dest_ptrs_ptr, chunk, slot + first_own + offs_m, m_mask, offs_n, N,
+            OUT_DTYPE, HAS_BIAS,
+        )  # fmt: skip
         _count_tiles(
             counters_ptr, flag_ptrs_ptr, tile_c, pid, num_programs, tiles_per_chunk, world_size, epoch,
             rank + 1, PTX_BARRIER,

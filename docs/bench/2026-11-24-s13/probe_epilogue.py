@@ -1,7 +1,9 @@
-"""Probe (session 13, one H100): the fused GEMMs before and after this session's epilogue work
-(the consumer's wait reads no memory on tiles that need no wait; every epilogue issues its
-loads before it touches the accumulator; the consumer stores whole tiles through TMA in two
-halves), interleaved with cuBLAS in one process, at the bench_ops W=2 shapes.
+"""Probe (session 13, one H100): the fused GEMMs before and after this session's epilogue work,
+interleaved with cuBLAS in one process, at the bench_ops W=2 shapes. "after": the consumer's
+wait reads no memory on tiles that need no wait, its epilogue issues its loads before it
+touches the accumulator (and, at commit 6092322, where the session's tables were taken, stored
+whole tiles through TMA in two halves, with "after ptr-store" the same kernel without; the TMA
+store was taken out after it came with misaligned-address faults, PERF.md).
 
 ``s13_before/`` (not committed) holds templates/ as of commit 25b2835:
 
@@ -11,7 +13,6 @@ halves), interleaved with cuBLAS in one process, at the bench_ops W=2 shapes.
 """
 
 import argparse
-import dataclasses
 import json
 
 import torch
@@ -72,15 +73,11 @@ def producer_runner(module, a, w, a_scale, w_scale, config):
 
 
 def variants(op, float8):
-    """name -> (module, config): before and after at the first config; after with 4 stages (and
-    the consumer with pointer stores at the first config)."""
+    """name -> (module, config): before and after at the first config; after with 4 stages."""
     before = (gemm_before.FLOAT8_CONFIGS if float8 else gemm_before.CONFIGS)[0]
     configs = gemm.FLOAT8_CONFIGS if float8 else gemm.CONFIGS
     module, old = (consumer, consumer_before) if op == "all_gather_matmul" else (producer, producer_before)
-    out = {"before": (old, before), "after": (module, configs[0]), "after s4": (module, configs[1])}
-    if op == "all_gather_matmul":
-        out["after ptr-store"] = (module, dataclasses.replace(configs[0], tma_store=False))
-    return out
+    return {"before": (old, before), "after": (module, configs[0]), "after s4": (module, configs[1])}
 
 
 def main():
@@ -88,13 +85,18 @@ def main():
     parser.add_argument("--mode", choices=("bf16", "rowwise", "tensorwise"), required=True)
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--op", default=None, help="only this op")
+    parser.add_argument("--shape", default=None, help="only this shape")
+    parser.add_argument("--variants", default=None, help="only these variants, comma-separated")
     args = parser.parse_args()
     float8 = args.mode != "bf16"
     device = torch.device("cuda", 0)
     torch.manual_seed(0)
     rows = []
-    for op in SHAPES:
+    for op in [args.op] if args.op else SHAPES:
         for name, m, k, n in SHAPES[op][2]:
+            if args.shape and name != args.shape:
+                continue
             a, w, a_scale, w_scale = _operands(m, k, n, float8, args.mode == "rowwise", device)
             if float8:
                 runners = {"cublas": lambda: torch._scaled_mm(a, w, a_scale, w_scale, out_dtype=torch.bfloat16, use_fast_accum=True)}
@@ -104,6 +106,8 @@ def main():
             make = consumer_runner if op == "all_gather_matmul" else producer_runner
             errors = {}
             for key, (module, config) in variants(op, float8).items():
+                if args.variants and key not in args.variants.split(","):
+                    continue
                 run, result = make(module, a, w, a_scale, w_scale, config)
                 run()
                 torch.cuda.synchronize()
@@ -120,7 +124,7 @@ def main():
     if args.compile_only:
         return
     print(f"\n{torch.cuda.get_device_name(device)} torch {torch.__version__} triton {triton.__version__} {args.mode}")
-    keys = ["before", "after", "after s4", "after ptr-store"]
+    keys = ["before", "after", "after s4"]
     print("| op | shape | " + " | ".join(keys) + " |  (time / cuBLAS)")
     print("|---|---|" + "---|" * len(keys))
     for r in rows:
