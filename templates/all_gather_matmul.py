@@ -27,12 +27,12 @@ from .gemm import (
     GemmConfig,
     b_descriptor,
     chunk_tiles,
-    column_scales,
     flatten_tiles,
     pointer_fallback,
     pointer_mainloop,
     row_major,
-    row_scales,
+    scale_columns,
+    scale_rows,
     sm_count,
     tma_a,
     tma_mainloop,
@@ -129,7 +129,7 @@ def all_gather_matmul_tma_kernel(
     BIAS_MASK: tl.constexpr,
     A_SCALE: tl.constexpr,
     B_SCALE_MASK: tl.constexpr,
-    B_ROWWISE: tl.constexpr,
+    B_ROWWISE_MASK: tl.constexpr,
     B_NK: tl.constexpr,
     FP8_EXACT: tl.constexpr,
     FLATTEN: tl.constexpr,
@@ -160,8 +160,8 @@ def all_gather_matmul_tma_kernel(
     Float8 (A and B float8, scales dequantize as _scaled_mm's): A_SCALE 1 multiplies by the one
     value at a_scale_ptr, 2 by one value per row (a_scale_ptr: the gathered rows', in A's row
     order, there with their chunk; a_local_scale_ptr: the own chunk's); bit i of B_SCALE_MASK:
-    B i has a scale (b_scale_ptrs[i]), one value, or one per column where B_ROWWISE (the same for
-    every B of a launch). Scales apply to the fp32 accumulator, before the bias; FP8_EXACT: see
+    B i has a scale (b_scale_ptrs[i]), one value, or one per column where bit i of
+    B_ROWWISE_MASK is set. Scales apply to the fp32 accumulator, before the bias; FP8_EXACT: see
     gemm.tma_mainloop."""
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
@@ -204,37 +204,35 @@ def all_gather_matmul_tma_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc = tma_mainloop(a_source, row0, b_desc, tile_n * BLOCK_N, K, acc, B_NK, BLOCK_K, FP8_EXACT)
 
-        # epilogue: every load first (together they wait out the tile's last MMA), then scales
-        # -> bias -> store
+        # epilogue: scales -> bias -> store
         tile_c += num_programs
         chunk = (rank + tile_c // tiles_per_chunk) % world_size
         b, tile_m, tile_n = _tma_tile(tile_c % tiles_per_chunk, tiles_m, Ns, BLOCK_N, GROUP_M)
         first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
-        bias_ptr, c_ptr, N, stride_cm, b_scale_ptr = bias_ptrs[0], c_ptrs[0], Ns[0], strides_cm[0], b_scale_ptrs[0]
+        bias_ptr, c_ptr, N, stride_cm = bias_ptrs[0], c_ptrs[0], Ns[0], strides_cm[0]
         has_bias = (BIAS_MASK & 1) != 0
         for i in tl.static_range(1, len(Ns)):
             if b == i:
                 bias_ptr, c_ptr, N, stride_cm = bias_ptrs[i], c_ptrs[i], Ns[i], strides_cm[i]
-                b_scale_ptr = b_scale_ptrs[i]
                 has_bias = ((BIAS_MASK >> i) & 1) != 0
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
-        own = chunk == rank
         if A_SCALE != 0:  # the own chunk's row scales are where its rows are
-            a_scales = row_scales(
-                A_SCALE, tl.where(own, a_local_scale_ptr, a_scale_ptr),
-                tl.where(own, first_own, first_full) + offs_m, m_mask,
-            )  # fmt: skip
+            if chunk == rank:
+                acc = scale_rows(acc, A_SCALE, a_local_scale_ptr, first_own + offs_m, m_mask)
+            else:
+                acc = scale_rows(acc, A_SCALE, a_scale_ptr, first_full + offs_m, m_mask)
         if B_SCALE_MASK != 0:
-            b_scales = column_scales(b_scale_ptr, B_ROWWISE, offs_n, n_mask)
+            b_scale_ptr = b_scale_ptrs[0]
+            b_rowwise = (B_ROWWISE_MASK & 1) != 0
+            for i in tl.static_range(1, len(Ns)):
+                if b == i:
+                    b_scale_ptr = b_scale_ptrs[i]
+                    b_rowwise = ((B_ROWWISE_MASK >> i) & 1) != 0
+            acc = scale_columns(acc, b_scale_ptr, b_rowwise, offs_n, n_mask)
         if BIAS_MASK != 0:
-            bias = tl.load(bias_ptr + offs_n, mask=n_mask & has_bias, other=0.0).to(tl.float32)
-        if A_SCALE != 0:
-            acc *= a_scales
-        if B_SCALE_MASK != 0:
-            acc *= b_scales
-        if BIAS_MASK != 0:
-            acc += bias[None, :]
+            if has_bias:
+                acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         _store_tile(c_ptr, acc, bias_ptr, first_full + offs_m, offs_n, m_mask, n_mask, stride_cm, 1, False)
 
 
@@ -262,7 +260,6 @@ def _launch_tma(a_descs, group, flags, epoch, timeouts, outer, k, *, rank, world
     ``a_descs``: the descriptors of A and of the local chunk, shared by a call's launches."""
     b_descs = [b_descriptor(m, config) for m, _, _, _ in group]
     b_descs += b_descs[:1] * (MAX_B - len(group))
-    outs = [out for _, _, out, _ in group]
     tiles = sum(chunk_tiles(world_size, outer, inner, m.shape[1], config) for m, _, _, _ in group)
     programs = min(num_programs, tiles)
     a_scale = scales.a if scales else flags
@@ -270,17 +267,17 @@ def _launch_tma(a_descs, group, flags, epoch, timeouts, outer, k, *, rank, world
     a_local_scale = scales.a_local if scales and scales.a_local is not None else a_scale
     _TMA_KERNEL[(programs,)](
         *a_descs, *b_descs, tuple(out if bias is None else bias for _, bias, out, _ in group),
-        tuple(outs), tuple(m.shape[1] for m, _, _, _ in group),
-        tuple(out.stride(0) for out in outs), flags, epoch, timeouts, outer, inner, k,
+        tuple(out for _, _, out, _ in group), tuple(m.shape[1] for m, _, _, _ in group),
+        tuple(out.stride(0) for _, _, out, _ in group), flags, epoch, timeouts, outer, inner, k,
         rank, world_size, programs, a_scale, a_local_scale,
         tuple(out if sb is None else sb for _, _, out, sb in group),
         BIAS_MASK=sum(1 << i for i, (_, bias, _, _) in enumerate(group) if bias is not None),
         A_SCALE=scales.a_kind if scales else 0,
         B_SCALE_MASK=sum(1 << i for i, (_, _, _, sb) in enumerate(group) if sb is not None),
-        B_ROWWISE=any(sb is not None and sb.numel() > 1 for _, _, _, sb in group),
+        B_ROWWISE_MASK=sum(1 << i for i, (_, _, _, sb) in enumerate(group) if sb is not None and sb.numel() > 1),
         B_NK=group[0][0].stride(0) == 1, FP8_EXACT=exact,
-        FLATTEN=flatten_tiles(exact, [out.dtype for out in outs]),
-        PIPELINED_WAIT=outs[0].is_cuda, SPIN_LIMIT=spin_limit,
+        FLATTEN=flatten_tiles(exact, [out.dtype for _, _, out, _ in group]),
+        PIPELINED_WAIT=group[0][2].is_cuda, SPIN_LIMIT=spin_limit,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
@@ -367,12 +364,11 @@ def all_gather_matmul_consumer(
     programs = num_programs or sm_count(a_gathered.device)
     # TMA: one launch per B layout ([N, K] weights, [K, N] matrices), A's descriptors shared
     a_tma = config.tma and tile_log is None and tma_a(a_gathered) and tma_a(a_local)
-    tma_groups: dict[tuple, list] = {}  # by B layout and by B scales' kind
+    tma_groups: dict[bool, list] = {}
     b_scales = scales.b if scales is not None else [None] * len(mat2s)
     for mat2, bias, out, b_scale in zip(mat2s, biases, outs, b_scales):
         if a_tma and tma_operand(row_major(mat2)) and out.stride(1) == 1:
-            rowwise = b_scale is not None and b_scale.numel() > 1
-            tma_groups.setdefault((mat2.stride(0) == 1, rowwise), []).append((mat2, bias, out, b_scale))
+            tma_groups.setdefault(mat2.stride(0) == 1, []).append((mat2, bias, out, b_scale))
             continue
         if scales is not None:
             raise ValueError("float8 needs TMA: aligned operands, mat2 a transposed [N, K] weight")

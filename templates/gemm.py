@@ -96,27 +96,25 @@ def pointer_mainloop(
 
 
 @triton.jit
-def row_scales(A_SCALE: tl.constexpr, scale_ptr, rows, m_mask):
-    """The float8 epilogue's A factors, as _scaled_mm dequantizes: A_SCALE 1, the one value at
-    ``scale_ptr``; 2, each row's own, as a [BLOCK_M, 1] column (``rows``: the tile's row
-    indices into the scales). Loaded apart from their use, so an epilogue can issue all its
-    loads before it first touches the accumulator (and they wait out its last MMA together)."""
+def scale_rows(acc, A_SCALE: tl.constexpr, scale_ptr, rows, m_mask):
+    """The float8 epilogue's A side, as _scaled_mm dequantizes: A_SCALE 0 leaves ``acc``, 1
+    multiplies it by the one value at ``scale_ptr``, 2 each row by its own (``rows``: the
+    tile's row indices into the scales)."""
+    if A_SCALE == 1:
+        acc *= tl.load(scale_ptr)
     if A_SCALE == 2:
-        factors = tl.load(scale_ptr + rows, mask=m_mask, other=0.0)[:, None]
-    else:
-        factors = tl.load(scale_ptr)
-    return factors
+        acc *= tl.load(scale_ptr + rows, mask=m_mask, other=0.0)[:, None]
+    return acc
 
 
 @triton.jit
-def column_scales(scale_ptr, ROWWISE: tl.constexpr, offs_n, n_mask):
-    """The float8 epilogue's B factors: one per column as a [1, BLOCK_N] row where ROWWISE,
-    else the one value at ``scale_ptr`` (see row_scales)."""
-    if ROWWISE:
-        factors = tl.load(scale_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
+def scale_columns(acc, scale_ptr, rowwise, offs_n, n_mask):
+    """The float8 epilogue's B side: the one value at ``scale_ptr``, or one per column."""
+    if rowwise:
+        acc *= tl.load(scale_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
     else:
-        factors = tl.load(scale_ptr)
-    return factors
+        acc *= tl.load(scale_ptr)
+    return acc
 
 
 def flatten_tiles(exact: bool, out_dtypes) -> bool:

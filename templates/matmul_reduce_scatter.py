@@ -37,11 +37,11 @@ from .gemm import (
     GemmConfig,
     b_descriptor,
     chunk_tiles,
-    column_scales,
     flatten_tiles,
     pointer_fallback,
     pointer_mainloop,
-    row_scales,
+    scale_columns,
+    scale_rows,
     sm_count,
     tma_fits,
     tma_mainloop,
@@ -187,10 +187,9 @@ def matmul_reduce_scatter_tma_kernel(
         chunk, tile_m, tile_n = chunk_tile(tile_c, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
         first_own, first_full, offs_m, m_mask = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
         offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        if A_SCALE != 0:
-            acc *= row_scales(A_SCALE, a_scale_ptr, first_full + offs_m, m_mask)
+        acc = scale_rows(acc, A_SCALE, a_scale_ptr, first_full + offs_m, m_mask)
         if B_SCALE != 0:
-            acc *= column_scales(b_scale_ptr, B_SCALE == 2, offs_n, offs_n < N)
+            acc = scale_columns(acc, b_scale_ptr, B_SCALE == 2, offs_n, offs_n < N)
         _store_partial(
             acc, bias_ptr, dest_ptrs_ptr, chunk, slot + first_own + offs_m, m_mask, offs_n, N,
             OUT_DTYPE, HAS_BIAS,

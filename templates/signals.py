@@ -83,32 +83,29 @@ WAIT = DirectKernel(wait_kernel)
 def wait_flag_in_pipeline(flags_ptr, timeouts_ptr, chunk, epoch, row, needed, SPIN_LIMIT: tl.constexpr):
     """wait_flag for a loop that Triton software-pipelines (a TMA consumer's flattened tile loop),
     on GPUs only, called on every iteration: waits only if ``needed``. What keeps the loop
-    pipelined (checked in the TTGIR): the whole wait is one inline-PTX op (a loop in the body,
+    pipelined (checked in the TTGIR): the poll loop is one inline-PTX op (a loop in the body,
     wait_flag's, stops pipelining), and no load or wait sits under a branch of the body.
     Returns ``row`` through the same op, so a load that takes its row from here depends on the
     wait and the pipeliner cannot issue it earlier; then fence.proxy.async.global, for the TMA
-    loads (the async proxy) to see what the acquire made visible. A tile that needs no wait
-    touches no memory here: the timeout word is read inside the op, only when waiting (a load
-    outside it would sit on every tile's path to its first TMA load). Bounded and reported as
+    loads (the async proxy) to see what the acquire made visible. Bounded and reported as
     wait_flag: a chunk given up on in this call is not waited for again."""
+    given_up = tl.load(timeouts_ptr + chunk, volatile=True) == epoch
+    limit = tl.where(needed & (given_up == 0), SPIN_LIMIT, 0)
     value, row = tl.inline_asm_elementwise(
         """{
         .reg .pred %p;
-        .reg .b32 %polls, %gap, %seen;
+        .reg .b32 %polls, %gap;
         mov.b32 $1, $5;
         mov.b32 $0, $3;
+        mov.u32 %polls, 0;
         setp.eq.s32 %p, $4, 0;
         @%p bra DONE_${:uid};
-        ld.volatile.global.b32 %seen, [$6];
-        setp.eq.s32 %p, %seen, $3;
-        @%p bra DONE_${:uid};
-        mov.u32 %polls, 0;
         WAIT_${:uid}:
         ld.acquire.sys.global.b32 $0, [$2];
         sub.s32 %gap, $0, $3;
         setp.ge.s32 %p, %gap, 0;
         @%p bra FENCE_${:uid};
-        setp.ge.s32 %p, %polls, $7;
+        setp.ge.s32 %p, %polls, $4;
         @%p bra FENCE_${:uid};
         add.s32 %polls, %polls, 1;
         bra WAIT_${:uid};
@@ -116,8 +113,8 @@ def wait_flag_in_pipeline(flags_ptr, timeouts_ptr, chunk, epoch, row, needed, SP
         fence.proxy.async.global;
         DONE_${:uid}:
         }""",
-        "=r,=r,l,r,r,r,l,r",
-        [flags_ptr + chunk, epoch, needed.to(tl.int32), row, timeouts_ptr + chunk, SPIN_LIMIT],
+        "=r,=r,l,r,r,r",
+        [flags_ptr + chunk, epoch, limit, row],
         dtype=(tl.int32, tl.int32),
         is_pure=False,
         pack=1,

@@ -98,7 +98,7 @@ def consumer_ir(float8: bool, num_b: int = 1, exact: bool = False, config=None) 
     })  # fmt: skip
     mask = (1 << num_b) - 1 if float8 else 0
     constexprs = dict(
-        BIAS_MASK=0, A_SCALE=2 if float8 else 0, B_SCALE_MASK=mask, B_ROWWISE=float8, B_NK=True,
+        BIAS_MASK=0, A_SCALE=2 if float8 else 0, B_SCALE_MASK=mask, B_ROWWISE_MASK=mask, B_NK=True,
         FP8_EXACT=exact, FLATTEN=gemm.flatten_tiles(exact, [torch.bfloat16]),
         PIPELINED_WAIT=True, SPIN_LIMIT=1 << 30, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
     )  # fmt: skip
