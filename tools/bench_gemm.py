@@ -44,7 +44,7 @@ def _operands(m, k, n, float8, rowwise, device):
 def _consumer_run(a, w, a_scale, w_scale, world, config, fast_accum):
     m = a.shape[0]
     inner = m // world
-    out = torch.empty(m, w.shape[1], dtype=torch.bfloat16, device=a.device)
+    out = torch.full((m, w.shape[1]), float("nan"), dtype=torch.bfloat16, device=a.device)  # poisoned
     flags = torch.full((world,), EPOCH, dtype=torch.int32, device=a.device)
     epoch = torch.tensor([EPOCH], dtype=torch.int32, device=a.device)
     timeouts = torch.zeros(world, dtype=torch.int32, device=a.device)
@@ -64,7 +64,7 @@ def _consumer_run(a, w, a_scale, w_scale, world, config, fast_accum):
 
 def _producer_run(a, w, a_scale, w_scale, world, config, fast_accum):
     m, n = a.shape[0], w.shape[1]
-    dests = [torch.empty(m, n, dtype=torch.bfloat16, device=a.device) for _ in range(world)]
+    dests = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=a.device) for _ in range(world)]
     flags = torch.zeros(world, dtype=torch.int32, device=a.device)
     dest_ptrs = torch.tensor([d.data_ptr() for d in dests], dtype=torch.int64, device=a.device)
     flag_ptrs = torch.tensor([flags[j].data_ptr() for j in range(world)], dtype=torch.int64, device=a.device)
@@ -78,6 +78,10 @@ def _producer_run(a, w, a_scale, w_scale, world, config, fast_accum):
             scales=scales, out_dtype=torch.bfloat16, fast_accum=fast_accum,
         )  # fmt: skip
 
+    # the kernel writes through the addresses in dest_ptrs and flag_ptrs on every call: their
+    # tensors must live as long as run (a freed flags block reused for another runner's
+    # dest_ptrs got the flag's epoch written into it: misaligned stores, session 13)
+    run.buffers = (dests, flags)
     rows = m // world
     # chunk j's partial lands in dests[j], rows of slot 0: gather them back into A's row order
     return run, lambda: torch.cat([d[:rows] for d in dests])

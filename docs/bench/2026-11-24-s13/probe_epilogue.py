@@ -68,6 +68,7 @@ def producer_runner(module, a, w, a_scale, w_scale, config):
             scales=scales, out_dtype=torch.bfloat16, fast_accum=True,
         )  # fmt: skip
 
+    run.buffers = (dests, flags)  # the kernel writes through their addresses: alive as long as run
     rows = m // world
     return run, lambda: torch.cat([d[:rows] for d in dests])
 
@@ -88,7 +89,12 @@ def main():
     parser.add_argument("--op", default=None, help="only this op")
     parser.add_argument("--shape", default=None, help="only this shape")
     parser.add_argument("--variants", default=None, help="only these variants, comma-separated")
+    parser.add_argument("--jit-launch", action="store_true", help="launch through Triton's JIT, not DirectKernel")
     args = parser.parse_args()
+    if args.jit_launch:  # a launch hook sends every DirectKernel launch through the JIT
+        from triton import knobs
+
+        knobs.runtime.launch_enter_hook.add(lambda metadata: None)
     float8 = args.mode != "bf16"
     device = torch.device("cuda", 0)
     torch.manual_seed(0)
