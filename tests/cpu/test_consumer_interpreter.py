@@ -203,8 +203,8 @@ def test_float8_tiles_are_dequantized_before_the_bias(rowwise, world, rank, shar
 
 
 def test_float8_weights_with_rowwise_and_tensorwise_scales_in_one_call():
-    """One weight scaled per column, the next by one value: they launch apart (a launch's B
-    scales are of one kind), each dequantized by its own."""
+    """One weight scaled per column, the next by one value, in one launch: each tile takes its
+    own weight's kind of scale (B_ROWWISE_MASK)."""
     world, rank = 2, 1
     gathered, a_scale, mat2s, b_scales, biases, refs, inner = fp8_problem(world, (16, 32), (24, 40), 0, True, False, 3)
     b_scales[1] = torch.tensor(0.75)
