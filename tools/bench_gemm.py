@@ -41,7 +41,9 @@ def _operands(m, k, n, float8, rowwise, device):
     return a.to(FP8), w.to(FP8).t(), a_scale, w_scale
 
 
-def _consumer_run(a, w, a_scale, w_scale, world, config, fast_accum):
+def _consumer_run(a, w, a_scale, w_scale, world, config, fast_accum, module=consumer):
+    """A runner of the consumer (``module``: the all_gather_matmul module, or another version of
+    it, as probes compare) and a function returning its output."""
     m = a.shape[0]
     inner = m // world
     out = torch.full((m, w.shape[1]), float("nan"), dtype=torch.bfloat16, device=a.device)  # poisoned
@@ -51,10 +53,10 @@ def _consumer_run(a, w, a_scale, w_scale, world, config, fast_accum):
     scales = None
     if a_scale is not None:
         flat = a_scale.reshape(-1).contiguous()
-        scales = consumer.Scales(flat, flat[:inner] if flat.numel() > 1 else None, (w_scale.reshape(-1),), fast_accum)
+        scales = module.Scales(flat, flat[:inner] if flat.numel() > 1 else None, (w_scale.reshape(-1),), fast_accum)
 
     def run():
-        consumer.all_gather_matmul_consumer(
+        module.all_gather_matmul_consumer(
             a, [w], [None], [out], flags, epoch, rank=0, world_size=world, inner=inner, config=config,
             timeouts=timeouts, scales=scales,
         )  # fmt: skip
@@ -62,7 +64,8 @@ def _consumer_run(a, w, a_scale, w_scale, world, config, fast_accum):
     return run, lambda: out
 
 
-def _producer_run(a, w, a_scale, w_scale, world, config, fast_accum):
+def _producer_run(a, w, a_scale, w_scale, world, config, fast_accum, module=producer):
+    """As _consumer_run, for the producer (``module``: the matmul_reduce_scatter module)."""
     m, n = a.shape[0], w.shape[1]
     dests = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=a.device) for _ in range(world)]
     flags = torch.zeros(world, dtype=torch.int32, device=a.device)
@@ -73,7 +76,7 @@ def _producer_run(a, w, a_scale, w_scale, world, config, fast_accum):
     scales = None if a_scale is None else (a_scale.reshape(-1).contiguous(), w_scale.reshape(-1).contiguous())
 
     def run():
-        producer.matmul_reduce_scatter_producer(
+        module.matmul_reduce_scatter_producer(
             a, w, None, dest_ptrs, flag_ptrs, counters, epoch, rank=0, world_size=world, config=config,
             scales=scales, out_dtype=torch.bfloat16, fast_accum=fast_accum,
         )  # fmt: skip

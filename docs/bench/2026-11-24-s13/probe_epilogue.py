@@ -24,53 +24,9 @@ import s13_before.matmul_reduce_scatter as producer_before
 from overlap_pass.templates import all_gather_matmul as consumer
 from overlap_pass.templates import gemm
 from overlap_pass.templates import matmul_reduce_scatter as producer
-from tools.bench_gemm import _operands
+from tools.bench_gemm import _consumer_run, _operands, _producer_run
 from tools.bench_ops import SHAPES
 from tools.measure import relative_error, time_interleaved
-
-EPOCH = 1
-
-
-def consumer_runner(module, a, w, a_scale, w_scale, config):
-    m, world = a.shape[0], 2
-    inner = m // world
-    out = torch.full((m, w.shape[1]), float("nan"), dtype=torch.bfloat16, device=a.device)  # poisoned
-    flags = torch.full((world,), EPOCH, dtype=torch.int32, device=a.device)
-    epoch = torch.tensor([EPOCH], dtype=torch.int32, device=a.device)
-    timeouts = torch.zeros(world, dtype=torch.int32, device=a.device)
-    scales = None
-    if a_scale is not None:
-        flat = a_scale.reshape(-1).contiguous()
-        scales = module.Scales(flat, flat[:inner] if flat.numel() > 1 else None, (w_scale.reshape(-1),), True)
-
-    def run():
-        module.all_gather_matmul_consumer(
-            a, [w], [None], [out], flags, epoch, rank=0, world_size=world, inner=inner, config=config,
-            timeouts=timeouts, scales=scales,
-        )  # fmt: skip
-
-    return run, lambda: out
-
-
-def producer_runner(module, a, w, a_scale, w_scale, config):
-    m, n, world = a.shape[0], w.shape[1], 2
-    dests = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=a.device) for _ in range(world)]
-    flags = torch.zeros(world, dtype=torch.int32, device=a.device)
-    dest_ptrs = torch.tensor([d.data_ptr() for d in dests], dtype=torch.int64, device=a.device)
-    flag_ptrs = torch.tensor([flags[j].data_ptr() for j in range(world)], dtype=torch.int64, device=a.device)
-    counters = torch.zeros(world, dtype=torch.int32, device=a.device)
-    epoch = torch.tensor([EPOCH], dtype=torch.int32, device=a.device)
-    scales = None if a_scale is None else (a_scale.reshape(-1).contiguous(), w_scale.reshape(-1).contiguous())
-
-    def run():
-        module.matmul_reduce_scatter_producer(
-            a, w, None, dest_ptrs, flag_ptrs, counters, epoch, rank=0, world_size=world, config=config,
-            scales=scales, out_dtype=torch.bfloat16, fast_accum=True,
-        )  # fmt: skip
-
-    run.buffers = (dests, flags)  # the kernel writes through their addresses: alive as long as run
-    rows = m // world
-    return run, lambda: torch.cat([d[:rows] for d in dests])
 
 
 def variants(op, float8):
@@ -109,12 +65,12 @@ def main():
             else:
                 runners = {"cublas": lambda: torch.mm(a, w)}
             ref = runners["cublas"]()
-            make = consumer_runner if op == "all_gather_matmul" else producer_runner
+            make = _consumer_run if op == "all_gather_matmul" else _producer_run
             errors = {}
             for key, (module, config) in variants(op, float8).items():
                 if args.variants and key not in args.variants.split(","):
                     continue
-                run, result = make(module, a, w, a_scale, w_scale, config)
+                run, result = make(a, w, a_scale, w_scale, 2, config, True, module=module)
                 run()
                 torch.cuda.synchronize()
                 errors[key] = relative_error(result(), ref)
