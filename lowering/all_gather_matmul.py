@@ -84,15 +84,15 @@ def _copy_chunk(ws: symm.Workspace, peer: int, flat: torch.Tensor, layout, regio
         ws.peer_rows(peer, region.shape, region.dtype, start, stop, region.offset).copy_(own)
 
 
-def _push_chunks(ws: symm.Workspace, parts, layout, placed) -> None:
+def _push_chunks(ws: symm.Workspace, parts, layout, placed, late: bool = False) -> None:
     """Side stream: copy this rank's shard (every part) into every peer's data, rank-rotated
     (at step s to rank - s, so each rank receives rank + 1, rank + 2, ... in the order its
-    consumer takes them), each chunk followed by that peer's flag."""
+    consumer takes them), each chunk followed by that peer's flag (or late flag)."""
     for step in range(1, ws.world_size):
         peer, _ = schedule.all_gather_peers(ws.rank, ws.world_size, step)
         for flat, region in zip(parts, placed):
             _copy_chunk(ws, peer, flat, layout, region)
-        ws.signal_peer(peer)
+        ws.signal_peer(peer, late)
 
 
 def shard_rows(shard: torch.Tensor) -> torch.Tensor:
@@ -100,23 +100,46 @@ def shard_rows(shard: torch.Tensor) -> torch.Tensor:
     return shard.contiguous().view(-1, shard.shape[-1])
 
 
-def start(parts, layout, group_name, own_too=False):
+def start(parts, layout, group_name, own_too=False, passengers=()):
     """Steps 1 and 2 of the protocol (symm.py): barrier on the caller's stream, then the pushes
     of ``parts`` (shards as their rows, shard_rows) on the side stream; with ``own_too``, then
     the own shard into its rows of the own data too, marked by ``ws.chunk_ready[rank]``, so that
-    the data is the whole gathered tensor. Returns the workspace and each part's gathered rows
-    in its data."""
-    placed, data_bytes = regions(parts, layout)
+    the data is the whole gathered tensor. ``passengers`` (more shards with the same rows, which
+    no matmul reads) are pushed after every chunk, under the late flags, so they never hold up a
+    chunk the consumer waits for (collect_passengers takes them out). Returns the workspace and
+    each part's, then each passenger's, gathered rows in its data."""
+    placed, data_bytes = regions(list(parts) + list(passengers), layout)
     ws = symm.workspace(KIND, group_name, parts[0].device)
     ws.enter(data_bytes, config.spin_limit)
     ws.fork()
     with ws.on_side_stream():
         _push_chunks(ws, parts, layout, placed)
+        if passengers:
+            _push_chunks(ws, passengers, layout, placed[len(parts) :], late=True)
         if own_too:  # after the pushes: the peers wait for those
             for flat, region in zip(parts, placed):
                 _copy_chunk(ws, ws.rank, flat, layout, region)
             ws.chunk_ready[ws.rank].record(ws.side_stream)
     return ws, [ws.data(r.shape, r.dtype, r.offset) for r in placed]
+
+
+def allocate_passengers(passengers, gather_dim: int, world_size: int) -> list[torch.Tensor]:
+    """The gathered tensor of each passenger, empty."""
+    return [p.new_empty(ops._gathered_shape(p, gather_dim, world_size)) for p in passengers]
+
+
+def collect_passengers(ws, flats, datas, outs, layout) -> None:
+    """After the consumer, on the caller's stream: each passenger's gathered tensor, its own
+    chunk from the shard, every peer's from the data once that peer's late flag is set."""
+    rows = [out.view(-1, out.shape[-1]) for out in outs]
+    for flat, out in zip(flats, rows):
+        layout.chunk(out, ws.rank).copy_(layout.own(flat))
+    for chunk in schedule.all_gather_order(ws.rank, ws.world_size)[1:]:
+        signals.WAIT[(1,)](
+            ws.late_flags, ws.epoch, ws.chunk_timeouts, chunk, SPIN_LIMIT=config.spin_limit, num_warps=1
+        )
+        for data, out in zip(datas, rows):
+            layout.chunk(out, chunk).copy_(layout.chunk(data, chunk))
 
 
 def finish(ws, data, gathered):

@@ -143,8 +143,9 @@ def _close(out, ref) -> bool:
 
 
 def _outputs(result) -> list[torch.Tensor]:
-    """The tensors a variant computed: all_gather_matmul's list of outputs, or the one output."""
-    return list(result[1]) if isinstance(result, tuple) else [result]
+    """The tensors a variant computed: an all-gather's outputs (and a float8 one's passengers),
+    or the one output."""
+    return [t for part in result[1:] for t in part] if isinstance(result, tuple) else [result]
 
 
 def _calls(variant, args: tuple) -> None:

@@ -183,16 +183,18 @@ def _scale_kind(scale: torch.Tensor) -> str:
 
 
 def all_gather_scaled_matmul_shapes(
-    shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, out_dtype, use_fast_accum
+    shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, out_dtype, use_fast_accum, passengers=()
 ) -> dict:  # fmt: skip
     """What the float8 all-gather's choice depends on: the bf16 op's keys, its scales (rowwise
-    ones travel too; cuBLAS runs another kernel for rowwise weights) and what the matmuls
-    compute."""
+    ones travel too; cuBLAS runs another kernel for rowwise weights), what the matmuls compute
+    and the bytes of a row of each passenger (they travel too)."""
     shapes = all_gather_matmul_shapes(shard.shape, mat2s, biases, gather_dim)
     shapes.update(
         scales=_scale_kind(shard_scale), weight_scales=",".join(_scale_kind(s) for s in mat2_scales),
         out_dtype=str(out_dtype), fast_accum=use_fast_accum,
     )  # fmt: skip
+    if passengers:
+        shapes["passengers"] = [p.shape[-1] * p.element_size() for p in passengers]
     return shapes
 
 
@@ -212,24 +214,28 @@ def scaled_matmul_reduce_scatter_shapes(
 
 def all_gather_scaled_matmul(
     shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
-    use_fast_accum=False, return_gathered=False,
+    use_fast_accum=False, return_gathered=False, passengers=None,
 ):  # fmt: skip
+    passengers = tuple(passengers or ())
     fast_key = (
         scaled.AG_KIND, _signature(shard), _signature(shard_scale), tuple(_signature(m) for m in mat2s),
         tuple(_signature(m) for m in mat2_scales), tuple(_signature(b) for b in biases), gather_dim,
-        world_size, group_name, out_dtype, use_fast_accum, return_gathered, config.implementation,
+        world_size, group_name, out_dtype, use_fast_accum, return_gathered,
+        tuple(_signature(p) for p in passengers), config.implementation,
     )  # fmt: skip
     run = _RESOLVED.get(fast_key)
     if run is None:  # first call of these arguments: checked before anything indexes them
-        scaled_ops._check_all_gather(shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype)
+        scaled_ops._check_all_gather(
+            shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype, passengers
+        )
     args = (
         shard, shard_scale, mat2s, mat2_scales, biases, gather_dim % shard.dim(), world_size, group_name,
-        out_dtype, use_fast_accum, return_gathered,
+        out_dtype, use_fast_accum, return_gathered, passengers,
     )  # fmt: skip
     if run is not None:
         return run(*args)
     shapes = all_gather_scaled_matmul_shapes(
-        shard, shard_scale, mat2s, mat2_scales, biases, args[5], out_dtype, use_fast_accum
+        shard, shard_scale, mat2s, mat2_scales, biases, args[5], out_dtype, use_fast_accum, passengers
     )
     variants = scaled.variants(scaled.AG_KIND)
     run = _resolve(scaled.AG_KIND, fast_key, group_name, world_size, variants, shapes, shard.dtype, shard.device, args)

@@ -2,13 +2,16 @@
 
 One symmetric allocation per workspace, the same size on every rank:
 
-    [ flags: W int32 | pads: W int32 | ... control, CONTROL_BYTES ][ data ... ]
+    [ flags: W int32 | pads: W int32 | late flags: W int32 | ... control, CONTROL_BYTES ][ data ... ]
 
 - data: where peers push their chunks (all-gather) or their partials of this rank's chunk
   (reduce-scatter, which also stages its outgoing partials there); grown only when a call needs
   more, rounded up to a power of two, always on every rank in the same call.
 - flags[p]: rank p's progress word for its chunk in this rank's data, written by p.
 - pads[p]: rank p's barrier word, written by p's barrier kernel.
+- late_flags[p]: rank p's second progress word, for data it pushes after its chunks (an
+  all-gather's passengers, lowering/all_gather_matmul.py), so that they do not hold up the flag
+  the consumer waits on.
 - epoch: this rank's call counter, a one-word device tensor. The barrier kernel advances it at
   the start of each call and every flag and pad is written with it, so values only grow: nothing
   is reset between calls and a CUDA-graph replay advances them exactly as an eager call does.
@@ -42,7 +45,7 @@ from overlap_pass.templates.all_gather_matmul import ChunkTimeout
 
 log = logging.getLogger("overlap_pass")
 
-CONTROL_BYTES = 4096  # flags and pads, padded so that data starts 4 KiB-aligned
+CONTROL_BYTES = 4096  # flags, pads and late flags, padded so that data starts 4 KiB-aligned
 MIN_DATA_BYTES = 1 << 20
 CHECK_EVERY = 16  # calls between two host reads of the timeout words
 
@@ -217,7 +220,7 @@ class Workspace:
         # captured before this growth keeps counting from it) and comparisons are wrap-safe
         # only between values less than 2**31 apart
         handle.get_buffer(self.rank, (CONTROL_BYTES,), torch.uint8).zero_()
-        handle.get_buffer(self.rank, (2 * world,), torch.int32).copy_(self.epoch.expand(2 * world))
+        handle.get_buffer(self.rank, (3 * world,), torch.int32).copy_(self.epoch.expand(3 * world))
         pad_ptrs = _lasting(
             [handle.get_buffer(p, (world,), torch.int32, storage_offset=world).data_ptr() for p in range(world)],
             torch.int64,
@@ -239,6 +242,11 @@ class Workspace:
     def flags(self) -> torch.Tensor:
         """This rank's flags: flags[p] is rank p's progress word."""
         return self.peer_flag(self.rank, 0, self.world_size)
+
+    @property
+    def late_flags(self) -> torch.Tensor:
+        """This rank's late flags: late_flags[p] is rank p's word for what it pushed last."""
+        return self.peer_flag(self.rank, 2 * self.world_size, self.world_size)
 
     def data(self, shape, dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
         """This rank's data region from byte ``offset`` on (a multiple of the dtype's size),
@@ -341,11 +349,11 @@ class Workspace:
             SPIN_LIMIT=spin_limit, BLOCK_W=block, num_warps=1,
         )  # fmt: skip
 
-    def signal_peer(self, peer: int) -> None:
-        """On the side stream, after a chunk's data copy: flags[rank] of ``peer`` = epoch.
-        A copy-engine write queued after the data, so the peer sees the data once it sees
-        the flag."""
-        self.peer_flag(peer, self.rank).copy_(self.epoch)
+    def signal_peer(self, peer: int, late: bool = False) -> None:
+        """On the side stream, after a chunk's data copy: flags[rank] of ``peer`` (or its
+        late_flags[rank]) = epoch. A copy-engine write queued after the data, so the peer sees
+        the data once it sees the flag."""
+        self.peer_flag(peer, self.rank + (2 * self.world_size if late else 0)).copy_(self.epoch)
 
     def finish(self) -> None:
         """After the consumer, every CHECK_EVERY calls: queue a copy of the timeout words to the

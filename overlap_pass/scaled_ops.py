@@ -4,6 +4,7 @@ of ops.py's two ops, each matmul a ``torch._scaled_mm``.
     all_gather_scaled_matmul:     A = all_gather(shard), As = all_gather(shard_scale) if rowwise
                                   out[i] = _scaled_mm(A, mat2s[i], As or shard_scale,
                                                       mat2_scales[i], biases[i], out_dtype)
+                                  -> (A if return_gathered, out, [all_gather(p) for p in passengers])
     scaled_matmul_reduce_scatter: out = reduce_scatter(sum_i _scaled_mm(inputs[i], mat2s[i],
                                         input_scales[i], mat2_scales[i], bias if i == 0,
                                         mm_dtype).to(out_dtype or mm_dtype))
@@ -15,6 +16,12 @@ dequantize), in fp32, as _scaled_mm's do:
   on this rank (the graph gave each rank's matmul its own);
 - rowwise: one per row, shaped like the operand with a last dim of 1 ([..., 1]); the shard's
   rows are gathered with the shard, an input's are cut into chunks with it. mat2's are [1, N].
+
+Passengers are more shards with the shard's rows ([..., X], any dtype) that no matmul reads, gathered
+along the same dim in the same call: torchao's rowwise recipe quantizes a gathered tensor twice,
+once per row for the matmul and once per column (across the tokens) for the weight gradient, and
+the second float8 copy rides with the first's gather, behind its matmul, instead of taking a
+collective of its own after it (overlap_pass/passengers.py).
 
 Each term of matmul_reduce_scatter is rounded to ``mm_dtype`` (the _scaled_mm's out_dtype), then
 widened to ``out_dtype`` (default: mm_dtype), in which the terms are summed: the graphs it
@@ -35,7 +42,8 @@ _SCHEMAS = {
     "all_gather_scaled_matmul": (
         "(Tensor shard, Tensor shard_scale, Tensor[] mat2s, Tensor[] mat2_scales, Tensor?[] biases, "
         "int gather_dim, int world_size, str group_name, ScalarType out_dtype, "
-        "bool use_fast_accum=False, bool return_gathered=False) -> (Tensor?, Tensor[])"
+        "bool use_fast_accum=False, bool return_gathered=False, Tensor[]? passengers=None) "
+        "-> (Tensor?, Tensor[], Tensor[])"
     ),
     "scaled_matmul_reduce_scatter": (
         "(Tensor[] inputs, Tensor[] input_scales, Tensor[] mat2s, Tensor[] mat2_scales, "
@@ -80,7 +88,9 @@ def _check_out_dtype(dtype) -> None:
     torch._check(dtype in OUT_DTYPES, lambda: f"out_dtype must be one of {OUT_DTYPES}, got {dtype}")
 
 
-def _check_all_gather(shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype) -> int:
+def _check_all_gather(
+    shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype, passengers=()
+) -> int:
     torch._check(shard.dim() >= 2, lambda: f"shard must be at least 2-D, got {shard.dim()}-D")
     torch._check(shard.dtype in FLOAT8, lambda: f"shard must be float8, got {shard.dtype}")
     dim = gather_dim % shard.dim()
@@ -98,6 +108,11 @@ def _check_all_gather(shard, shard_scale, mat2s, mat2_scales, biases, gather_dim
             lambda: f"bias does not match N={mat2.shape[1]}",
         )
     _check_out_dtype(out_dtype)
+    for passenger in passengers:
+        torch._check(
+            passenger.shape[:-1] == shard.shape[:-1],
+            lambda: f"passenger of shape {list(passenger.shape)} does not have the rows of the shard {list(shard.shape)}",
+        )
     return dim
 
 
@@ -136,12 +151,16 @@ def _check_reduce_scatter(
 
 def _all_gather_scaled_matmul_fake(
     shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
-    use_fast_accum=False, return_gathered=False,
+    use_fast_accum=False, return_gathered=False, passengers=None,
 ):  # fmt: skip
-    dim = _check_all_gather(shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype)
+    passengers = passengers or ()
+    dim = _check_all_gather(
+        shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype, passengers
+    )
     gathered_shape = ops._gathered_shape(shard, dim, world_size)
     outputs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]], dtype=out_dtype) for m in mat2s]
-    return (shard.new_empty(gathered_shape) if return_gathered else None), outputs
+    riders = [p.new_empty(ops._gathered_shape(p, dim, world_size)) for p in passengers]
+    return (shard.new_empty(gathered_shape) if return_gathered else None), outputs, riders
 
 
 def _scaled_matmul_reduce_scatter_fake(
@@ -195,11 +214,15 @@ def scaled_mm_rows(a, a_scale, mat2, mat2_scale, bias, out_dtype, use_fast_accum
 
 def all_gather_scaled_matmul_reference(
     shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
-    use_fast_accum=False, return_gathered=False,
+    use_fast_accum=False, return_gathered=False, passengers=None,
 ):  # fmt: skip
     """Rank-rotated all-gather of the shard (and its rowwise scale) on point-to-point ops,
-    one _scaled_mm per chunk as soon as the chunk is there."""
-    dim = _check_all_gather(shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype)
+    one _scaled_mm per chunk as soon as the chunk is there; the passengers' transfers posted
+    after the shard's."""
+    passengers = passengers or ()
+    dim = _check_all_gather(
+        shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype, passengers
+    )
     group = ops.resolve_group(group_name, world_size)
     shard = shard.contiguous()
     rowwise = not is_tensorwise(shard_scale)
@@ -209,6 +232,7 @@ def all_gather_scaled_matmul_reference(
 
     received = ops.post_all_gather(group, shard)
     received_scale = ops.post_all_gather(group, shard_scale.contiguous()) if rowwise else None
+    riders = [ops.post_all_gather(group, p.contiguous()) for p in passengers]
     for src in schedule.all_gather_order(group.rank(), world_size):
         chunk = received(src)
         scale = received_scale(src) if rowwise else shard_scale
@@ -217,7 +241,11 @@ def all_gather_scaled_matmul_reference(
             schedule.chunk(out, dim, src, world_size).copy_(result)
         if gathered is not None:
             schedule.chunk(gathered, dim, src, world_size).copy_(chunk)
-    return gathered, outputs
+    passenger_outs = [p.new_empty(ops._gathered_shape(p, dim, world_size)) for p in passengers]
+    for received_rider, out in zip(riders, passenger_outs):
+        for src in range(world_size):
+            schedule.chunk(out, dim, src, world_size).copy_(received_rider(src))
+    return gathered, outputs, passenger_outs
 
 
 def scaled_matmul_reduce_scatter_reference(

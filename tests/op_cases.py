@@ -113,3 +113,37 @@ def nccl_gather_in_order() -> bool:
             got = agm.nccl_gather(parts[rank].to(dtype), dim, world, dist.group.WORLD)
             assert got.dtype == dtype and torch.equal(got.view(torch.uint8), want), (dtype, dim)
     return True
+
+
+def scaled_gather_with_passengers(seed: int = 0, device: str = "cpu") -> bool:
+    """all_gather_scaled_matmul with passengers (float8 and bf16 shards of the shard's rows),
+    rowwise and tensorwise, gathered along seq and along batch: every passenger arrives bit for
+    bit as torch.distributed gathers it, the matmuls as _scaled_mm on the gathered rows."""
+    from overlap_pass import scaled_ops
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    group = dist.group.WORLD.group_name
+    torch.manual_seed(seed + 31 * rank)  # every rank's data differs
+    if device == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
+    fp8 = torch.float8_e4m3fn
+    shared = torch.Generator().manual_seed(seed)
+    mat2 = torch.randn(8, 16, generator=shared).to(fp8).to(device).t()  # a linear's weight, column-major
+    for rowwise in (False, True):
+        for dim in (1, 0):
+            shard = torch.randn(2, 3, 16).to(fp8).to(device)
+            scale = (torch.rand(2, 3, 1) if rowwise else torch.rand(())).add(0.25).to(device)
+            mat2_scale = (torch.rand(1, 8, generator=shared) if rowwise else torch.rand((), generator=shared)).to(device)
+            riders = [torch.randn(2, 3, 16).to(fp8).to(device), torch.randn(2, 3, 5).bfloat16().to(device)]
+            gathered, outs, got = torch.ops.overlap.all_gather_scaled_matmul(
+                shard, scale, [mat2], [mat2_scale], [None], dim, world, group, torch.bfloat16,
+                return_gathered=True, passengers=riders,
+            )  # fmt: skip
+            as_bytes = lambda t: t.view(torch.uint8) if t.element_size() == 1 else t  # noqa: E731
+            assert torch.equal(as_bytes(gathered), as_bytes(_all_gather(as_bytes(shard), dim)))
+            for rider, out in zip(riders, got):
+                assert out.dtype == rider.dtype and torch.equal(as_bytes(out), _all_gather(as_bytes(rider), dim))
+            rows_scale = _all_gather(scale, dim) if rowwise else scale
+            ref = scaled_ops.scaled_mm_rows(gathered, rows_scale, mat2, mat2_scale, None, torch.bfloat16, False)
+            assert torch.equal(outs[0], ref), (rowwise, dim)
+    return True

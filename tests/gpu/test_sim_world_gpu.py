@@ -70,7 +70,9 @@ def test_bf16_variants(world, batch):
 @pytest.mark.parametrize("batch", [1, 2])
 def test_all_gather_scaled_variants(world, batch, rowwise, fast_accum):
     """Every variant but NCCL's: the copy engine's _scaled_mm per chunk, the fused Triton
-    consumer per config (fast_accum passed on as the kernel's FP8_EXACT)."""
+    consumer per config (fast_accum passed on as the kernel's FP8_EXACT). The first call of each
+    also gathers two passengers (a float8 copy of other rows' values, and bf16 of another
+    width), which must arrive bit for bit."""
     W = world.size
     for name, variant in scaled.variants(scaled.AG_KIND).items():
         if name == "nccl_cublas":
@@ -86,18 +88,28 @@ def test_all_gather_scaled_variants(world, batch, rowwise, fast_accum):
             biases = [torch.randn(N, generator=gen, device="cuda").to(torch.bfloat16), None]
             gathered = torch.cat(shards, dim=1)
             keep = call == 0  # the gathered tensor asked for once, not the other time
+            riders = [
+                [_float8((batch, SEQ, K), gen), torch.randn(batch, SEQ, 40, generator=gen, device="cuda").bfloat16()]
+                if call == 0 else []
+                for _ in range(W)
+            ]  # fmt: skip
             results = world.run(
                 prepare=world.poison,
                 call=lambda r, g: variant(
-                    shards[r], scales[r], mat2s, mat2_scales, biases, 1, W, g, torch.bfloat16, fast_accum, keep
+                    shards[r], scales[r], mat2s, mat2_scales, biases, 1, W, g, torch.bfloat16, fast_accum, keep,
+                    riders[r],
                 ),
             )
             gathered_scale = torch.cat(scales, dim=1) if rowwise else None
-            for r, (got_gathered, outs) in enumerate(results):
+            for r, (got_gathered, outs, got_riders) in enumerate(results):
                 if keep:
                     assert torch.equal(got_gathered.view(torch.uint8), gathered.view(torch.uint8)), f"{name} rank {r}"
                 else:
                     assert got_gathered is None
+                assert len(got_riders) == len(riders[r]), f"{name} rank {r}"
+                for i, got in enumerate(got_riders):
+                    want = torch.cat([riders[p][i] for p in range(W)], dim=1)
+                    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"{name} rank {r}, passenger {i}"
                 scale = gathered_scale if rowwise else scales[r]
                 for out, mat2, mat2_scale, bias in zip(outs, mat2s, mat2_scales, biases):
                     ref = scaled_ops.scaled_mm_rows(gathered, scale, mat2, mat2_scale, bias, torch.bfloat16, fast_accum)
