@@ -16,7 +16,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch._inductor.pattern_matcher import stable_topological_sort
 from torch.fx import Graph
 
-from . import all_reduce_split, casts, config, debug, decide, float8, patterns, rewrite
+from . import all_reduce_split, casts, config, debug, decide, float8, passengers, patterns, rewrite
 from .debug import describe_node, log
 from .patterns import AllGatherMatmulMatch, Candidate
 
@@ -121,12 +121,14 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
     for candidate, record in decisions:
         if candidate.collective in moved:
             record["cast_moved_before_gather"] = moved[candidate.collective]
+    rider_records = []
     if any(record["rewritten"] for _, record in decisions):
         _rewrite_all(graph, decisions)
+        rider_records = _attach_passengers(graph, [c.collective for c in candidates if c.kind == patterns.ALL_GATHER_MATMUL])
     if folded:
         _unfold_rowwise_epilogues(graph)
 
-    records = split_records + [record for _, record in decisions]
+    records = split_records + [record for _, record in decisions] + rider_records
     _count_and_log(records)
     if dumping:
         _dump(before, debug.graph_text(graph), records)
@@ -171,6 +173,20 @@ def _rewrite_all(graph: Graph, decisions: list[tuple[Candidate, dict]]) -> None:
 
 
 CYCLE = "its op would read a value computed from its own result (through another rewrite)"
+
+
+def _attach_passengers(graph: Graph, all_gathers: list) -> list[dict]:
+    """passengers.py's rewrite of the all-gathers left plain; records per all-gather. Should it
+    fail, the graph is restored as it was after the fused rewrites, and nothing rides."""
+    snapshot = _copy_graph(graph)
+    try:
+        records = passengers.attach_all(graph, all_gathers)
+        graph.lint()
+        return records
+    except Exception as error:  # never crash compilation on a graph we did not foresee
+        log.warning("overlap_pass: attaching passengers failed, graph left as it was: %r", error)
+        _restore_graph(graph, snapshot)
+        return []
 
 
 def _fold_rowwise_epilogues(graph: Graph) -> int:

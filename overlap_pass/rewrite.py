@@ -206,6 +206,44 @@ def _all_gather_scaled_matmul(graph: Graph, match: AllGatherMatmulMatch, operand
     )
 
 
+def _computed_after(node: Node, host: Node, order: dict[Node, int]) -> set[Node]:
+    """``node`` and the nodes it is computed from that sit after ``host``."""
+    stack, found = [node], set()
+    while stack:
+        current = stack.pop()
+        if current in found or order[current] < order[host]:
+            continue
+        found.add(current)
+        stack.extend(current.all_input_nodes)
+    return found
+
+
+def attach_passenger(graph: Graph, host: Node, rider) -> Node:
+    """
+        _, ys, ps = overlap.all_gather_scaled_matmul(shard, ..., passengers=[p, ...])
+        g = wait(all_gather(s)) [-> split -> cat(gather_dim)]    (s computed after the op)
+    becomes
+        s computed before the op: the nodes it needs that sat after it, moved up in their order
+        _, ys, ps = overlap.all_gather_scaled_matmul(shard, ..., passengers=[p, ..., s])
+        g = ps[-1]
+    ``rider``: a passengers.Rider whose shard does not depend on ``host``. Returns the new op;
+    the graph may need sorting after (users of g that sat before the op)."""
+    order = graph_order(graph)
+    for node in sorted(_computed_after(rider.shard, host, order), key=order.__getitem__):
+        host.prepend(node)
+    args = list(host.args) + [False] * (11 - len(host.args))  # return_gathered's default
+    riders = list(args[11] or []) if len(args) > 11 else []
+    with graph.inserting_before(host):
+        op = call(graph, host.target, (*args[:11], riders + [rider.shard]), dict(host.kwargs))
+        host.replace_all_uses_with(op)
+        gathered = call(graph, operator.getitem, (call(graph, operator.getitem, (op, 2)), len(riders)))
+    dead = _chain(rider.gathered, rider.gather)
+    rider.gathered.replace_all_uses_with(gathered)
+    graph.erase_node(host)
+    erase_dead(graph, dead)
+    return op
+
+
 def _matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch, inputs, mat2s, bias) -> Node:
     out_dtype = [match.out_dtype] if match.out_dtype is not None else []
     return call(

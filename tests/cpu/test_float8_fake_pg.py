@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
-from overlap_pass import all_reduce_split
+from overlap_pass import all_reduce_split, passengers
 from tools.tp_models import TransformerBlock, parallelize_block
 
 from .fake_world import compile_and_dump, fake_world
@@ -49,8 +49,9 @@ def test_float8_sp_block(tmp_path, latency_free, world_size, recipe):
     two reduce-scatters of _scaled_mm results, in each graph. After: each gather moves float8
     inside all_gather_scaled_matmul (rowwise: its scales too), each reduce-scatter is a
     scaled_matmul_reduce_scatter. Rowwise quantizes the gathered tensor a second time along
-    the tokens for the weight gradient: that float8 copy is gathered plainly (its column amax
-    all-reduced from the shards'). Tensorwise's tensor amax is all-reduced from the shards'.
+    the tokens for the weight gradient: that float8 copy (its column amax all-reduced from the
+    shards') rides in the op of the same rows as a passenger, so no plain gather is left.
+    Tensorwise's tensor amax is all-reduced from the shards'.
     Rowwise's backward matmuls (no fast accumulation) are torchao's scale-after form, read as
     rowwise _scaled_mm (config.fold_rowwise_float8, on by default)."""
     dump = _compile(tmp_path, world_size, recipe)
@@ -63,8 +64,11 @@ def test_float8_sp_block(tmp_path, latency_free, world_size, recipe):
             key=str,
         ), kind
         after = _without_amax_all_reduces(collectives(dump.after(kind)))
-        plain = [("all_gather_into_tensor", "u8", gathered)] * 2 if recipe == "rowwise" else []
-        assert after == sorted([(AGS,)] * 2 + [(SRS, "bf16", shard)] * 2 + plain, key=str), kind
+        assert after == sorted([(AGS,)] * 2 + [(SRS, "bf16", shard)] * 2, key=str), kind
+        riders = [c for c in dump.candidates(kind) if c["kind"] == passengers.KIND]
+        assert len(riders) == (2 if recipe == "rowwise" else 0) and all(c["rewritten"] for c in riders), riders
+        # each rides in an op of its own: the attention's copy in the attention's gather
+        assert len({c["op"] for c in riders}) == len(riders), riders
         moved = [c for c in dump.candidates(kind) if c["kind"] == all_reduce_split.GATHER_KIND]
         assert len(moved) == 2 and all(c["rewritten"] for c in moved), moved
         fused = [c for c in dump.candidates(kind) if c["kind"] in ("all_gather_matmul", "matmul_reduce_scatter") and c["rewritten"]]
@@ -123,3 +127,14 @@ def test_matmuls_written_back_keep_their_strides(tmp_path, monkeypatch):
     for node in written_back:
         operands = node.meta["eager_input_vals"][0][:2]
         assert [o.stride() for o in operands] == [a.meta["val"].stride() for a in node.args[:2]]
+
+
+def test_rowwise_without_passengers(tmp_path, latency_free):
+    """config.gather_passengers off: each graph keeps its two plain float8 gathers of the
+    weight gradients' copies, and no passenger record is written."""
+    dump = _compile(tmp_path, 2, "rowwise", gather_passengers=False)
+    gathered = f"{BATCH * 2}, {SEQ // 2}, {DIM}"
+    for kind in ("forward", "backward"):
+        after = _without_amax_all_reduces(collectives(dump.after(kind)))
+        assert after.count(("all_gather_into_tensor", "u8", gathered)) == 2, (kind, after)
+        assert not [c for c in dump.candidates(kind) if c["kind"] == passengers.KIND]

@@ -1,0 +1,112 @@
+"""Passengers: plain all-gathers that ride along in an all_gather_scaled_matmul of the same rows.
+
+torchao's rowwise recipe quantizes a gathered tensor twice: once per row, for the matmul (which
+all_gather_scaled_matmul fuses), and once per column across the tokens, for the weight gradient.
+all_reduce_split.py moves that second cast before the gather too (its column amax all-reduced
+from the shards'), but nothing fuses the gather: in the forward its result is saved for the
+backward, in the backward the weight gradient's _scaled_mm reads it as its mat2. Left alone it
+is an NCCL collective of its own, on the critical path after the op. As a passenger it moves in
+the op's call instead, with the copy engine after the op's own chunks, behind its matmul
+(scaled_ops.py).
+
+A plain all-gather rides in the earliest op of the graph that gathers the same rows (same
+group, gather dim and leading dims) and whose inputs it does not need: the nodes that compute
+its shard move up before that op (rewrite.attach_passenger), nothing else moves. Every plain
+all-gather left in a graph that has such ops gets a record: which op it rides in, or why none.
+"""
+
+import dataclasses
+
+import torch
+from torch._inductor.pattern_matcher import stable_topological_sort
+from torch.fx import Graph, Node
+
+from . import config, rewrite
+from .debug import describe_node
+from .patterns import ALL_GATHER, WAIT, NoMatch, depends_on, gathered_layout, graph_order, meta_val
+
+KIND = "all_gather_passenger"
+HOST = torch.ops.overlap.all_gather_scaled_matmul.default
+
+
+@dataclasses.dataclass(frozen=True)
+class Rider:
+    """shard -> all_gather -> wait [-> split/cat for gather_dim > 0] = gathered."""
+
+    gather: Node
+    gathered: Node
+    shard: Node
+    gather_dim: int
+    world_size: int
+    group_name: str
+
+
+def _rider(gather: Node) -> Rider:
+    shard, world_size, group_name = gather.args[:3]
+    users = list(gather.users)
+    if len(users) != 1 or users[0].target is not WAIT:
+        raise NoMatch("the all-gather result is not read through exactly one wait_tensor")
+    gathered, gather_dim = gathered_layout(users[0], shard, world_size)
+    if not isinstance(meta_val(shard), torch.Tensor) or meta_val(shard).dim() < 2:
+        raise NoMatch("the shard is not a tensor of rows")
+    return Rider(gather, gathered, shard, gather_dim, world_size, group_name)
+
+
+def _rows(shard: Node) -> tuple:
+    return tuple(meta_val(shard).shape[:-1])
+
+
+def _same_rows(host: Node, rider: Rider) -> bool:
+    shard, gather_dim, world_size, group_name = host.args[0], *host.args[5:8]
+    return (gather_dim, world_size, group_name) == (
+        rider.gather_dim,
+        rider.world_size,
+        rider.group_name,
+    ) and _rows(shard) == _rows(rider.shard)
+
+
+def _host_for(graph: Graph, rider: Rider) -> tuple[Node | None, str | None]:
+    """(the earliest op the rider can ride in, None), or (None, why none)."""
+    hosts = [h for h in graph.find_nodes(op="call_function", target=HOST) if _same_rows(h, rider)]
+    if not hosts:
+        return None, "no all_gather_scaled_matmul in the graph gathers the same rows over the same group"
+    order = graph_order(graph)
+    for host in sorted(hosts, key=order.__getitem__):
+        # the shard must be computable before the op, and the op must not need the gathered rows
+        if not depends_on(rider.shard, host, order) and not depends_on(host, rider.gather, order):
+            return host, None
+    return None, "its shard is computed from the results of every all_gather_scaled_matmul of the same rows"
+
+
+def attach_all(graph: Graph, all_gathers: list[Node]) -> list[dict]:
+    """Makes each plain all-gather of ``all_gathers`` still in the graph a passenger where it
+    can (in graph order, on the live graph: a rider attached changes what the next may ride
+    in); returns a record per all-gather considered. Nothing is considered where the graph has
+    no all_gather_scaled_matmul."""
+    if not config.gather_passengers or not graph.find_nodes(op="call_function", target=HOST):
+        return []
+    alive = set(graph.find_nodes(op="call_function", target=ALL_GATHER))
+    order = graph_order(graph)
+    records = []
+    for gather in sorted((g for g in all_gathers if g in alive), key=order.__getitem__):
+        record = {
+            "kind": KIND,
+            "collective": describe_node(gather),
+            "group": {"name": gather.args[2], "size": gather.args[1]},
+            "rewritten": False,
+            "reason": None,
+            "implementation": None,
+        }
+        try:
+            rider = _rider(gather)
+            host, reason = _host_for(graph, rider)
+        except NoMatch as why:
+            host, reason = None, str(why)
+        if host is not None:
+            op = rewrite.attach_passenger(graph, host, rider)
+            stable_topological_sort(graph)  # the next rider's dependencies are read from the order
+            record.update(rewritten=True, op=op.name, rides_in=describe_node(op))
+        else:
+            record["reason"] = reason
+        records.append(record)
+    return records
