@@ -115,11 +115,14 @@ def test_functional_mlp_forward_and_backward(gloo_world, world_size, shape, gath
 def test_float8_tp_block(gloo_world, world_size, recipe, batch):
     """torchao's Float8 linears under sequence parallel: every all-gather's quantization runs on
     the shards and its float8 data (with rowwise scales) is gathered inside the fused scaled op,
-    every reduce-scatter is fused with its scaled matmuls; outputs and grads as eager's."""
+    every reduce-scatter is fused with its scaled matmuls, rowwise's column-quantized copies ride
+    in the gathers of their rows (passengers.py); outputs and grads as eager's."""
     pytest.importorskip("torchao")
     decisions = gloo_world(world_size).run(cases.float8_tp_block, recipe, batch)
     assert all(d == decisions[0] for d in decisions), "ranks decided differently"
     done = [d for d in decisions[0] if d[1]]
+    riders = [("all_gather_passenger", True, None)] * (4 if recipe == "rowwise" else 0)
     assert done == sorted(
-        [("quantize_before_gather", True, None)] * 4 + [(AGM, True, None)] * 4 + [(MRS, True, None)] * 4, key=str
+        [("quantize_before_gather", True, None)] * 4 + [(AGM, True, None)] * 4 + [(MRS, True, None)] * 4 + riders,
+        key=str,
     ), decisions[0]

@@ -77,8 +77,8 @@ def test_llama3_float8_rowwise_fuses_every_scaled_matmul(pool, spmd_backend):
     sequence parallel, batch 2, both spmd backends: in the forward and the backward block graph, the
     quantizations of the gathered activations (gradients) run on the shards, both gathers feed
     all_gather_scaled_matmul (their row scales travel with them), both scatters come from
-    scaled_matmul_reduce_scatter; the token-wise quantizations for the weight gradients are
-    gathered plainly; DTensor's all-reduces of the weights' amax stay. Loss and every gradient
+    scaled_matmul_reduce_scatter; the token-wise quantizations for the weight gradients, no
+    matmul's rows, ride in those ops as passengers (passengers.py); DTensor's all-reduces of the weights' amax stay. Loss and every gradient
     equal eager at fp32 tolerance."""
     pytest.importorskip("torchao", reason="pip install -e .[float8]")
     results = pool.run(cases.llama3_forward_backward, spmd_backend, 2, "overlap", 0, True, True)
@@ -89,9 +89,9 @@ def test_llama3_float8_rowwise_fuses_every_scaled_matmul(pool, spmd_backend):
         assert forward and 2 * len(forward) == len(graphs), (rank, sorted(graphs))
         for name, candidates in graphs.items():
             done = sorted(kind for kind, ok, _ in candidates if ok)
-            assert done == ["all_gather_matmul"] * 2 + ["matmul_reduce_scatter"] * 2 + ["quantize_before_gather"] * 2, (
-                rank, name, candidates,
-            )  # fmt: skip
+            assert done == sorted(
+                ["all_gather_matmul", "all_gather_passenger", "matmul_reduce_scatter", "quantize_before_gather"] * 2
+            ), (rank, name, candidates)
             left = sorted(reason.split(";")[0] for kind, ok, reason in candidates if not ok and kind != SPLIT)
             assert left == [PLAIN_SAVED] * 2 + [SCALE] * 2, (rank, name, candidates)
             # DTensor all-reduces the amax of each sharded weight (and gradient): kept
