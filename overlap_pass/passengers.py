@@ -105,7 +105,7 @@ def attach_all(graph: Graph, all_gathers: list[Node]) -> list[dict]:
         if host is not None:
             op = rewrite.attach_passenger(graph, host, rider)
             stable_topological_sort(graph)  # the next rider's dependencies are read from the order
-            record.update(rewritten=True, op=op.name, rides_in=describe_node(op))
+            record.update(rewritten=True, implementation=f"rides in {op.name}", op=op.name, rides_in=describe_node(op))
         else:
             record["reason"] = reason
         records.append(record)

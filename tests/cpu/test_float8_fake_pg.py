@@ -138,3 +138,35 @@ def test_rowwise_without_passengers(tmp_path, latency_free):
         after = _without_amax_all_reduces(collectives(dump.after(kind)))
         assert after.count(("all_gather_into_tensor", "u8", gathered)) == 2, (kind, after)
         assert not [c for c in dump.candidates(kind) if c["kind"] == passengers.KIND]
+
+
+def _gathers_beside_a_scaled_matmul(x, w, y, z):
+    """A float8 gather feeding _scaled_mm (the op that can carry passengers), then three plain
+    gathers: y of the same rows, z of other rows, and one of rows computed from the matmul."""
+    import torch.distributed._functional_collectives as funcol
+
+    group = torch.distributed.group.WORLD
+    fp8 = torch.float8_e4m3fn
+    gathered = funcol.all_gather_tensor(x.to(fp8).view(torch.uint8), 0, group).view(fp8)
+    one = torch.ones((), dtype=torch.float32)
+    out = torch._scaled_mm(gathered, w, one, one, out_dtype=torch.bfloat16)
+    same_rows = funcol.all_gather_tensor(y, 0, group)
+    other_rows = funcol.all_gather_tensor(z, 0, group)
+    from_the_matmul = funcol.all_gather_tensor(out[: x.shape[0]] * 2, 0, group)
+    return out, same_rows, other_rows, from_the_matmul
+
+
+def test_which_plain_gathers_ride(tmp_path):
+    """Only the plain gather of the op's rows rides (in bf16, a dtype of its own); the others
+    keep their collective, each with its reason."""
+    with fake_world(2):
+        x, y, z = torch.randn(32, 64), torch.randn(32, 8).bfloat16(), torch.randn(5, 8)
+        w = torch.randn(16, 64).to(torch.float8_e4m3fn).t()
+        dump = compile_and_dump(_gathers_beside_a_scaled_matmul, (x, w, y, z), tmp_path)[1]
+    riders = {tuple(c["collective"]["shape"]): c for c in dump.all_candidates() if c["kind"] == passengers.KIND}
+    assert len(riders) == 3, riders
+    assert riders[(64, 8)]["rewritten"] and riders[(64, 8)]["implementation"].startswith("rides in all_gather_scaled")
+    assert riders[(10, 8)]["reason"] == "no all_gather_scaled_matmul in the graph gathers the same rows over the same group"
+    assert riders[(64, 16)]["reason"] == "its shard is computed from the results of every all_gather_scaled_matmul of the same rows"
+    left = [c for c in collectives(dump.after("inference")) if c[0] == "all_gather_into_tensor"]
+    assert sorted(c[1:] for c in left) == [("bf16", "64, 16"), ("f32", "10, 8")], left
