@@ -130,7 +130,8 @@ def allocate_passengers(passengers, gather_dim: int, world_size: int) -> list[to
 
 def collect_passengers(ws, flats, datas, outs, layout) -> None:
     """After the consumer, on the caller's stream: each passenger's gathered tensor, its own
-    chunk from the shard, every peer's from the data once that peer's late flag is set."""
+    chunk from the shard, every peer's from the data once that peer's late flag is set (a wait
+    that gives up is reported as one for that peer's chunk)."""
     rows = [out.view(-1, out.shape[-1]) for out in outs]
     for flat, out in zip(flats, rows):
         layout.chunk(out, ws.rank).copy_(layout.own(flat))
