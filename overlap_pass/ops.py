@@ -333,7 +333,10 @@ def register(schemas: dict[str, str], kernels: dict) -> None:
     for name, (fake, reference) in kernels.items():
         if is_registered(name):
             continue
-        torch.library.define(f"overlap::{name}", schemas[name])
+        # Inductor then requires each input in the strides the pass saw (the node's
+        # eager_input_vals, rewrite.call); untagged, an op a custom pass inserted gets its inputs
+        # in whatever layout Inductor picks, and cuBLASLt's _scaled_mm wants a column-major mat2
+        torch.library.define(f"overlap::{name}", schemas[name], tags=(torch.Tag.needs_exact_strides,))
         torch.library.register_fake(f"overlap::{name}", fake)
         torch.library.impl(f"overlap::{name}", "CompositeExplicitAutograd", reference)
         torch.library.impl(f"overlap::{name}", "CUDA", functools.partial(_cuda_kernel, name))

@@ -170,3 +170,27 @@ def test_which_plain_gathers_ride(tmp_path):
     assert riders[(64, 16)]["reason"] == "its shard is computed from the results of every all_gather_scaled_matmul of the same rows"
     left = [c for c in collectives(dump.after("inference")) if c[0] == "all_gather_into_tensor"]
     assert sorted(c[1:] for c in left) == [("bf16", "64, 16"), ("f32", "10, 8")], left
+
+
+def test_ops_pin_their_input_strides(tmp_path, latency_free, monkeypatch):
+    """Every overlap op the pass writes (passengers included) is tagged needs_exact_strides and
+    carries eager_input_vals in its inputs' strides, so Inductor hands the op each input as the
+    pass saw it (a float8 mat2 column-major, as _scaled_mm wants it)."""
+    from overlap_pass import graph_pass
+
+    seen, run_pass = [], graph_pass.overlap_graph_pass
+
+    def run_and_look(graph):
+        records = run_pass(graph)
+        seen.extend(n for n in graph.nodes if n.op == "call_function" and str(n.target).startswith("overlap."))
+        return records
+
+    monkeypatch.setattr(graph_pass, "overlap_graph_pass", run_and_look)
+    _compile(tmp_path, 2, "rowwise")
+    assert {str(n.target) for n in seen} == {f"overlap.{AGS}.default", f"overlap.{SRS}.default"}, seen
+    for node in seen:
+        assert torch.Tag.needs_exact_strides in node.target.tags
+        pinned = torch.utils._pytree.tree_leaves(node.meta["eager_input_vals"][0])
+        given = torch.utils._pytree.tree_leaves(torch.fx.node.map_arg(node.args, lambda a: a.meta["val"]))
+        tensors = [(p.shape, p.stride()) for p in pinned if isinstance(p, torch.Tensor)]
+        assert tensors == [(g.shape, g.stride()) for g in given if isinstance(g, torch.Tensor)], node
