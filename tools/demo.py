@@ -157,6 +157,9 @@ def _rank_main(rank: int, args, port: int, dump_dir: str) -> None:
             )
         if any(err["overlap"] > tol for err in errors.values()):
             raise SystemExit("numerics mismatch")
+    # tear down together: a rank that destroyed its gloo group while rank 0 still printed once
+    # aborted at exit ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 
