@@ -123,11 +123,6 @@ def start(parts, layout, group_name, own_too=False, passengers=()):
     return ws, [ws.data(r.shape, r.dtype, r.offset) for r in placed]
 
 
-def allocate_passengers(passengers, gather_dim: int, world_size: int) -> list[torch.Tensor]:
-    """The gathered tensor of each passenger, empty."""
-    return [p.new_empty(ops._gathered_shape(p, gather_dim, world_size)) for p in passengers]
-
-
 def collect_passengers(ws, flats, datas, outs, layout) -> None:
     """After the consumer, on the caller's stream: each passenger's gathered tensor, its own
     chunk from the shard, every peer's from the data once that peer's late flag is set (a wait

@@ -64,53 +64,56 @@ def _scaled_mm_into(a, scale, mat2, mat2_scale, bias, out, out_dtype, use_fast_a
 @dataclasses.dataclass
 class _Gather:
     """One all-gather call in progress (_start_gather): the shard's rows and, if rowwise, their
-    scales (``parts``), the passengers' rows, the workspace and where each lands in its data."""
+    scales (``parts``), the passengers' rows, the workspace and where each lands in its data,
+    and the gathered tensors it returns (the shard's if asked for, the passengers')."""
 
     layout: RowLayout
     parts: list
     passengers: list
     ws: object
     data: list
+    gathered: torch.Tensor | None
+    passenger_outs: list
 
     @contextlib.contextmanager
-    def consuming(self, gathered, passenger_outs):
+    def consuming(self):
         """Around the consumer: then the passengers collected, and agm.finish, which joins the
         side stream even when a launch fails (the next call must not overtake the pushes)."""
         try:
             yield
-            if passenger_outs:
+            if self.passenger_outs:
                 agm.collect_passengers(
-                    self.ws, self.passengers, self.data[len(self.parts) :], passenger_outs, self.layout
+                    self.ws, self.passengers, self.data[len(self.parts) :], self.passenger_outs, self.layout
                 )
         finally:
-            agm.finish(self.ws, self.data[0], gathered)
+            agm.finish(self.ws, self.data[0], self.gathered)
 
 
 def _start_gather(shard, shard_scale, mat2s, gather_dim, world_size, group_name, out_dtype, return_gathered, passengers):
-    """The all-gather variants' common start: the outputs (the matmuls', the gathered tensor or
-    None, the passengers'), then steps 1 and 2 of the protocol (agm.start) for the float8 rows,
-    if rowwise their scales, and the passengers."""
+    """The all-gather variants' common start: the matmuls' outputs, then steps 1 and 2 of the
+    protocol (agm.start) for the float8 rows, if rowwise their scales, and the passengers.
+    Returns (the call, the matmuls' outputs)."""
     layout = RowLayout.of(shard.shape, gather_dim, world_size)
     rowwise = not scaled_ops.is_tensorwise(shard_scale)
     parts = [agm.shard_rows(shard)] + ([_scale_rows(shard_scale)] if rowwise else [])
     gathered_shape = ops._gathered_shape(shard, gather_dim, world_size)
     outs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]], dtype=out_dtype) for m in mat2s]
     gathered = shard.new_empty(gathered_shape) if return_gathered else None
-    passenger_outs = agm.allocate_passengers(passengers, gather_dim, world_size)
+    passenger_outs = scaled_ops.gathered_passengers(passengers, gather_dim, world_size)
     riders = [agm.shard_rows(p) for p in passengers]
     ws, data = agm.start(parts, layout, group_name, own_too=return_gathered, passengers=riders)
-    return _Gather(layout, parts, riders, ws, data), outs, gathered, passenger_outs
+    return _Gather(layout, parts, riders, ws, data, gathered, passenger_outs), outs
 
 
 def all_gather_copy_engine_scaled_mm(
     shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
     use_fast_accum=False, return_gathered=False, passengers=(),
 ):  # fmt: skip
-    call, outs, gathered, passenger_outs = _start_gather(
+    call, outs = _start_gather(
         shard, shard_scale, mat2s, gather_dim, world_size, group_name, out_dtype, return_gathered, passengers
     )
     layout, parts, ws, data = call.layout, call.parts, call.ws, call.data
-    with call.consuming(gathered, passenger_outs):
+    with call.consuming():
         for chunk in schedule.all_gather_order(ws.rank, world_size):
             a = agm.chunk_rows(ws, data[0], parts[0], layout, chunk)  # waits for the chunk's flag
             scale = shard_scale
@@ -119,7 +122,7 @@ def all_gather_copy_engine_scaled_mm(
             for out, mat2, mat2_scale, bias in zip(outs, mat2s, mat2_scales, biases):
                 target = layout.chunk(out.view(-1, out.shape[-1]), chunk)
                 _scaled_mm_into(a, scale, mat2, mat2_scale, bias, target, out_dtype, use_fast_accum)
-    return gathered, outs, passenger_outs
+    return call.gathered, outs, call.passenger_outs
 
 
 def _fused_fits(shard: torch.Tensor, mat2s) -> bool:
@@ -138,7 +141,7 @@ def all_gather_fused_scaled_mm(
         raise NotImplementedError("the fused float8 consumer needs TMA-aligned operands and [N, K] weights")
     # the kernel reads a weight's rowwise scale as N consecutive words
     column_scales = tuple(s if scaled_ops.is_tensorwise(s) else scaled_ops._standard_strides(s) for s in mat2_scales)
-    call, outs, gathered, passenger_outs = _start_gather(
+    call, outs = _start_gather(
         shard, shard_scale, mat2s, gather_dim, world_size, group_name, out_dtype, return_gathered, passengers
     )
     layout, parts, ws, data = call.layout, call.parts, call.ws, call.data
@@ -146,14 +149,14 @@ def all_gather_fused_scaled_mm(
         scales = consumer.Scales(data[1].view(-1), parts[1].view(-1), column_scales, use_fast_accum)
     else:
         scales = consumer.Scales(shard_scale.reshape(1), None, column_scales, use_fast_accum)
-    with call.consuming(gathered, passenger_outs):
+    with call.consuming():
         consumer.all_gather_matmul_consumer(
             data[0], list(mat2s), [None if b is None else b.contiguous() for b in biases],
             [o.view(-1, o.shape[-1]) for o in outs], ws.flags, ws.epoch, rank=ws.rank,
             world_size=world_size, inner=layout.inner, a_local=parts[0], config=gemm_config,
             spin_limit=config.spin_limit, timeouts=ws.chunk_timeouts, scales=scales,
         )  # fmt: skip
-    return gathered, outs, passenger_outs
+    return call.gathered, outs, call.passenger_outs
 
 
 def _reduce_scatter(inputs, flats, layout, n, scatter_dim, world_size, group_name, reduce_op, dtypes, produce):

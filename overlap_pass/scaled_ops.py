@@ -145,6 +145,11 @@ def _check_reduce_scatter(
     return dim
 
 
+def gathered_passengers(passengers, gather_dim: int, world_size: int) -> list[torch.Tensor]:
+    """Each passenger's gathered tensor, empty."""
+    return [p.new_empty(ops._gathered_shape(p, gather_dim, world_size)) for p in passengers]
+
+
 # ---------------------------------------------------------------------------------------------
 # Fake kernels
 
@@ -159,7 +164,7 @@ def _all_gather_scaled_matmul_fake(
     )
     gathered_shape = ops._gathered_shape(shard, dim, world_size)
     outputs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]], dtype=out_dtype) for m in mat2s]
-    riders = [p.new_empty(ops._gathered_shape(p, dim, world_size)) for p in passengers]
+    riders = gathered_passengers(passengers, dim, world_size)
     return (shard.new_empty(gathered_shape) if return_gathered else None), outputs, riders
 
 
@@ -241,7 +246,7 @@ def all_gather_scaled_matmul_reference(
             schedule.chunk(out, dim, src, world_size).copy_(result)
         if gathered is not None:
             schedule.chunk(gathered, dim, src, world_size).copy_(chunk)
-    passenger_outs = [p.new_empty(ops._gathered_shape(p, dim, world_size)) for p in passengers]
+    passenger_outs = gathered_passengers(passengers, dim, world_size)
     for received_rider, out in zip(riders, passenger_outs):
         for src in range(world_size):
             schedule.chunk(out, dim, src, world_size).copy_(received_rider(src))
