@@ -133,7 +133,6 @@ def all_gather_matmul_tma_kernel(
     B_NK: tl.constexpr,
     FP8_EXACT: tl.constexpr,
     FLATTEN: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
     PIPELINED_WAIT: tl.constexpr,
     SPIN_LIMIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -172,7 +171,7 @@ def all_gather_matmul_tma_kernel(
         tiles_per_chunk += tiles_m * tl.cdiv(Ns[i], BLOCK_N)
     ready = rank  # the last chunk this program waited for (its own needs no wait)
     tile_c = pid - num_programs  # the epilogue's tile
-    for tile in tl.range(pid, tiles_per_chunk * world_size, num_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+    for tile in tl.range(pid, tiles_per_chunk * world_size, num_programs, flatten=FLATTEN):
         # own chunk first, then rank + 1, ... (schedule.all_gather_order)
         chunk = (rank + tile // tiles_per_chunk) % world_size
         b, tile_m, tile_n = _tma_tile(tile % tiles_per_chunk, tiles_m, Ns, BLOCK_N, GROUP_M)
@@ -277,8 +276,7 @@ def _launch_tma(a_descs, group, flags, epoch, timeouts, outer, k, *, rank, world
         B_SCALE_MASK=sum(1 << i for i, (_, _, _, sb) in enumerate(group) if sb is not None),
         B_ROWWISE_MASK=sum(1 << i for i, (_, _, _, sb) in enumerate(group) if sb is not None and sb.numel() > 1),
         B_NK=group[0][0].stride(0) == 1, FP8_EXACT=exact,
-        FLATTEN=flatten_tiles(config, exact, [out.dtype for _, _, out, _ in group]),
-        WARP_SPECIALIZE=config.warp_specialize,
+        FLATTEN=flatten_tiles(exact, [out.dtype for _, _, out, _ in group]),
         PIPELINED_WAIT=group[0][2].is_cuda, SPIN_LIMIT=spin_limit,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,

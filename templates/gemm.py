@@ -20,14 +20,11 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     tma: bool = False  # TMA loads (bf16/fp16 with aligned strides), else pointer loads
-    # TMA kernels: the tile loop warp-specialized (Triton's Hopper partitioning, num_warps 4:
-    # one warp group issues the loads, two more run the dots and the epilogue), not flattened
-    warp_specialize: bool = False
 
     def __str__(self) -> str:
         return (
             f"{'tma' if self.tma else 'ptr'}{self.block_m}x{self.block_n}x{self.block_k}"
-            f"w{self.num_warps}s{self.num_stages}{'ws' if self.warp_specialize else ''}"
+            f"w{self.num_warps}s{self.num_stages}"
         )
 
 
@@ -120,13 +117,12 @@ def scale_columns(acc, scale_ptr, rowwise, offs_n, n_mask):
     return acc
 
 
-def flatten_tiles(config: GemmConfig, exact: bool, out_dtypes) -> bool:
+def flatten_tiles(exact: bool, out_dtypes) -> bool:
     """Whether a TMA kernel flattens its tile loop into the K loop (FLATTEN: one software
-    pipeline over all the program's tiles). Not when warp-specialized (Triton partitions only
-    a loop it has not flattened), nor for exact float8 accumulation, nor 32-bit outputs:
-    flattened, their epilogue's shared memory does not fit next to the pipeline's buffers (278
-    KB of Hopper's 227 for a float8 128x256x128 tile with fp32 out, 3 stages)."""
-    return not config.warp_specialize and not exact and all(dtype.itemsize <= 2 for dtype in out_dtypes)
+    pipeline over all the program's tiles). Not for exact float8 accumulation, nor 32-bit
+    outputs: flattened, their epilogue's shared memory does not fit next to the pipeline's
+    buffers (278 KB of Hopper's 227 for a float8 128x256x128 tile with fp32 out, 3 stages)."""
+    return not exact and all(dtype.itemsize <= 2 for dtype in out_dtypes)
 
 
 def tma_operand(t: torch.Tensor) -> bool:

@@ -156,7 +156,6 @@ def matmul_reduce_scatter_tma_kernel(
     B_NK: tl.constexpr,
     FP8_EXACT: tl.constexpr,
     FLATTEN: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
     PTX_BARRIER: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -178,7 +177,7 @@ def matmul_reduce_scatter_tma_kernel(
     slot = rank * outer * inner
     total_tiles = tiles_per_chunk * world_size
     tile_c = pid - num_programs  # the epilogue's tile
-    for tile in tl.range(pid, total_tiles, num_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+    for tile in tl.range(pid, total_tiles, num_programs, flatten=FLATTEN):
         chunk, tile_m, tile_n = chunk_tile(tile, tiles_m, tiles_n, rank + 1, world_size, GROUP_M)
         _, first_full, _, _ = block_rows(tile_m, chunk, inner, world_size, BLOCK_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -284,7 +283,7 @@ def matmul_reduce_scatter_producer(
             flag_ptrs, counters, epoch, a_scale, b_scale, outer, inner, n, k, rank, world_size, programs,
             HAS_BIAS=bias is not None, A_SCALE=a_kind, B_SCALE=b_kind,
             OUT_DTYPE=_TL_DTYPES[out_dtype], B_NK=mat2.stride(0) == 1, FP8_EXACT=exact,
-            FLATTEN=flatten_tiles(config, exact, [out_dtype]), WARP_SPECIALIZE=config.warp_specialize,
+            FLATTEN=flatten_tiles(exact, [out_dtype]),
             PTX_BARRIER=a.is_cuda,
             BLOCK_M=bm, BLOCK_N=config.block_n,
             BLOCK_K=bk, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,

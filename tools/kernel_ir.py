@@ -41,7 +41,6 @@ class KernelIR:
     pipelined: bool  # loads issued ahead of the dot
     stores: dict  # PTX global store instructions by kind
     shared_bytes: int
-    warp_specialized: bool = False  # partitioned into warp groups (ttg.warp_specialize)
 
 
 def _aligned_attrs(signature: dict) -> dict:
@@ -76,7 +75,6 @@ def summarize(name: str, kernel) -> KernelIR:
         pipelined=loads > 2,  # more than the loop body's own two: a prologue loads ahead
         stores=dict(collections.Counter(re.findall(r"st\.global[a-z0-9.:]*", ptx))),
         shared_bytes=kernel.metadata.shared,
-        warp_specialized="ttg.warp_specialize" in ttgir,
     )
 
 
@@ -101,8 +99,8 @@ def consumer_ir(float8: bool, num_b: int = 1, exact: bool = False, config=None) 
     mask = (1 << num_b) - 1 if float8 else 0
     constexprs = dict(
         BIAS_MASK=0, A_SCALE=2 if float8 else 0, B_SCALE_MASK=mask, B_ROWWISE_MASK=mask, B_NK=True,
-        FP8_EXACT=exact, FLATTEN=gemm.flatten_tiles(config, exact, [torch.bfloat16]),
-        WARP_SPECIALIZE=config.warp_specialize, PIPELINED_WAIT=True, SPIN_LIMIT=1 << 30, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
+        FP8_EXACT=exact, FLATTEN=gemm.flatten_tiles(exact, [torch.bfloat16]),
+        PIPELINED_WAIT=True, SPIN_LIMIT=1 << 30, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
     )  # fmt: skip
     kernel = compile_hopper(consumer.all_gather_matmul_tma_kernel, signature, constexprs, config.num_warps, config.num_stages)
     return summarize(f"consumer {dt} B={num_b}{' exact' if exact else ''} {config}", kernel)
@@ -120,8 +118,7 @@ def producer_ir(float8: bool, exact: bool = False, config=None) -> KernelIR:
     }  # fmt: skip
     constexprs = dict(
         HAS_BIAS=False, A_SCALE=2 if float8 else 0, B_SCALE=2 if float8 else 0, OUT_DTYPE=tl.bfloat16, B_NK=True,
-        FP8_EXACT=exact, FLATTEN=gemm.flatten_tiles(config, exact, [torch.bfloat16]),
-        WARP_SPECIALIZE=config.warp_specialize, PTX_BARRIER=True, BLOCK_M=bm,
+        FP8_EXACT=exact, FLATTEN=gemm.flatten_tiles(exact, [torch.bfloat16]), PTX_BARRIER=True, BLOCK_M=bm,
         BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
     )  # fmt: skip
     kernel = compile_hopper(producer.matmul_reduce_scatter_tma_kernel, signature, constexprs, config.num_warps, config.num_stages)
