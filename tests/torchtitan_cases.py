@@ -1,9 +1,9 @@
-"""torchtitan's own Llama 3, parallelized and compiled by torchtitan's own code, on every rank of
-a gloo RankPool (tests/cpu/test_torchtitan_gloo.py). Needs torchtitan 0.3.0 (the package's
-``torchtitan`` extra).
+"""torchtitan's own models (Llama 3; Qwen3 and DeepSeek-V3, its MoE with shared experts and
+MLA), parallelized and compiled by torchtitan's own code, on every rank of a gloo RankPool
+(tests/cpu/test_torchtitan_gloo.py). Needs torchtitan 0.3.0 (the package's ``torchtitan`` extra).
 
 What is torchtitan's, called as its Trainer calls it: the model (``Llama3Model.Config`` built
-with its ``_build_llama3_layers``), its TP plan with sequence parallel
+with its ``_build_llama3_layers``, and the like for the others), its TP plan with sequence parallel
 (``set_llama3_sharding_config`` -> ``parallelize_llama``, or ``model.parallelize``), its
 ``apply_compile`` (``block.compile(backend="overlap", fullgraph=True)`` per TransformerBlock),
 its input annotation, loss and spmd context. What a CPU run changes, and why:
@@ -68,6 +68,72 @@ def _model_config():
     )  # fmt: skip
 
 
+def _qwen3_config():
+    """Qwen3 (dense): QK norm, an explicit head dim, rotary embeddings as cos/sin tables."""
+    from torchtitan.models import qwen3
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    head_dim = DIM // HEADS
+    layers = qwen3._build_qwen3_layers(
+        n_layers=LAYERS, dim=DIM, n_heads=HEADS, n_kv_heads=KV_HEADS, head_dim=head_dim, hidden_dim=2 * DIM,
+        attn_backend="flex", rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=SEQ, theta=1000000.0),
+    )  # fmt: skip
+    for layer in layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    return qwen3.Qwen3Model.Config(
+        vocab_size=VOCAB, dim=DIM, norm=qwen3._qwen3_norm(DIM), layers=layers,
+        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM, param_init=qwen3._EMBEDDING_INIT),
+        lm_head=Linear.Config(in_features=DIM, out_features=VOCAB, param_init=qwen3._LINEAR_INIT),
+    )  # fmt: skip
+
+
+def _deepseek_v3_config():
+    """DeepSeek-V3: multi-head latent attention; layer 0 a dense FFN, layer 1 an MoE of 4 routed
+    experts (torchtitan's bf16 grouped matmuls) and 2 shared ones; expert parallel off."""
+    from torchtitan.models import deepseek_v3
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    rope = ComplexRoPE.Config(
+        dim=16, max_seq_len=4 * SEQ, theta=10000.0, scaling="yarn", rope_factor=40.0, beta_fast=32.0,
+        beta_slow=1.0, original_seq_len=SEQ,
+    )  # fmt: skip
+    layers = deepseek_v3._build_dsv3_layers(
+        n_layers=LAYERS, n_dense_layers=1, dim=DIM, n_heads=HEADS, q_lora_rank=0, kv_lora_rank=64,
+        qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, mscale=0.70, dense_hidden_dim=2 * DIM,
+        moe_hidden_dim=64, num_experts=4, num_shared_experts=2, router_top_k=2, router_score_func="softmax",
+        attn_backend="flex", moe_comm_backend="standard", non_blocking_capacity_factor=None, rope=rope,
+    )  # fmt: skip
+    for layer in layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    return deepseek_v3.DeepSeekV3Model.Config(
+        vocab_size=VOCAB, dim=DIM, layers=layers, mtp_layers=[],
+        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM, param_init=deepseek_v3._EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=DIM, param_init=deepseek_v3._NORM_INIT),
+        lm_head=Linear.Config(in_features=DIM, out_features=VOCAB, param_init=deepseek_v3._output_linear_init(DIM)),
+    )  # fmt: skip
+
+
+def _shard(family: str, model_config, sequence_parallel: bool) -> None:
+    """The model's own sharding config (its TP plan), expert parallel off."""
+    if family == "llama3":
+        from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+        set_llama3_sharding_config(model_config, enable_sp=sequence_parallel)
+    elif family == "qwen3":
+        from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
+
+        set_qwen3_sharding_config(model_config, enable_sp=sequence_parallel, enable_ep=False)
+    else:
+        from torchtitan.models.deepseek_v3.sharding import set_deepseek_v3_sharding_config
+
+        set_deepseek_v3_sharding_config(model_config, enable_sp=sequence_parallel, enable_ep=False)
+
+
+MODELS = {"llama3": _model_config, "qwen3": _qwen3_config, "deepseek_v3": _deepseek_v3_config}
+
+
 def _float8(model_config, compiled: bool):
     """torchtitan's Float8LinearConverter (rowwise, its default recipe) applied as its
     model_registry applies converters: before the sharding config. Its capability check asks
@@ -79,18 +145,22 @@ def _float8(model_config, compiled: bool):
     return converter.convert(model_config)
 
 
-def _parallel_model(parallelism, parallel_dims, compiled: bool, backend: str = "overlap", float8: bool = False):
-    """The model on the meta device, parallelized (and compiled with ``backend``) by torchtitan;
-    with ``float8``, its linears converted to torchao's Float8Linear first."""
+def _parallel_model(
+    parallelism, parallel_dims, compiled: bool, backend: str = "overlap", float8: bool = False, family: str = "llama3"
+):  # fmt: skip
+    """The ``family`` model (a key of MODELS) on the meta device, parallelized (and compiled with
+    ``backend``) by torchtitan; with ``float8``, its linears converted to torchao's Float8Linear
+    first. Models other than Llama 3 under spmd_types only."""
     from torchtitan.config import CompileConfig, TrainingConfig
     from torchtitan.distributed.compile import apply_compile
     from torchtitan.models.llama3 import parallelize_llama
-    from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 
     training = TrainingConfig(dtype="float32", mixed_precision_param="float32", mixed_precision_reduce="float32")
     compile_config = CompileConfig(enable=compiled, backend=backend, components=["model"])
-    model_config = _float8(_model_config(), compiled) if float8 else _model_config()
-    set_llama3_sharding_config(model_config, enable_sp=parallelism.enable_sequence_parallel)
+    model_config = MODELS[family]()
+    if float8:
+        model_config = _float8(model_config, compiled)
+    _shard(family, model_config, parallelism.enable_sequence_parallel)
     with torch.device("meta"):
         model = model_config.build()
     if parallelism.spmd_backend == "spmd_types":  # parallelize_llama without FSDP (module docstring)
@@ -144,12 +214,12 @@ def assert_every_block_collective_rewritten(results: list[dict]) -> None:
             assert not skipped, f"rank {rank} {name}: {skipped}"
 
 
-def llama3_forward_backward(
+def forward_backward(
     spmd_backend: str, batch: int, backend: str = "overlap", seed: int = 0, sequence_parallel: bool = True,
-    float8: bool = False, tol: dict = TOL,
+    float8: bool = False, tol: dict = TOL, family: str = "llama3",
 ) -> dict:  # fmt: skip
-    """One training step of the compiled model against the eager one (same weights, same
-    tokens): the loss and every gradient at fp32 tolerance. ``backend``: "overlap"
+    """One training step of the compiled ``family`` model (a key of MODELS) against the eager
+    one (same weights and buffers, same tokens): the loss and every gradient at fp32 tolerance. ``backend``: "overlap"
     (--compile.backend overlap), or "inductor" with the pass turned on in it (what
     ``python3 -m overlap_pass.launch torchtitan.train`` does). ``sequence_parallel=False``:
     --parallelism.enable_sequence_parallel off (plain TP, all-reduces), split at any size
@@ -177,15 +247,15 @@ def llama3_forward_backward(
     context = dist_utils.get_spmd_context(parallel_dims=parallel_dims)
 
     folder = tempfile.mkdtemp(prefix="overlap-torchtitan-")
-    eager = _parallel_model(parallelism, parallel_dims, compiled=False, float8=float8)
-    compiled = _parallel_model(parallelism, parallel_dims, compiled=True, backend=backend, float8=float8)
+    eager = _parallel_model(parallelism, parallel_dims, compiled=False, float8=float8, family=family)
+    compiled = _parallel_model(parallelism, parallel_dims, compiled=True, backend=backend, float8=float8, family=family)
     for model in (eager, compiled):
         model.to_empty(device="cpu")
     with torch.no_grad(), context():
         torch.manual_seed(seed)
         eager.init_weights(buffer_device=None)
         compiled.init_weights(buffer_device=None)
-        for (name, theirs), (_, ours) in zip(eager.named_parameters(), compiled.named_parameters()):
+        for theirs, ours in zip([*eager.parameters(), *eager.buffers()], [*compiled.parameters(), *compiled.buffers()]):
             _local(ours).copy_(_local(theirs))
 
     gen = torch.Generator().manual_seed(seed + 1)  # the same tokens on every rank (TP)

@@ -2,7 +2,7 @@
 parallel, each TransformerBlock compiled by its apply_compile with backend="overlap", batch 1
 and 4, under its default spmd_backend (spmd_types) and the DTensor one. Every all-gather and
 reduce-scatter of the forward and backward graphs is rewritten; loss and gradients equal eager
-(tests/torchtitan_cases.py)."""
+(tests/torchtitan_cases.py). Also its Qwen3 and DeepSeek-V3 (MLA, MoE) under spmd_types."""
 
 import pytest
 
@@ -31,10 +31,40 @@ def pool():
     ],
 )
 def test_llama3_every_collective_is_rewritten_and_training_matches_eager(pool, spmd_backend, batch, backend):
-    results = pool.run(cases.llama3_forward_backward, spmd_backend, batch, backend)
+    results = pool.run(cases.forward_backward, spmd_backend, batch, backend)
     cases.assert_every_block_collective_rewritten(results)
     assert results[0]["loss"] == results[1]["loss"]
 
+
+
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
+def test_other_models_every_matmul_collective_is_rewritten_and_training_matches_eager(pool, family):
+    """torchtitan's Qwen3 (QK norm, cos/sin RoPE) and DeepSeek-V3 (MLA; a dense layer, then an
+    MoE layer of routed bf16 experts and shared ones, expert parallel off) under their own TP/SP
+    plans, batch 2. Every gather a matmul reads and every scatter of a matmul's result is
+    rewritten. What is left is the MoE layer's, with its reason: in the forward the scatter of
+    the combine (a scatter-add of the routed experts' outputs into their tokens), in the backward
+    that of the dispatch's gradient (an index_put): neither is a matmul's result. Loss and grads
+    equal eager."""
+    results = pool.run(cases.forward_backward, "spmd_types", 2, "overlap", 0, True, False, cases.TOL, family)
+    assert results[0]["loss"] == results[1]["loss"]
+    if family == "qwen3":
+        cases.assert_every_block_collective_rewritten(results)
+        return
+    dense = [(AGM, True), (AGM, True), (MRS, True), (MRS, True)]
+    combine = (MRS, False, "reduce-scatter input is not a matmul result: deterministic_scatter_add")
+    dispatch = (MRS, False, "reduce-scatter input is not a matmul result: index_put")
+    expected = sorted([
+        ("forward", dense), ("forward", dense + [combine]),
+        ("backward", dense), ("backward", [(AGM, True), (AGM, True), (MRS, True), dispatch]),
+    ])  # fmt: skip
+    for rank, result in enumerate(results):
+        found = sorted(
+            ("forward" if "forward" in name else "backward",
+             sorted((kind, ok, *([reason.split(" (")[0]] if not ok else [])) for kind, ok, reason in candidates))
+            for name, candidates in result["decisions"].items()
+        )  # fmt: skip
+        assert found == sorted((graph, sorted(c)) for graph, c in expected), (rank, result["decisions"])
 
 
 AGM, MRS, SPLIT = cases.AGM, cases.MRS, "all_reduce_split"
@@ -50,7 +80,7 @@ def test_llama3_without_sequence_parallel_splits_its_all_reduces(pool, spmd_back
     reduce-scatters fused, the grad of the residual gathered once for wo's grads. DTensor's
     backward has no all-reduce in the block graph (it leaves the input grads Partial). Loss and
     grads equal eager."""
-    results = pool.run(cases.llama3_forward_backward, spmd_backend, 2, "overlap", 0, False)
+    results = pool.run(cases.forward_backward, spmd_backend, 2, "overlap", 0, False)
     assert results[0]["loss"] == results[1]["loss"]
     for rank, result in enumerate(results):
         for name, candidates in result["decisions"].items():
@@ -81,7 +111,7 @@ def test_llama3_float8_rowwise_fuses_every_scaled_matmul(pool, spmd_backend):
     matmul's rows, ride in those ops as passengers (passengers.py); DTensor's all-reduces of the weights' amax stay. Loss and every gradient
     equal eager at fp32 tolerance."""
     pytest.importorskip("torchao", reason="pip install -e .[float8]")
-    results = pool.run(cases.llama3_forward_backward, spmd_backend, 2, "overlap", 0, True, True)
+    results = pool.run(cases.forward_backward, spmd_backend, 2, "overlap", 0, True, True)
     assert results[0]["loss"] == results[1]["loss"]
     for rank, result in enumerate(results):
         graphs = result["decisions"]
