@@ -563,7 +563,10 @@ class _Sharder:
                 gathered = self._gathered(gather, meta_val(shard).dtype)
                 for node in nodes:
                     full = reshape(self.graph, gathered, meta_val(node).shape)
-                    for user in set(outside[node]):
+                    # in graph order: the order ``full`` gains its users is the order later
+                    # matches list them in, and every rank must build the same collectives
+                    # (a set's order differs between processes)
+                    for user in sorted(set(outside[node]), key=order.__getitem__):
                         user.replace_input_with(node, full)
 
     def _all_gather(self, shard: Node) -> Node:

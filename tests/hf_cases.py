@@ -1,6 +1,8 @@
-"""Hugging Face transformers' Llama with its own tensor-parallel plan (``tp_plan``: plain TP, no
-sequence parallel), run on each rank of a RankPool: a small random config, saved by rank 0 and
-loaded on every rank with ``DistributedConfig(tp_size=W)`` as its users load a checkpoint."""
+"""Hugging Face transformers' Llama and OLMo 2 with their own tensor-parallel plans (``tp_plan``:
+plain TP, no sequence parallel), run on each rank of a RankPool: a small random config, saved by
+rank 0 and loaded on every rank with ``DistributedConfig(tp_size=W)`` as its users load a
+checkpoint. OLMo 2 normalizes Q and K over all heads, so its plan gathers the Q, K and V
+projections' outputs (``colwise_gather_output``) after the split all-reduce's gather."""
 
 import glob
 import json
@@ -14,23 +16,24 @@ import torch.distributed as dist
 from overlap_pass import all_reduce_split, config
 
 TOL = dict(atol=2e-5, rtol=2e-5)
+SMALL = dict(
+    vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False, attn_implementation="sdpa",
+)  # fmt: skip
+FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "olmo2": ("Olmo2Config", "Olmo2ForCausalLM")}
 
 
-def _config():
-    from transformers import LlamaConfig
+def _classes(family: str):
+    import transformers
 
-    return LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        tie_word_embeddings=False, attn_implementation="sdpa",
-    )  # fmt: skip
+    config_name, model_name = FAMILIES[family]
+    return getattr(transformers, config_name), getattr(transformers, model_name)
 
 
-def _load(folder: str):
-    from transformers import LlamaForCausalLM
+def _load(folder: str, family: str):
     from transformers.distributed import DistributedConfig
 
-    model = LlamaForCausalLM.from_pretrained(
+    model = _classes(family)[1].from_pretrained(
         folder, distributed_config=DistributedConfig(tp_size=dist.get_world_size()), dtype=torch.float32
     )
     return model.train()
@@ -45,18 +48,18 @@ def _grads(model) -> dict:
     return grads
 
 
-def llama_forward_backward(folder: str, batch: int, seq: int) -> list[dict]:
-    """Two training steps of the compiled model (backend="overlap") against the same model
-    eager: loss, logits and every gradient at fp32 tolerance. Returns the pass's decisions,
-    per graph: [{"graph", "kind", "rewritten", "reason"}]."""
+def forward_backward(folder: str, batch: int, seq: int, family: str = "llama") -> dict:
+    """Two training steps of the compiled ``family`` model (a key of FAMILIES; backend="overlap")
+    against the same model eager: loss, logits and every gradient at fp32 tolerance. Returns the
+    pass's decisions, per graph: {"decisions": [{"graph", "kind", "rewritten", "reason"}],
+    "graphs": {graph: its rewritten code}} (every rank must build the same collectives)."""
     torch._dynamo.reset()  # static shapes: no recompile as dynamic after another test's shapes
     if dist.get_rank() == 0:
-        from transformers import LlamaForCausalLM
-
+        config_class, model_class = _classes(family)
         torch.manual_seed(0)
-        LlamaForCausalLM(_config()).save_pretrained(folder)
+        model_class(config_class(**SMALL)).save_pretrained(folder)
     dist.barrier()
-    eager, compiled = _load(folder), _load(folder)
+    eager, compiled = _load(folder, family), _load(folder, family)
     compiled_fn = torch.compile(compiled, backend="overlap")
     dump = tempfile.mkdtemp(prefix="overlap-hf-")
     # the test model is small enough that a collective's latency would outweigh its bytes and the
@@ -75,7 +78,7 @@ def llama_forward_backward(folder: str, batch: int, seq: int) -> list[dict]:
                 torch.testing.assert_close(grads_c[name], grad, **TOL, msg=name)
             compiled.zero_grad(set_to_none=True)
             eager.zero_grad(set_to_none=True)
-    decisions = []
+    decisions, graphs = [], {}
     for path in sorted(glob.glob(os.path.join(dump, "*", "*", "decisions.json"))):
         with open(path) as f:
             record = json.load(f)
@@ -84,4 +87,6 @@ def llama_forward_backward(folder: str, batch: int, seq: int) -> list[dict]:
             {"graph": kind, "kind": c["kind"], "rewritten": c["rewritten"], "reason": c["reason"]}
             for c in record["candidates"]
         ]
-    return decisions
+        with open(os.path.join(os.path.dirname(path), "after.txt")) as f:
+            graphs[record["graph"]] = f.read()
+    return {"decisions": decisions, "graphs": graphs}

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from overlap_pass import all_reduce_split, config
+from tests.dumps import assert_same_collectives
 
 TP = 2
 DIM, HEADS, KV_HEADS, LAYERS, VOCAB, SEQ = 128, 8, 4, 2, 256, 64
@@ -189,19 +190,25 @@ def _decisions(folder: str) -> dict:
     return found
 
 
-def _fused_ops(folder: str) -> dict:
-    """{graph name: sorted overlap ops in its rewritten graph} of this rank's dumps."""
+def _rewritten(folder: str) -> dict:
+    """{graph name: its rewritten code} of this rank's dumps."""
     found = {}
     for path in sorted(glob.glob(os.path.join(folder, f"rank{dist.get_rank()}", "*", "after.txt"))):
         with open(path) as f:
-            found[os.path.basename(os.path.dirname(path))] = sorted(re.findall(r"torch\.ops\.overlap\.(\w+)", f.read()))
+            found[os.path.basename(os.path.dirname(path))] = f.read()
     return found
+
+
+def _fused_ops(graphs: dict) -> dict:
+    """{graph name: sorted overlap ops in its rewritten code}."""
+    return {name: sorted(re.findall(r"torch\.ops\.overlap\.(\w+)", code)) for name, code in graphs.items()}
 
 
 def assert_every_block_collective_rewritten(results: list[dict]) -> None:
     """Per rank, the decisions of every compiled block graph (``results[r]["decisions"]``): as
     many backward graphs as forward ones, and in each the gathers before wqkv and w1/w3 and the
-    scatters after wo and w2, all rewritten."""
+    scatters after wo and w2, all rewritten; the ranks' collectives alike."""
+    assert_same_collectives([r["graphs"] for r in results])
     for rank, result in enumerate(results):
         graphs = result["decisions"]
         forward = [g for g in graphs if "forward" in g]
@@ -286,4 +293,5 @@ def forward_backward(
         torch.testing.assert_close(
             _local(ours.grad), _local(theirs.grad), **tol, msg=lambda m, name=name: f"{name}: {m}"
         )
-    return {"decisions": _decisions(folder), "ops": _fused_ops(folder), "loss": full[0].item()}
+    graphs = _rewritten(folder)
+    return {"decisions": _decisions(folder), "ops": _fused_ops(graphs), "graphs": graphs, "loss": full[0].item()}

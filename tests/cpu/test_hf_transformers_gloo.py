@@ -1,6 +1,7 @@
-"""Hugging Face transformers' Llama with its own tp_plan (plain TP: every row-parallel linear
-ends in an all-reduce), compiled with backend="overlap" on 2 gloo ranks, forward and backward
-against eager (tests/hf_cases.py)."""
+"""Hugging Face transformers' Llama and OLMo 2 with their own tp_plans (plain TP: every
+row-parallel linear ends in an all-reduce), compiled with backend="overlap" on 2 gloo ranks,
+forward and backward against eager (tests/hf_cases.py). Both ranks must build the same graphs:
+a collective in another order on one rank aborts gloo and hangs NCCL."""
 
 import collections
 
@@ -9,6 +10,7 @@ import pytest
 pytest.importorskip("transformers", reason="pip install -e .[test]")
 
 from tests import hf_cases as cases  # noqa: E402
+from tests.dumps import assert_same_collectives  # noqa: E402
 
 AGM, MRS, SPLIT = "all_gather_matmul", "matmul_reduce_scatter", "all_reduce_split"
 
@@ -23,14 +25,40 @@ def test_llama_tp_plan_training_matches_eager_with_its_all_reduces_split(gloo_wo
     and Q, K, V, gate, up of each layer) split; the sums Q+K+V and gate+up each reduce-scatter
     once, fused; the residual stream's grad is gathered before down and O of each layer, fused
     with their input and weight grads; the embedding's grad is gathered plainly."""
-    decisions = gloo_world(2).run(cases.llama_forward_backward, str(tmp_path), batch, seq)
-    assert decisions[0] == decisions[1], "ranks decided differently"
-    count = collections.Counter((d["graph"], d["kind"], d["rewritten"]) for d in decisions[0])
+    results = gloo_world(2).run(cases.forward_backward, str(tmp_path), batch, seq)
+    assert_same_on_every_rank(results)
+    decisions = results[0]["decisions"]
+    count = collections.Counter((d["graph"], d["kind"], d["rewritten"]) for d in decisions)
     assert count == {
         ("forward", SPLIT, True): 5, ("forward", MRS, True): 4, ("forward", MRS, False): 1,
         ("forward", AGM, True): 5, ("forward", AGM, False): 11,
         ("backward", SPLIT, True): 11, ("backward", MRS, True): 5,
         ("backward", AGM, True): 4, ("backward", AGM, False): 1,
     }, count  # fmt: skip
-    (embedding,) = [d for d in decisions[0] if (d["graph"], d["kind"], d["rewritten"]) == ("forward", MRS, False)]
+    (embedding,) = [d for d in decisions if (d["graph"], d["kind"], d["rewritten"]) == ("forward", MRS, False)]
     assert embedding["reason"].startswith("reduce-scatter input is not a matmul result"), embedding
+
+
+def assert_same_on_every_rank(results: list[dict]) -> None:
+    """The ranks decided alike and built the same collectives in the same order."""
+    assert results[0]["decisions"] == results[1]["decisions"], "ranks decided differently"
+    assert_same_collectives([r["graphs"] for r in results])
+
+
+def test_olmo2_tp_plan_gathers_qkv_outputs_alike_on_every_rank(gloo_world, tmp_path):
+    """OLMo 2's plan gathers the Q, K and V projections' outputs for its QK norms
+    (colwise_gather_output), after the split all-reduce's gather that feeds them: all three
+    matmuls ride in one all_gather_matmul, their plain output gathers follow, in the same order
+    on both ranks (they once followed a set's order, which differs between processes: gloo
+    aborted on mismatched sizes). Forward: as Llama's splits and fusions, 17 plain gathers
+    (Q, K, V of each layer too); backward: each of the 11 all-reduced input grads split and
+    reduce-scattered from its matmul. Loss, logits and grads equal eager."""
+    results = gloo_world(2).run(cases.forward_backward, str(tmp_path), 2, 12, "olmo2")
+    assert_same_on_every_rank(results)
+    count = collections.Counter((d["graph"], d["kind"], d["rewritten"]) for d in results[0]["decisions"])
+    assert count == {
+        ("forward", SPLIT, True): 5, ("forward", MRS, True): 4, ("forward", MRS, False): 1,
+        ("forward", AGM, True): 5, ("forward", AGM, False): 17,
+        ("backward", SPLIT, True): 11, ("backward", MRS, True): 11,
+        ("backward", AGM, True): 4, ("backward", AGM, False): 3,
+    }, count  # fmt: skip

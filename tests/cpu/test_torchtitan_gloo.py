@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("torchtitan", reason="pip install -e .[torchtitan]")
 
 from tests import torchtitan_cases as cases  # noqa: E402
+from tests.dumps import assert_same_collectives  # noqa: E402
 from tests.rank_pool import RankPool  # noqa: E402
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,7 @@ def test_other_models_every_matmul_collective_is_rewritten_and_training_matches_
     equal eager."""
     results = pool.run(cases.forward_backward, "spmd_types", 2, "overlap", 0, True, False, cases.TOL, family)
     assert results[0]["loss"] == results[1]["loss"]
+    assert_same_collectives([r["graphs"] for r in results])
     if family == "qwen3":
         cases.assert_every_block_collective_rewritten(results)
         return
@@ -82,6 +84,7 @@ def test_llama3_without_sequence_parallel_splits_its_all_reduces(pool, spmd_back
     grads equal eager."""
     results = pool.run(cases.forward_backward, spmd_backend, 2, "overlap", 0, False)
     assert results[0]["loss"] == results[1]["loss"]
+    assert_same_collectives([r["graphs"] for r in results])
     for rank, result in enumerate(results):
         for name, candidates in result["decisions"].items():
             done = sorted((kind, ok) for kind, ok, reason in candidates if ok)
@@ -113,6 +116,7 @@ def test_llama3_float8_rowwise_fuses_every_scaled_matmul(pool, spmd_backend):
     pytest.importorskip("torchao", reason="pip install -e .[float8]")
     results = pool.run(cases.forward_backward, spmd_backend, 2, "overlap", 0, True, True)
     assert results[0]["loss"] == results[1]["loss"]
+    assert_same_collectives([r["graphs"] for r in results])
     for rank, result in enumerate(results):
         graphs = result["decisions"]
         forward = [g for g in graphs if "forward" in g]
