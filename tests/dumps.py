@@ -5,11 +5,11 @@ def collective_calls(code: str) -> list[str]:
     """The collectives and overlap ops of a dumped graph's code (after.txt), in order, each as
     its call (what it reads, by node name). Every rank must build the same ones in the same
     order; the rest of a graph may differ between ranks (the slices of a rank's own rows)."""
-    return [
-        line.split(" = ", 1)[1]
-        for line in code.splitlines()
-        if "_c10d_functional." in line or "ops.overlap." in line
-    ]
+    calls = []
+    for line in code.splitlines():
+        if "_c10d_functional." in line or "ops.overlap." in line:
+            calls.append(line.split(" = ", 1)[-1].strip())  # a call not assigned stands alone
+    return calls
 
 
 def assert_same_collectives(graphs_per_rank: list[dict]) -> None:
