@@ -227,8 +227,12 @@ def gluon_ws_gemm_kernel(a_desc, b_desc, c_ptr, a_scale_ptr, b_scale_ptr, M, N, 
 
 
 def variants(float8: bool) -> dict:
-    """name -> (pingpong, BM per warpgroup, BN, BK, stages). Stages: as many as fit."""
+    """name -> (pingpong, BM per warpgroup, BN, BK, stages[, GROUP_M]). Stages: as many as fit.
+    With PROBE_GROUP_SWEEP=1 in the environment (inherited by the check processes): the
+    128x128 pingpong at 4 and 6 stages, GROUP_M 4, 8 and 16 (the tile order's L2 reuse)."""
     bk = 128 if float8 else 64  # 128-byte rows either way
+    if os.environ.get("PROBE_GROUP_SWEEP") == "1":
+        return {f"gluon pp 128x128 s{s} g{g}": (True, 128, 128, bk, s, g) for s in (4, 6) for g in (4, 8, 16)}
     return {
         "gluon pp 128x128 s6": (True, 128, 128, bk, 6),
         "gluon pp 128x128 s5": (True, 128, 128, bk, 5),
@@ -246,12 +250,12 @@ def _gl_dtype(float8: bool):
     return gl.float8e4nv if float8 else gl.bfloat16
 
 
-def _constexprs(scaled, pingpong, stages):
-    return dict(SCALED=scaled, PINGPONG=pingpong, NUM_STAGES=stages, GROUP_M=8, CONSUMER_REGS=232,
+def _constexprs(scaled, pingpong, stages, group_m=8):
+    return dict(SCALED=scaled, PINGPONG=pingpong, NUM_STAGES=stages, GROUP_M=group_m, CONSUMER_REGS=232,
                 LOADER_REGS=40)  # fmt: skip
 
 
-def gluon_runner(a, w_nk, a_scale, b_scale, out, sms, pingpong, bm_wg, bn, bk, stages):
+def gluon_runner(a, w_nk, a_scale, b_scale, out, sms, pingpong, bm_wg, bn, bk, stages, group_m=8):
     """A function of no arguments that runs the Gluon kernel on these operands into ``out``."""
     float8 = a.dtype == torch.float8_e4m3fn
     tile_m = _tile_m(pingpong, bm_wg)
@@ -264,7 +268,7 @@ def gluon_runner(a, w_nk, a_scale, b_scale, out, sms, pingpong, bm_wg, bn, bk, s
     scaled = a_scale is not None
     sa = a_scale if scaled else out
     sb = b_scale if scaled else out
-    consts = _constexprs(scaled, pingpong, stages)
+    consts = _constexprs(scaled, pingpong, stages, group_m)
 
     def run():
         gluon_ws_gemm_kernel[grid](a_desc, b_desc, out, sa, sb, m, n, k, out.stride(0), **consts, num_warps=4,
@@ -279,7 +283,7 @@ def compile_sm90(float8: bool, spec: tuple):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    pingpong, bm_wg, bn, bk, stages = spec
+    pingpong, bm_wg, bn, bk, stages, group_m = (*spec, 8)[:6]
     tile_m = _tile_m(pingpong, bm_wg)
     dt = _gl_dtype(float8)
     dname = "fp8e4nv" if float8 else "bf16"
@@ -290,7 +294,7 @@ def compile_sm90(float8: bool, spec: tuple):
         "c_ptr": "*bf16", "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
         "stride_cm": "i32",
     }  # fmt: skip
-    consts = _constexprs(float8, pingpong, stages)
+    consts = _constexprs(float8, pingpong, stages, group_m)
     signature.update({key: "constexpr" for key in consts})
     names = list(signature)
     # as the JIT specializes the bench shapes: pointers 16-byte aligned, M, N, K 16-divisible
