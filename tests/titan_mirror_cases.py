@@ -186,8 +186,8 @@ def mirror_matches_torchtitan(gemm_backend: str, batch: int, seed: int = 0) -> d
 
 def overlap_rewrites_mirror(batch: int, seed: int = 0) -> dict:
     """The mirror under parallelize_titan + compile_titan(backend="overlap") against an eager
-    copy: same output and gradients. Returns the pass's decisions per graph
-    (torchtitan_cases._decisions)."""
+    copy: same output and gradients. Returns the pass's decisions per graph and the rewritten
+    graphs (torchtitan_cases._decisions, _rewritten)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     torch._dynamo.reset()
@@ -204,4 +204,4 @@ def overlap_rewrites_mirror(batch: int, seed: int = 0) -> dict:
     with config.patch(debug_dir=folder):
         got = _step_mirror(compiled, x_local, grad_local)
     _assert_same_step(got, expected)
-    return {"decisions": titan._decisions(folder)}
+    return {"decisions": titan._decisions(folder), "graphs": titan._rewritten(folder)}
