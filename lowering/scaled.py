@@ -8,7 +8,9 @@ variants that choose.py picks from, as for the bf16 ops.
   sum's the op's out_dtype (the terms are summed widened, scaled_ops.py).
 - fused (one per gemm.FLOAT8_CONFIGS entry): for the all-gather, the same pushes and flags,
   consumed by the persistent Triton float8 GEMM of templates/all_gather_matmul.py, the scales
-  in its epilogue (the row scales of each chunk read once its flag is set); for the
+  in its epilogue (the row scales of each chunk read once its flag is set), or on Hopper with
+  fast accumulation by the warp-specialized Gluon one of templates/all_gather_matmul_pingpong.py
+  (one per pingpong.CONFIGS entry); for the
   reduce-scatter (one matmul, not a sum), the Triton float8 producer of
   templates/matmul_reduce_scatter.py, which stores each tile's dequantized partial (bf16) in
   its owner's slot and flags each chunk.
@@ -30,6 +32,7 @@ from torch.distributed.distributed_c10d import _resolve_process_group
 
 from overlap_pass import config, ops, scaled_ops, schedule
 from overlap_pass.templates import all_gather_matmul as consumer
+from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
 from overlap_pass.templates import gemm
 
 from . import all_gather_matmul as agm
@@ -136,9 +139,13 @@ def all_gather_fused_scaled_mm(
     use_fast_accum=False, return_gathered=False, passengers=(), *, gemm_config,
 ):  # fmt: skip
     """The copy engine's pushes and flags, consumed by the persistent Triton float8 GEMM
-    (templates/all_gather_matmul.py, scales in its epilogue)."""
+    (templates/all_gather_matmul.py, scales in its epilogue), or the Gluon one if ``gemm_config``
+    is a pingpong.PingpongConfig."""
     if not _fused_fits(shard, mat2s):  # before the barrier: every rank refuses alike
         raise NotImplementedError("the fused float8 consumer needs TMA-aligned operands and [N, K] weights")
+    gluon = isinstance(gemm_config, pingpong.PingpongConfig)
+    if gluon and not (use_fast_accum and pingpong.usable(shard.device)):
+        raise NotImplementedError("the Gluon pingpong consumer runs on Hopper, with fast accumulation")
     # the kernel reads a weight's rowwise scale as N consecutive words
     column_scales = tuple(s if scaled_ops.is_tensorwise(s) else scaled_ops._standard_strides(s) for s in mat2_scales)
     call, outs = _start_gather(
@@ -149,8 +156,9 @@ def all_gather_fused_scaled_mm(
         scales = consumer.Scales(data[1].view(-1), parts[1].view(-1), column_scales, use_fast_accum)
     else:
         scales = consumer.Scales(shard_scale.reshape(1), None, column_scales, use_fast_accum)
+    launch = pingpong.all_gather_matmul_pingpong if gluon else consumer.all_gather_matmul_consumer
     with call.consuming():
-        consumer.all_gather_matmul_consumer(
+        launch(
             data[0], list(mat2s), [None if b is None else b.contiguous() for b in biases],
             [o.view(-1, o.shape[-1]) for o in outs], ws.flags, ws.epoch, rank=ws.rank,
             world_size=world_size, inner=layout.inner, a_local=parts[0], config=gemm_config,
@@ -266,7 +274,8 @@ def variants(kind: str) -> dict:
         fused, copy_engine, nccl = (
             fused_scaled_mm_reduce_scatter, copy_engine_scaled_mm_reduce_scatter, nccl_scaled_mm_reduce_scatter
         )
-    table = {f"fused:{cfg}": functools.partial(fused, gemm_config=cfg) for cfg in gemm.FLOAT8_CONFIGS}
+    configs = gemm.FLOAT8_CONFIGS + (pingpong.CONFIGS if kind == AG_KIND else [])
+    table = {f"fused:{cfg}": functools.partial(fused, gemm_config=cfg) for cfg in configs}
     table["copy_engine_cublas"] = copy_engine
     table["nccl_cublas"] = nccl
     return table

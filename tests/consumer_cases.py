@@ -76,10 +76,14 @@ def fp8_problem(world, shard_shape, ns, gather_dim, rowwise, bias, seed, device=
     return gathered.to(device), a_scale.to(device), mat2s, to(b_scales), to(biases), refs, inner
 
 
-def run_fp8_consumer(world, rank, shard_shape, gather_dim, ns, rowwise, bias, seed, config, device="cpu", **kwargs):
-    """fp8_problem's consumer call as rank ``rank``, every chunk flagged, on NaN-poisoned bf16
-    outputs (a [batch, seq, dim] gather's own rows and row scales apart, as the ops pass them);
-    returns the outputs, the timeouts and the references."""
+def run_fp8_consumer(
+    world, rank, shard_shape, gather_dim, ns, rowwise, bias, seed, config, device="cpu",
+    launch=agm.all_gather_matmul_consumer, fast_accum=False, **kwargs,
+):  # fmt: skip
+    """fp8_problem's consumer call (``launch``: all_gather_matmul_consumer or a kernel taking its
+    arguments) as rank ``rank``, every chunk flagged, on NaN-poisoned bf16 outputs (a [batch,
+    seq, dim] gather's own rows and row scales apart, as the ops pass them); returns the
+    outputs, the timeouts and the references."""
     gathered, a_scale, mat2s, b_scales, biases, refs, inner = fp8_problem(
         world, shard_shape, ns, gather_dim, rowwise, bias, seed, device
     )
@@ -88,9 +92,9 @@ def run_fp8_consumer(world, rank, shard_shape, gather_dim, ns, rowwise, bias, se
     timeouts = torch.zeros(world, dtype=torch.int32, device=device)
     local_scale = agm.own_rows(a_scale[:, None], rank, world, inner)[:, 0].contiguous() if rowwise else None
     a_local = agm.own_rows(gathered, rank, world, inner).contiguous() if gather_dim else None
-    agm.all_gather_matmul_consumer(
+    launch(
         gathered, mat2s, biases, outs, flags, torch.tensor([EPOCH], dtype=torch.int32, device=device),
         rank=rank, world_size=world, inner=inner, a_local=a_local, config=config, timeouts=timeouts,
-        scales=agm.Scales(a_scale, local_scale, tuple(b_scales)), **kwargs,
+        scales=agm.Scales(a_scale, local_scale, tuple(b_scales), fast_accum), **kwargs,
     )  # fmt: skip
     return outs, timeouts, refs

@@ -6,7 +6,8 @@
 Per bench_ops shape at world size ``--world`` (its chunking; one GPU, no peers): the all-gather
 consumer with every chunk already arrived (all flags set, so it never waits) and the
 reduce-scatter producer storing each chunk's partial into buffers of this GPU, each config the
-variants take (gemm.CONFIGS' TMA ones, or gemm.FLOAT8_CONFIGS and one exact-accumulation run),
+variants take (gemm.CONFIGS' TMA ones, or gemm.FLOAT8_CONFIGS, one exact-accumulation run and,
+on Hopper, the Gluon consumer's pingpong.CONFIGS),
 against torch.mm (bf16) or torch._scaled_mm (float8: e4m3, bf16 out, the same scales and
 accumulation). What a fused variant's GEMM costs before any communication: at W ranks it can
 beat NCCL + cuBLAS only if the collective it hides is longer than this GEMM's lag behind cuBLAS.
@@ -16,11 +17,13 @@ A time is the median over interleaved rounds (in shuffled order) of the mean per
 
 import argparse
 import json
+import types
 
 import torch
 import triton
 
 from overlap_pass.templates import all_gather_matmul as consumer
+from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
 from overlap_pass.templates import gemm
 from overlap_pass.templates import matmul_reduce_scatter as producer
 from tools.bench_ops import SHAPES
@@ -28,6 +31,8 @@ from tools.measure import relative_error, time_interleaved
 
 EPOCH = 1
 FP8 = torch.float8_e4m3fn
+# the Gluon float8 consumer, in the place of the all_gather_matmul module _consumer_run calls
+_PINGPONG = types.SimpleNamespace(all_gather_matmul_consumer=pingpong.all_gather_matmul_pingpong, Scales=consumer.Scales)
 
 
 def _operands(m, k, n, float8, rowwise, device):
@@ -103,11 +108,13 @@ def bench_shape(op, name, m, k, n, args, device) -> dict:
     make = _consumer_run if op == "all_gather_matmul" else _producer_run
     configs = gemm.FLOAT8_CONFIGS if float8 else [c for c in gemm.CONFIGS if c.tma]
     errors = {}
-    runs = [(str(c), c, True) for c in configs]
+    runs = [(str(c), c, True, None) for c in configs]
     if float8:  # exact accumulation (use_fast_accum=False) on the first config
-        runs.append((f"{configs[0]}:exact", configs[0], False))
-    for key, config, fast in runs:
-        run, result = make(a, w, a_scale, w_scale, args.world, config, fast)
+        runs.append((f"{configs[0]}:exact", configs[0], False, None))
+    if float8 and op == "all_gather_matmul" and pingpong.usable(device):  # the Gluon consumer
+        runs += [(str(c), c, True, _PINGPONG) for c in pingpong.CONFIGS]
+    for key, config, fast, module in runs:
+        run, result = make(a, w, a_scale, w_scale, args.world, config, fast, *([module] if module else []))
         run()
         errors[key] = relative_error(result(), ref)
         runners[key] = run

@@ -2,6 +2,7 @@
 
     python3 -m tools.kernel_ir            # a table: each kernel variant's pipelining, stores, smem
     python3 -m tools.kernel_ir --json     # the same as JSON, one object per variant
+    python3 -m tools.kernel_ir --pingpong # the Gluon float8 consumer's, as JSON
 
 (Not under TRITON_INTERPRET=1, which makes kernels uncompilable: the CPU test runs this apart.)
 
@@ -125,6 +126,41 @@ def producer_ir(float8: bool, exact: bool = False, config=None) -> KernelIR:
     return summarize(f"producer {dt}{' exact' if exact else ''} {config}", kernel)
 
 
+def pingpong_ir(config, rowwise: bool) -> dict:
+    """The Gluon float8 consumer (templates/all_gather_matmul_pingpong.py) compiled for sm_90a:
+    what its waits and speed rest on, as counts in its PTX."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
+
+    tile = pingpong.TILE
+    layout = gl.NVMMASharedLayout.get_default_for([tile, tile], gl.float8e4nv)
+    desc = f"tensordesc<fp8e4nv[{tile}, {tile}],{layout!r}>"
+    signature = {
+        "a_desc": desc, "a_local_desc": desc, "b_desc": desc, "c_ptr": "*bf16", "stride_cm": "i32", "bias_ptr": "*bf16",
+        "a_scale_ptr": "*fp32", "a_local_scale_ptr": "*fp32", "b_scale_ptr": "*fp32", "flags_ptr": "*i32",
+        "epoch_ptr": "*i32", "timeouts_ptr": "*i32", "outer": "i32", "inner": "i32", "N": "i32", "K": "i32",
+        "rank": "i32", "world_size": "i32",
+    }  # fmt: skip
+    constexprs = dict(
+        A_SCALE=2 if rowwise else 1, B_SCALE=2 if rowwise else 1, HAS_BIAS=False, NUM_STAGES=config.stages,
+        GROUP_M=config.group_m, SPIN_LIMIT=1 << 30,
+    )  # fmt: skip
+    signature.update({k: "constexpr" for k in constexprs})
+    source = GluonASTSource(pingpong.all_gather_matmul_pingpong_kernel, signature, constexprs, _aligned_attrs(signature))
+    kernel = triton.compile(source, target=HOPPER, options={"num_warps": 4, "maxnreg": pingpong.MAXNREG})
+    ptx = kernel.asm["ptx"]
+    return {
+        "what": f"pingpong {config} {'rowwise' if rowwise else 'tensorwise'}",
+        "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
+        "setmaxnreg": sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
+        "flag_polls": len(re.findall(r"ld\.global\.sys\.acquire\.b32", ptx)),
+        "async_fences": ptx.count("fence.proxy.async.global"),
+        "shared_bytes": kernel.metadata.shared,
+    }
+
+
 def variants() -> list:
     """(what, function of no arguments) for every TMA kernel variant the ops launch: each config
     of the bf16 and float8 lists, three weights in one consumer launch, exact accumulation."""
@@ -142,6 +178,11 @@ def variants() -> list:
 
 
 def main() -> None:
+    if "--pingpong" in sys.argv:  # JSON, one object per config and scale kind
+        from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
+
+        print(json.dumps([pingpong_ir(c, rowwise) for c in pingpong.CONFIGS for rowwise in (False, True)]))
+        return
     runs = variants()
     rows = [run() for _, run in runs]
     if "--json" in sys.argv:

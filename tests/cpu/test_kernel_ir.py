@@ -39,3 +39,22 @@ def test_kernel_keeps_its_pipeline(compiled, what):
     assert ir["flattened"] == ("exact" not in what), f"{what}: tile loop flattened {ir['flattened']}"
     assert set(ir["stores"]) == {"st.global.v4.b32"}, f"{what}: stores {ir['stores']}"
     assert ir["shared_bytes"] <= kernel_ir.SMEM_LIMIT, f"{what}: {ir['shared_bytes']} bytes of shared memory"
+
+
+def test_gluon_pingpong_consumer_compiles_with_its_waits_and_partitions():
+    """The Gluon float8 consumer, each config, tensorwise and rowwise: warp groups resized
+    (setmaxnreg: the loader's few registers, the consumers' many), wgmma, the loader's flag poll
+    as system-scope acquire loads (twice: before and inside the bounded loop) and the fence
+    that lets TMA see what they made visible, within Hopper's shared memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.kernel_ir", "--pingpong"], env=env, capture_output=True, text=True,
+        timeout=900, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(done.stdout.splitlines()[-1])
+    assert len(rows) == 4, rows
+    for ir in rows:
+        assert ir["wgmma"] > 0 and ir["flag_polls"] == 2 and ir["async_fences"] == 1, ir
+        assert ir["setmaxnreg"][0] <= 40 and ir["setmaxnreg"][-1] >= 232, ir
+        assert ir["shared_bytes"] <= kernel_ir.SMEM_LIMIT, ir

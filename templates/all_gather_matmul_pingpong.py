@@ -1,0 +1,303 @@
+"""The float8 all-gather consumer as a warp-specialized Hopper GEMM in Gluon: out = gathered A @
+B_i (scales in the epilogue) while A's chunks are still arriving, as all_gather_matmul.py's TMA
+consumer computes it, with its warps split as CUTLASS's "pingpong" kernels split them.
+
+- A loader warp walks the program's tiles (the same order: the own chunk first, then the peers
+  rank-rotated, GROUP_M-swizzled inside a chunk; tiles.py's row layout) and issues the TMA loads
+  of A and B into a ring of NUM_STAGES shared-memory stages (ready / empty mbarriers). Before
+  its first load from a peer's chunk it waits for the chunk's flag: a bounded poll, reported in
+  ``timeouts`` as the Triton consumer's, then fence.proxy.async so TMA sees what the acquire made
+  visible. The own chunk is read in place (``a_local``).
+- Two consumer warpgroups take the program's tiles alternately, each running async wgmma over K
+  and then its own epilogue (scales, bias, masked store into A's row order) while the other's
+  main loop keeps the tensor cores busy. An mbarrier pair hands the main-loop turn from one to
+  the other: the ring is shared, and without the turn one warpgroup can wait on a stage two uses
+  ahead, which a parity wait cannot tell from one use behind.
+
+Float8 only, fast accumulation (use_fast_accum=True), mat2s as linear weights ([N, K] transposed),
+one launch per mat2. docs/bench/2026-11-24-s15/probe_gluon_ws.py measured the plain GEMM: at 6
+stages and GROUP_M 4, 0.97-1.09x cuBLAS's _scaled_mm on the bench_ops shapes, where the
+flattened Triton kernel runs 1.02-1.13x.
+"""
+
+import dataclasses
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .all_gather_matmul import own_rows
+from .gemm import FLOAT8, sm_count, tma_operand
+
+TILE = 128  # a warpgroup's tile is TILE x TILE, in TILE-deep K blocks (128-byte float8 rows)
+BLOCK_M = BLOCK_N = BLOCK_K = gl.constexpr(TILE)  # (what the kernels read)
+CONSUMER_REGS, LOADER_REGS = gl.constexpr(232), gl.constexpr(40)
+MAXNREG = 168  # 65536 registers over the 12 warps Triton rounds 4 + 4 + 1 to
+
+
+@dataclasses.dataclass(frozen=True)
+class PingpongConfig:
+    stages: int
+    group_m: int
+
+    def __str__(self) -> str:
+        return f"gluon_pingpong{TILE}x{TILE}x{TILE}s{self.stages}g{self.group_m}"
+
+
+CONFIGS = [PingpongConfig(6, 4), PingpongConfig(4, 8)]  # the probe's best, and its steadiest
+
+
+@gluon.jit
+def _tile(tile, tiles_m, tiles_n, tiles_per_chunk, rank, world_size, inner, GROUP_M: gl.constexpr):
+    """(chunk, tile_n, first own row, first gathered row, first row within the chunk's block) of
+    persistent tile ``tile`` (tiles.chunk_tile and tiles.block_rows, in Gluon)."""
+    chunk = (rank + tile // tiles_per_chunk) % world_size
+    local = tile % tiles_per_chunk
+    group_size = GROUP_M * tiles_n
+    first_m = (local // group_size) * GROUP_M
+    rows_in_group = gl.minimum(tiles_m - first_m, GROUP_M)
+    tile_m = first_m + (local % group_size) % rows_in_group
+    tile_n = (local % group_size) // rows_in_group
+    tiles_inner = gl.cdiv(inner, BLOCK_M)
+    block = tile_m // tiles_inner
+    start = (tile_m % tiles_inner) * BLOCK_M
+    return chunk, tile_n, block * inner + start, (block * world_size + chunk) * inner + start, start
+
+
+@gluon.jit
+def _wait_chunk(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT: gl.constexpr):
+    """Polls chunk ``chunk``'s flag (acquire, system scope) until it reaches ``epoch``, at most
+    SPIN_LIMIT times, unless this call gave up on it already; a timeout goes to timeouts[chunk]
+    (raise_on_timeouts names it). Then fence.proxy.async: TMA loads are the async proxy."""
+    given_up = gl.load(timeouts_ptr + chunk, volatile=True) == epoch
+    seen = gl.atomic_add(flags_ptr + chunk, 0, sem="acquire", scope="sys")
+    polls = 0
+    while ((seen - epoch) < 0) & (polls < SPIN_LIMIT) & (given_up == 0):
+        seen = gl.atomic_add(flags_ptr + chunk, 0, sem="acquire", scope="sys")
+        polls += 1
+    if (seen - epoch) < 0:
+        gl.atomic_xchg(timeouts_ptr + chunk, epoch, sem="relaxed", scope="gpu")
+    gl.inline_asm_elementwise(
+        "fence.proxy.async.global; mov.b32 $0, $1;", "=r,r", [seen], dtype=gl.int32, is_pure=False, pack=1
+    )
+
+
+@gluon.jit
+def _loader(a_desc, a_local_desc, b_desc, a_bufs, b_bufs, ready, empty, flags_ptr, epoch_ptr, timeouts_ptr,
+            outer, inner, N, K, rank, world_size, GROUP_M: gl.constexpr, SPIN_LIMIT: gl.constexpr):  # fmt: skip
+    """1 warp: every tile of this program in order, every K block, into the ring."""
+    NUM_STAGES: gl.constexpr = a_bufs.shape[0]
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    epoch = gl.load(epoch_ptr)
+    tiles_m = outer * gl.cdiv(inner, BLOCK_M)
+    tiles_n = gl.cdiv(N, BLOCK_N)
+    tiles_per_chunk = tiles_m * tiles_n
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    ready_chunk = rank  # the last chunk waited for (the own one needs no wait; chunks come in order)
+    pos = 0  # ring position: stage pos % NUM_STAGES, its use number pos // NUM_STAGES
+    for tile in range(gl.program_id(0), tiles_per_chunk * world_size, gl.num_programs(0)):
+        chunk, tile_n, first_own, first_full, _ = _tile(
+            tile, tiles_m, tiles_n, tiles_per_chunk, rank, world_size, inner, GROUP_M
+        )
+        if chunk != ready_chunk:
+            _wait_chunk(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT)
+            ready_chunk = chunk
+        for kb in range(k_tiles):
+            s = pos % NUM_STAGES
+            # a fresh mbarrier counts as having completed the phase before phase 0: the first
+            # pass over the ring does not wait
+            mbarrier.wait(empty.index(s), ((pos // NUM_STAGES) & 1) ^ 1)
+            bar = ready.index(s)
+            mbarrier.expect(bar, nbytes)
+            if chunk == rank:
+                tma.async_copy_global_to_shared(a_local_desc, [first_own, kb * BLOCK_K], bar, a_bufs.index(s))
+            else:
+                tma.async_copy_global_to_shared(a_desc, [first_full, kb * BLOCK_K], bar, a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [tile_n * BLOCK_N, kb * BLOCK_K], bar, b_bufs.index(s))
+            pos += 1
+
+
+@gluon.jit
+def _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr, a_local_scale_ptr,
+              b_scale_ptr, outer, inner, N, K, rank, world_size, WG: gl.constexpr, A_SCALE: gl.constexpr,
+              B_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr):  # fmt: skip
+    """Warpgroup WG (4 warps): its alternate tiles, main loop of async wgmma over K, then the
+    epilogue: A_SCALE / B_SCALE 1, one value; 2, one per row / column; then the bias."""
+    NUM_STAGES: gl.constexpr = a_bufs.shape[0]
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 256 // a_bufs.dtype.primitive_bitwidth]
+    )
+    rows_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    cols_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
+    tiles_m = outer * gl.cdiv(inner, BLOCK_M)
+    tiles_n = gl.cdiv(N, BLOCK_N)
+    tiles_per_chunk = tiles_m * tiles_n
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    nprog = gl.num_programs(0)
+    j = WG  # the program's local tile number: its K blocks start at ring position j * k_tiles
+    turn = 0
+    for tile in range(gl.program_id(0) + WG * nprog, tiles_per_chunk * world_size, 2 * nprog):
+        chunk, tile_n, first_own, first_full, start = _tile(
+            tile, tiles_m, tiles_n, tiles_per_chunk, rank, world_size, inner, GROUP_M
+        )
+        pos = j * k_tiles
+        # the main-loop turn; warpgroup 0 goes first (its first wait: the fresh barrier's
+        # "previous" phase)
+        mbarrier.wait(turns.index(WG), (turn & 1) ^ (1 - WG))
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+        for kb in range(k_tiles):
+            s = pos % NUM_STAGES
+            mbarrier.wait(ready.index(s), (pos // NUM_STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
+            # at most this wgmma in flight: the previous K block's stage is read, release it
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            mbarrier.arrive(empty.index((pos + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
+            pos += 1
+        mbarrier.arrive(turns.index(1 - WG))  # the other warpgroup's main loop may start
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index((pos + NUM_STAGES - 1) % NUM_STAGES))
+        turn += 1
+        j += 2
+
+        # epilogue: scales -> bias -> store at A's rows (rows past the chunk's block masked)
+        offs = gl.arange(0, BLOCK_M, layout=rows_layout)
+        m_mask = start + offs < inner
+        offs_n = tile_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_layout)
+        n_mask = offs_n < N
+        if A_SCALE == 1:
+            acc = acc * gl.load(a_scale_ptr)
+        if A_SCALE == 2:  # the own chunk's row scales are where its rows are
+            if chunk == rank:
+                row_scale = gl.load(a_local_scale_ptr + first_own + offs, mask=m_mask, other=0.0)
+            else:
+                row_scale = gl.load(a_scale_ptr + first_full + offs, mask=m_mask, other=0.0)
+            acc = acc * gl.expand_dims(row_scale, 1)
+        if B_SCALE == 1:
+            acc = acc * gl.load(b_scale_ptr)
+        if B_SCALE == 2:
+            acc = acc * gl.expand_dims(gl.load(b_scale_ptr + offs_n, mask=n_mask, other=0.0), 0)
+        if HAS_BIAS:
+            acc = acc + gl.expand_dims(gl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 0)
+        rows = (first_full + offs).to(gl.int64)
+        ptrs = c_ptr + gl.expand_dims(rows * stride_cm, 1) + gl.expand_dims(offs_n, 0)
+        gl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=gl.expand_dims(m_mask, 1) & gl.expand_dims(n_mask, 0))
+
+
+@gluon.jit
+def _consumer_0(a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr, a_local_scale_ptr,
+                b_scale_ptr, outer, inner, N, K, rank, world_size, A_SCALE: gl.constexpr, B_SCALE: gl.constexpr,
+                HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr):  # fmt: skip
+    _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr, a_local_scale_ptr,
+              b_scale_ptr, outer, inner, N, K, rank, world_size, 0, A_SCALE, B_SCALE, HAS_BIAS, GROUP_M)  # fmt: skip
+
+
+@gluon.jit
+def _consumer_1(a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr, a_local_scale_ptr,
+                b_scale_ptr, outer, inner, N, K, rank, world_size, A_SCALE: gl.constexpr, B_SCALE: gl.constexpr,
+                HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr):  # fmt: skip
+    _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr, a_local_scale_ptr,
+              b_scale_ptr, outer, inner, N, K, rank, world_size, 1, A_SCALE, B_SCALE, HAS_BIAS, GROUP_M)  # fmt: skip
+
+
+@gluon.jit
+def all_gather_matmul_pingpong_kernel(
+    a_desc, a_local_desc, b_desc, c_ptr, stride_cm, bias_ptr, a_scale_ptr, a_local_scale_ptr, b_scale_ptr,
+    flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, N, K, rank, world_size,
+    A_SCALE: gl.constexpr, B_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, NUM_STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr, SPIN_LIMIT: gl.constexpr,
+):  # fmt: skip
+    """out[rows of A, N] = (gathered A * its scale) @ (B * its scale) (+ bias); a_desc, a_local_desc:
+    [BLOCK_M, BLOCK_K] blocks of the gathered rows and of the own chunk's; b_desc: [BLOCK_N,
+    BLOCK_K] blocks of B as [N, K] rows. 4 warps (the first consumer), + 4 + 1."""
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(turns.index(i), count=1)
+    fence_async_shared()  # the inits seen by the async proxy (TMA) before the partitions start
+    # (argument tuples written out in the call: a tuple assigned to a name first turns its
+    # constexprs into tensors in Gluon 3.6)
+    gl.warp_specialize([
+        (_consumer_0, (a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr,
+                       a_local_scale_ptr, b_scale_ptr, outer, inner, N, K, rank, world_size, A_SCALE, B_SCALE,
+                       HAS_BIAS, GROUP_M)),
+        (_consumer_1, (a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr,
+                       a_local_scale_ptr, b_scale_ptr, outer, inner, N, K, rank, world_size, A_SCALE, B_SCALE,
+                       HAS_BIAS, GROUP_M)),
+        (_loader, (a_desc, a_local_desc, b_desc, a_bufs, b_bufs, ready, empty, flags_ptr, epoch_ptr, timeouts_ptr,
+                   outer, inner, N, K, rank, world_size, GROUP_M, SPIN_LIMIT)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])  # fmt: skip
+
+
+def usable(device: torch.device) -> bool:
+    """Hopper (sm_90): wgmma and setmaxnreg as this kernel uses them."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def fits(a_gathered: torch.Tensor, a_local: torch.Tensor, mat2s, outs, fast_accum: bool) -> bool:
+    """Whether this kernel takes the call: float8 A and weights ([N, K] transposed), aligned for
+    TMA, outputs with unit column stride, fast accumulation."""
+    return (
+        fast_accum
+        and a_gathered.dtype in FLOAT8
+        and tma_operand(a_gathered)
+        and tma_operand(a_local)
+        and all(m.dtype in FLOAT8 and m.stride(0) == 1 and tma_operand(m.t()) for m in mat2s)
+        and all(o.stride(-1) == 1 for o in outs)
+    )
+
+
+def _scale_kind(scale: torch.Tensor) -> int:
+    return 1 if scale.numel() == 1 else 2
+
+
+def all_gather_matmul_pingpong(
+    a_gathered, mat2s, biases, outs, flags, epoch, *, rank, world_size, inner, scales, config, timeouts,
+    spin_limit=1 << 30, a_local=None, num_programs=None,
+):  # fmt: skip
+    """all_gather_matmul.all_gather_matmul_consumer's float8 path on this kernel, same arguments
+    (``scales``: its Scales; ``config``: a PingpongConfig); one launch per mat2."""
+    if a_local is None:
+        a_local = own_rows(a_gathered, rank, world_size, inner)
+    if not fits(a_gathered, a_local, mat2s, outs, scales.fast_accum):
+        raise ValueError("the pingpong consumer takes aligned float8 operands, [N, K] weights, fast accumulation")
+    rows, k = a_gathered.shape
+    outer = rows // (world_size * inner)
+    programs = num_programs or sm_count(a_gathered.device)
+    dtype = gl.float8e4nv if a_gathered.dtype == torch.float8_e4m3fn else gl.float8e5
+    a_layout = gl.NVMMASharedLayout.get_default_for([TILE, TILE], dtype)
+    a_desc = TensorDescriptor.from_tensor(a_gathered, [TILE, TILE], a_layout)
+    a_local_desc = TensorDescriptor.from_tensor(a_local, [TILE, TILE], a_layout)
+    a_local_scale = scales.a_local
+    if a_local_scale is None:  # the own chunk's row scales where its rows are, or the one value
+        a_local_scale = scales.a if scales.a.numel() == 1 else own_rows(scales.a.view(-1, 1), rank, world_size, inner)
+        a_local_scale = a_local_scale.reshape(-1).contiguous()
+    for mat2, bias, out, b_scale in zip(mat2s, biases, outs, scales.b):
+        b_dtype = gl.float8e4nv if mat2.dtype == torch.float8_e4m3fn else gl.float8e5
+        weight = mat2.t()  # [N, K] rows
+        b_desc = TensorDescriptor.from_tensor(
+            weight, [TILE, TILE], gl.NVMMASharedLayout.get_default_for([TILE, TILE], b_dtype)
+        )
+        n = weight.shape[0]
+        tiles = world_size * outer * triton.cdiv(inner, TILE) * triton.cdiv(n, TILE)
+        all_gather_matmul_pingpong_kernel[(min(programs, tiles),)](
+            a_desc, a_local_desc, b_desc, out, out.stride(0), bias if bias is not None else out, scales.a,
+            a_local_scale, b_scale, flags, epoch, timeouts, outer, inner, n, k, rank, world_size,
+            A_SCALE=_scale_kind(scales.a), B_SCALE=_scale_kind(b_scale), HAS_BIAS=bias is not None,
+            NUM_STAGES=config.stages, GROUP_M=config.group_m, SPIN_LIMIT=spin_limit, num_warps=4, maxnreg=MAXNREG,
+        )  # fmt: skip
+    return outs

@@ -1,0 +1,140 @@
+"""The warp-specialized Gluon float8 consumer (templates/all_gather_matmul_pingpong.py) on one
+Hopper GPU with simulated peers: against the dequantized product, with chunks landing while it
+runs, a chunk that never lands reported, and back-to-back calls. Skipped elsewhere."""
+
+import pytest
+import torch
+
+from overlap_pass.templates import all_gather_matmul as agm
+from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
+
+from tests.consumer_cases import EPOCH, fp8_problem, run_fp8_consumer
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or not pingpong.usable(torch.device("cuda", 0)), reason="needs a Hopper GPU"
+)
+FP8 = torch.float8_e4m3fn
+
+
+def _check(out, ref):
+    assert not torch.isnan(out).any(), "some output rows were never written"
+    err = ((out.float().cpu() - ref.float().cpu()).norm() / ref.float().norm()).item()
+    assert err <= 1e-2, err
+
+
+@pytest.mark.parametrize("config", pingpong.CONFIGS, ids=str)
+@pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
+@pytest.mark.parametrize(
+    "world, rank, shard_shape, gather_dim, ns, bias",
+    [
+        (2, 1, (1000, 512), 0, (1024,), False),
+        (4, 2, (2, 333, 256), 1, (384, 128, 144), True),  # Q, K, V of unequal N, [batch, seq, dim]
+        (3, 0, (3, 77, 384), 1, (200,), True),  # chunks far shorter than a tile, 3 blocks each
+    ],
+)
+def test_matches_dequantized(config, rowwise, world, rank, shard_shape, gather_dim, ns, bias):
+    outs, timeouts, refs = run_fp8_consumer(
+        world, rank, shard_shape, gather_dim, ns, rowwise, bias, world + rowwise, config, "cuda",
+        launch=pingpong.all_gather_matmul_pingpong, fast_accum=True, spin_limit=1 << 20,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    assert not timeouts.any()
+    for out, ref in zip(outs, refs):
+        _check(out, ref)
+
+
+def test_refuses_exact_accumulation():
+    gathered, a_scale, mat2s, b_scales, biases, _, inner = fp8_problem(2, (256, 256), (256,), 0, False, False, 1, "cuda")
+    out = torch.empty(gathered.shape[0], 256, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="fast accumulation"):
+        pingpong.all_gather_matmul_pingpong(
+            gathered, mat2s, biases, [out], torch.full((2,), EPOCH, dtype=torch.int32, device="cuda"),
+            torch.tensor([EPOCH], dtype=torch.int32, device="cuda"), rank=0, world_size=2, inner=inner,
+            scales=agm.Scales(a_scale, None, tuple(b_scales), fast_accum=False), config=pingpong.CONFIGS[0],
+            spin_limit=1000, timeouts=torch.zeros(2, dtype=torch.int32, device="cuda"),
+        )  # fmt: skip
+
+
+def _landing_problem(world, rows, k, n, gen):
+    real = torch.randn(world * rows, k, device="cuda", generator=gen).to(FP8)
+    weight = torch.randn(n, k, device="cuda", generator=gen).to(FP8)
+    ref = (real.float() @ weight.float().t()).to(torch.bfloat16)
+    return real, weight, ref
+
+
+def test_chunks_landing_while_it_runs():
+    """Peer chunks NaN (e4m3's 0x7f) until they land, from another stream, a millisecond after
+    the kernel started, each copied in and then flagged: a TMA load issued before its chunk's
+    wait, or not fenced after it, would read the NaNs. Few programs, so that each goes through
+    every chunk and the landing stream finds free SMs."""
+    world, rank, rows, k, n = 4, 1, 512, 512, 640
+    real, weight, ref = _landing_problem(world, rows, k, n, torch.Generator(device="cuda").manual_seed(3))
+    gathered = real.clone()
+    for chunk in range(world):
+        if chunk != rank:
+            gathered[chunk * rows : (chunk + 1) * rows].view(torch.uint8).fill_(0x7F)
+    one = torch.ones((), device="cuda")
+    out = torch.full((world * rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    flags = torch.full((world,), EPOCH - 1, dtype=torch.int32, device="cuda")
+    landed = torch.full((1,), EPOCH, dtype=torch.int32, device="cuda")
+    timeouts = torch.zeros(world, dtype=torch.int32, device="cuda")
+    lander = torch.cuda.Stream()
+    with torch.cuda.stream(lander):  # loaded before: loading a kernel waits for running ones
+        torch.cuda._sleep(1)
+    torch.cuda.synchronize()
+    pingpong.all_gather_matmul_pingpong(
+        gathered, [weight.t()], [None], [out], flags, torch.tensor([EPOCH], dtype=torch.int32, device="cuda"),
+        rank=rank, world_size=world, inner=rows, scales=agm.Scales(one, None, (one,), fast_accum=True),
+        config=pingpong.CONFIGS[0], num_programs=4, timeouts=timeouts, spin_limit=5_000_000,
+    )  # fmt: skip
+    with torch.cuda.stream(lander):
+        torch.cuda._sleep(2_000_000)
+        for step in range(1, world):
+            chunk = (rank + step) % world
+            gathered[chunk * rows : (chunk + 1) * rows].copy_(real[chunk * rows : (chunk + 1) * rows])
+            flags[chunk : chunk + 1].copy_(landed)
+    torch.cuda.synchronize()
+    agm.raise_on_timeouts(timeouts, rank)
+    _check(out, ref)
+
+
+def test_late_chunk_is_reported():
+    """A chunk whose flag never comes: the loader gives up after its bounded poll, the kernel
+    ends, and the chunk is named."""
+    world, rank, late = 4, 2, 1
+    gathered, a_scale, mat2s, b_scales, biases, _, inner = fp8_problem(world, (256, 256), (256,), 0, False, False, 2, "cuda")
+    flags = torch.full((world,), EPOCH, dtype=torch.int32, device="cuda")
+    flags[late] = EPOCH - 1
+    out = torch.empty(gathered.shape[0], 256, dtype=torch.bfloat16, device="cuda")
+    timeouts = torch.zeros(world, dtype=torch.int32, device="cuda")
+    pingpong.all_gather_matmul_pingpong(
+        gathered, mat2s, biases, [out], flags, torch.tensor([EPOCH], dtype=torch.int32, device="cuda"),
+        rank=rank, world_size=world, inner=inner, scales=agm.Scales(a_scale, None, tuple(b_scales), fast_accum=True),
+        config=pingpong.CONFIGS[0], spin_limit=10_000, timeouts=timeouts,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    with pytest.raises(agm.ChunkTimeout, match="rank 2 gave up waiting for the flags of chunks \\[1\\]"):
+        agm.raise_on_timeouts(timeouts, rank)
+
+
+def test_back_to_back_calls_with_growing_epochs():
+    """New operands, rank, shapes and epoch on every call; each call's outputs poisoned first."""
+    world = 4
+    for call in range(20):
+        epoch = EPOCH + call
+        rows = 64 + 48 * (call % 5)
+        gathered, a_scale, mat2s, b_scales, biases, refs, inner = fp8_problem(
+            world, (rows, 256), (256, 128)[: 1 + call % 2], 0, call % 2 == 0, call % 3 == 0, call, "cuda"
+        )
+        outs = [torch.full((gathered.shape[0], m.shape[1]), float("nan"), dtype=torch.bfloat16, device="cuda") for m in mat2s]
+        timeouts = torch.zeros(world, dtype=torch.int32, device="cuda")
+        pingpong.all_gather_matmul_pingpong(
+            gathered, mat2s, biases, outs, torch.full((world,), epoch, dtype=torch.int32, device="cuda"),
+            torch.tensor([epoch], dtype=torch.int32, device="cuda"), rank=call % world, world_size=world,
+            inner=inner, scales=agm.Scales(a_scale, None, tuple(b_scales), fast_accum=True),
+            config=pingpong.CONFIGS[call % 2], spin_limit=100_000, timeouts=timeouts,
+        )  # fmt: skip
+        torch.cuda.synchronize()
+        agm.raise_on_timeouts(timeouts, call % world)
+        for out, ref in zip(outs, refs):
+            _check(out, ref)
