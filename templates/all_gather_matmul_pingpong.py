@@ -193,22 +193,6 @@ def _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a
 
 
 @gluon.jit
-def _consumer_0(a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr, a_local_scale_ptr,
-                b_scale_ptr, outer, inner, N, K, rank, world_size, A_SCALE: gl.constexpr, B_SCALE: gl.constexpr,
-                HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr):  # fmt: skip
-    _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr, a_local_scale_ptr,
-              b_scale_ptr, outer, inner, N, K, rank, world_size, 0, A_SCALE, B_SCALE, HAS_BIAS, GROUP_M)  # fmt: skip
-
-
-@gluon.jit
-def _consumer_1(a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr, a_local_scale_ptr,
-                b_scale_ptr, outer, inner, N, K, rank, world_size, A_SCALE: gl.constexpr, B_SCALE: gl.constexpr,
-                HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr):  # fmt: skip
-    _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr, a_local_scale_ptr,
-              b_scale_ptr, outer, inner, N, K, rank, world_size, 1, A_SCALE, B_SCALE, HAS_BIAS, GROUP_M)  # fmt: skip
-
-
-@gluon.jit
 def all_gather_matmul_pingpong_kernel(
     a_desc, a_local_desc, b_desc, c_ptr, stride_cm, bias_ptr, a_scale_ptr, a_local_scale_ptr, b_scale_ptr,
     flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, N, K, rank, world_size,
@@ -230,14 +214,14 @@ def all_gather_matmul_pingpong_kernel(
         mbarrier.init(turns.index(i), count=1)
     fence_async_shared()  # the inits seen by the async proxy (TMA) before the partitions start
     # (argument tuples written out in the call: a tuple assigned to a name first turns its
-    # constexprs into tensors in Gluon 3.6)
+    # constexprs into tensors in Gluon 3.6; the warpgroup's number as a constexpr of its own)
     gl.warp_specialize([
-        (_consumer_0, (a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr,
-                       a_local_scale_ptr, b_scale_ptr, outer, inner, N, K, rank, world_size, A_SCALE, B_SCALE,
-                       HAS_BIAS, GROUP_M)),
-        (_consumer_1, (a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr,
-                       a_local_scale_ptr, b_scale_ptr, outer, inner, N, K, rank, world_size, A_SCALE, B_SCALE,
-                       HAS_BIAS, GROUP_M)),
+        (_consumer, (a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr,
+                     a_local_scale_ptr, b_scale_ptr, outer, inner, N, K, rank, world_size, gl.constexpr(0),
+                     A_SCALE, B_SCALE, HAS_BIAS, GROUP_M)),
+        (_consumer, (a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr,
+                     a_local_scale_ptr, b_scale_ptr, outer, inner, N, K, rank, world_size, gl.constexpr(1),
+                     A_SCALE, B_SCALE, HAS_BIAS, GROUP_M)),
         (_loader, (a_desc, a_local_desc, b_desc, a_bufs, b_bufs, ready, empty, flags_ptr, epoch_ptr, timeouts_ptr,
                    outer, inner, N, K, rank, world_size, GROUP_M, SPIN_LIMIT)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])  # fmt: skip

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from overlap_pass.templates import all_gather_matmul as agm
+from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
 from overlap_pass.templates import gemm
 
 from tests.consumer_cases import EPOCH, problem, run_consumer
@@ -42,12 +43,14 @@ def test_matches_torch(config, dtype, world, shard_shape, gather_dim, ns, bias):
     _check(outs, refs, dtype)
 
 
-@pytest.mark.parametrize("float8", [False, True], ids=["bf16", "float8"])
-def test_chunks_landing_while_the_consumer_runs(float8):
+@pytest.mark.parametrize("kernel", ["bf16", "float8", "float8 gluon"])
+def test_chunks_landing_while_the_consumer_runs(kernel):
     """Peer chunks NaN until they land, from another stream, long after the consumer started
     (a sleep first), each copied in and then flagged. The TMA consumer's pipeline issues loads
-    stages ahead and across tiles: a load above its chunk's wait would read the NaNs. Few
-    programs, so that each goes through every chunk and the landing stream finds free SMs."""
+    stages ahead and across tiles: a load above its chunk's wait would read the NaNs; the Gluon
+    one's loader warp must wait, then fence, before its TMA loads. Few programs, so that each
+    goes through every chunk and the landing stream finds free SMs."""
+    float8 = kernel != "bf16"
     world, rank, rows, k, n = 4, 1, 512, 512, 640
     gen = torch.Generator(device="cuda").manual_seed(3)
     dtype = torch.float8_e4m3fn if float8 else torch.bfloat16
@@ -57,10 +60,14 @@ def test_chunks_landing_while_the_consumer_runs(float8):
     for chunk in range(world):
         if chunk != rank:  # e4m3's NaN is 0x7f
             gathered[chunk * rows : (chunk + 1) * rows].view(torch.uint8).fill_(0x7F)
-    scales, config = None, gemm.CONFIGS[0]
+    scales, config, launch = None, gemm.CONFIGS[0], agm.all_gather_matmul_consumer
     if float8:
         one = torch.ones((), device="cuda")
         scales, config = agm.Scales(one, None, (one,), fast_accum=True), gemm.FLOAT8_CONFIGS[0]
+    if kernel == "float8 gluon":
+        if not pingpong.usable(torch.device("cuda", 0)):
+            pytest.skip("the Gluon consumer needs a Hopper GPU")
+        config, launch = pingpong.CONFIGS[0], pingpong.all_gather_matmul_pingpong
     ref = (real.float() @ weight.float().t()).to(torch.bfloat16)
     out = torch.full((world * rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     flags = torch.full((world,), EPOCH - 1, dtype=torch.int32, device="cuda")
@@ -70,7 +77,7 @@ def test_chunks_landing_while_the_consumer_runs(float8):
     with torch.cuda.stream(lander):  # loaded before: loading a kernel waits for running ones
         torch.cuda._sleep(1)
     torch.cuda.synchronize()
-    agm.all_gather_matmul_consumer(
+    launch(
         gathered, [weight.t()], [None], [out], flags, torch.tensor([EPOCH], dtype=torch.int32, device="cuda"),
         rank=rank, world_size=world, inner=rows, config=config, num_programs=4, timeouts=timeouts,
         scales=scales, spin_limit=5_000_000,

@@ -1,6 +1,7 @@
 """The warp-specialized Gluon float8 consumer (templates/all_gather_matmul_pingpong.py) on one
-Hopper GPU with simulated peers: against the dequantized product, with chunks landing while it
-runs, a chunk that never lands reported, and back-to-back calls. Skipped elsewhere."""
+Hopper GPU with simulated peers: against the dequantized product, a chunk that never lands
+reported, and back-to-back calls (chunks landing while it runs: test_consumer_gpu.py). Skipped
+elsewhere."""
 
 import pytest
 import torch
@@ -13,7 +14,6 @@ from tests.consumer_cases import EPOCH, fp8_problem, run_fp8_consumer
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or not pingpong.usable(torch.device("cuda", 0)), reason="needs a Hopper GPU"
 )
-FP8 = torch.float8_e4m3fn
 
 
 def _check(out, ref):
@@ -53,49 +53,6 @@ def test_refuses_exact_accumulation():
             scales=agm.Scales(a_scale, None, tuple(b_scales), fast_accum=False), config=pingpong.CONFIGS[0],
             spin_limit=1000, timeouts=torch.zeros(2, dtype=torch.int32, device="cuda"),
         )  # fmt: skip
-
-
-def _landing_problem(world, rows, k, n, gen):
-    real = torch.randn(world * rows, k, device="cuda", generator=gen).to(FP8)
-    weight = torch.randn(n, k, device="cuda", generator=gen).to(FP8)
-    ref = (real.float() @ weight.float().t()).to(torch.bfloat16)
-    return real, weight, ref
-
-
-def test_chunks_landing_while_it_runs():
-    """Peer chunks NaN (e4m3's 0x7f) until they land, from another stream, a millisecond after
-    the kernel started, each copied in and then flagged: a TMA load issued before its chunk's
-    wait, or not fenced after it, would read the NaNs. Few programs, so that each goes through
-    every chunk and the landing stream finds free SMs."""
-    world, rank, rows, k, n = 4, 1, 512, 512, 640
-    real, weight, ref = _landing_problem(world, rows, k, n, torch.Generator(device="cuda").manual_seed(3))
-    gathered = real.clone()
-    for chunk in range(world):
-        if chunk != rank:
-            gathered[chunk * rows : (chunk + 1) * rows].view(torch.uint8).fill_(0x7F)
-    one = torch.ones((), device="cuda")
-    out = torch.full((world * rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    flags = torch.full((world,), EPOCH - 1, dtype=torch.int32, device="cuda")
-    landed = torch.full((1,), EPOCH, dtype=torch.int32, device="cuda")
-    timeouts = torch.zeros(world, dtype=torch.int32, device="cuda")
-    lander = torch.cuda.Stream()
-    with torch.cuda.stream(lander):  # loaded before: loading a kernel waits for running ones
-        torch.cuda._sleep(1)
-    torch.cuda.synchronize()
-    pingpong.all_gather_matmul_pingpong(
-        gathered, [weight.t()], [None], [out], flags, torch.tensor([EPOCH], dtype=torch.int32, device="cuda"),
-        rank=rank, world_size=world, inner=rows, scales=agm.Scales(one, None, (one,), fast_accum=True),
-        config=pingpong.CONFIGS[0], num_programs=4, timeouts=timeouts, spin_limit=5_000_000,
-    )  # fmt: skip
-    with torch.cuda.stream(lander):
-        torch.cuda._sleep(2_000_000)
-        for step in range(1, world):
-            chunk = (rank + step) % world
-            gathered[chunk * rows : (chunk + 1) * rows].copy_(real[chunk * rows : (chunk + 1) * rows])
-            flags[chunk : chunk + 1].copy_(landed)
-    torch.cuda.synchronize()
-    agm.raise_on_timeouts(timeouts, rank)
-    _check(out, ref)
 
 
 def test_late_chunk_is_reported():
