@@ -74,38 +74,57 @@ def _signature(t: torch.Tensor | None):
 _RESOLVED: dict[tuple, object] = {}
 
 
-def _ag_call(run, graphed: bool, signature: tuple, *args):
-    """One all_gather_matmul call of the variant ``run``, through replay.py if ``graphed``
-    (``signature``: the call's fast key and the variant's name)."""
-    if not graphed:
-        return run(*args)
+def _ag_tensors(args, outputs):
     shard, mat2s, biases, _, _, group_name, _, contract_with, _ = args
-    outputs = agm.allocate(*args)
     gathered, outs = outputs
-    tensors = (shard, *mat2s, *biases, *contract_with, gathered, *outs)
-    replay.call(signature, run, args, outputs, tensors, symm.workspace(agm.KIND, group_name, shard.device))
-    return outputs
+    return (shard, *mat2s, *biases, *contract_with, gathered, *outs), group_name, shard.device
 
 
-def _rs_call(run, graphed: bool, signature: tuple, *args):
-    """One matmul_reduce_scatter call of the variant ``run``, through replay.py if ``graphed``."""
-    if not graphed:
-        return run(*args)
-    outputs = mrs.allocate(*args)
+def _rs_tensors(args, outputs):
     inputs, mat2s, bias, _, _, _, group_name, _ = args
-    tensors = (*inputs, *mat2s, bias, outputs)
-    replay.call(signature, run, args, outputs, tensors, symm.workspace(mrs.KIND, group_name, inputs[0].device))
+    return (*inputs, *mat2s, bias, outputs), group_name, inputs[0].device
+
+
+def _scaled_ag_tensors(args, outputs):
+    shard, shard_scale, mat2s, mat2_scales, biases, _, _, group_name, _, _, _, passengers = args
+    gathered, outs, passenger_outs = outputs
+    tensors = (shard, shard_scale, *mat2s, *mat2_scales, *biases, *passengers, gathered, *outs, *passenger_outs)
+    return tensors, group_name, shard.device
+
+
+def _scaled_rs_tensors(args, outputs):
+    inputs, input_scales, mat2s, mat2_scales, bias, _, _, _, group_name, _, _, _ = args
+    return (*inputs, *input_scales, *mat2s, *mat2_scales, bias, outputs), group_name, inputs[0].device
+
+
+# kind -> (its outputs for a call's arguments, the workspace kind its calls run on, every tensor
+# a call reads or writes, its group and device)
+_GRAPHED_KINDS = {
+    agm.KIND: (agm.allocate, agm.KIND, _ag_tensors),
+    mrs.KIND: (mrs.allocate, mrs.KIND, _rs_tensors),
+    scaled.AG_KIND: (scaled.allocate_gather, agm.KIND, _scaled_ag_tensors),
+    scaled.RS_KIND: (scaled.allocate_scatter, mrs.KIND, _scaled_rs_tensors),
+}
+
+
+def _graphed_call(kind: str, run, signature: tuple, *args):
+    """One call of the variant ``run`` of an op of ``kind`` through replay.py, on outputs made
+    here (``signature``: the call's fast key and the variant's name)."""
+    allocate, workspace_kind, tensors_of = _GRAPHED_KINDS[kind]
+    outputs = allocate(*args)
+    tensors, group_name, device = tensors_of(args, outputs)
+    replay.call(signature, run, args, outputs, tensors, symm.workspace(workspace_kind, group_name, device))
     return outputs
 
 
 def variant_calls(kind: str, fast_key: tuple, variants: dict) -> dict:
-    """Name -> the variant wrapped as a call of ``fast_key`` (_ag_call, _rs_call): every variant
-    but the baseline runs the symmetric-memory protocol, which a per-call graph can hold, each
-    variant's graphs apart (the choice runs them all on the same tensors)."""
-    wraps = {agm.KIND: _ag_call, mrs.KIND: _rs_call}
-    if kind not in wraps:  # the float8 ops (scaled.py): eager calls only
-        return dict(variants)
-    return {name: functools.partial(wraps[kind], v, name != choose.BASELINE, (fast_key, name)) for name, v in variants.items()}
+    """Name -> the variant as a call of ``fast_key``: every variant but the baseline runs the
+    symmetric-memory protocol, which a per-call graph can hold (_graphed_call), each variant's
+    graphs apart (the choice runs them all on the same tensors)."""
+    return {
+        name: v if name == choose.BASELINE else functools.partial(_graphed_call, kind, v, (fast_key, name))
+        for name, v in variants.items()
+    }
 
 
 def _resolve(kind, fast_key, group_name, world_size, variants, shapes, dtype, device, args):

@@ -130,12 +130,16 @@ def _capture(run, args: tuple, outputs, workspace):
 
 
 def _set_up_cublas(stream: torch.cuda.Stream, device: torch.device) -> None:
-    """cuBLAS (and cuBLASLt, bf16 with a bias) run once on the capture stream by this thread
-    (cuBLAS handles are per thread), so that their workspaces for the stream come from the
-    caching allocator here, not from inside the first capture's pool."""
+    """cuBLAS (and cuBLASLt: bf16 with a bias, float8 where the device has it) run once on the
+    capture stream by this thread (cuBLAS handles are per thread), so that their workspaces for
+    the stream come from the caching allocator here, not from inside the first capture's pool."""
     with torch.cuda.stream(stream):
         a = torch.ones(16, 16, device=device, dtype=torch.bfloat16)
         torch.mm(a.float(), a.float())
         torch.addmm(a[0], a, a)
+        if torch.cuda.get_device_capability(device) >= (8, 9):
+            one = torch.ones((), device=device)
+            f8 = a.to(torch.float8_e4m3fn)
+            torch._scaled_mm(f8, f8.t(), one, one, out_dtype=torch.bfloat16)
     stream.synchronize()
     _CUBLAS_READY.add((threading.get_ident(), device.index))

@@ -92,17 +92,28 @@ class _Gather:
             agm.finish(self.ws, self.data[0], self.gathered)
 
 
-def _start_gather(shard, shard_scale, mat2s, gather_dim, world_size, group_name, out_dtype, return_gathered, passengers):
-    """The all-gather variants' common start: the matmuls' outputs, then steps 1 and 2 of the
-    protocol (agm.start) for the float8 rows, if rowwise their scales, and the passengers.
-    Returns (the call, the matmuls' outputs)."""
-    layout = RowLayout.of(shard.shape, gather_dim, world_size)
-    rowwise = not scaled_ops.is_tensorwise(shard_scale)
-    parts = [agm.shard_rows(shard)] + ([_scale_rows(shard_scale)] if rowwise else [])
+def allocate_gather(
+    shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
+    use_fast_accum=False, return_gathered=False, passengers=(),
+):  # fmt: skip
+    """The float8 all-gather's outputs, empty: the gathered shard if asked for (else None), one
+    output per mat2, each passenger's gathered tensor. Made apart from the call, as
+    agm.allocate, so that a call replayed from a CUDA graph (replay.py) writes new ones."""
     gathered_shape = ops._gathered_shape(shard, gather_dim, world_size)
     outs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]], dtype=out_dtype) for m in mat2s]
     gathered = shard.new_empty(gathered_shape) if return_gathered else None
-    passenger_outs = scaled_ops.gathered_passengers(passengers, gather_dim, world_size)
+    return gathered, outs, scaled_ops.gathered_passengers(passengers, gather_dim, world_size)
+
+
+def _start_gather(args: tuple, outputs):
+    """The all-gather variants' common start: their outputs (``outputs``, or new ones), then
+    steps 1 and 2 of the protocol (agm.start) for the float8 rows, if rowwise their scales, and
+    the passengers. ``args``: the op's. Returns (the call, the matmuls' outputs)."""
+    shard, shard_scale, _, _, _, gather_dim, world_size, group_name, _, _, return_gathered, passengers = args
+    gathered, outs, passenger_outs = outputs or allocate_gather(*args)
+    layout = RowLayout.of(shard.shape, gather_dim, world_size)
+    rowwise = not scaled_ops.is_tensorwise(shard_scale)
+    parts = [agm.shard_rows(shard)] + ([_scale_rows(shard_scale)] if rowwise else [])
     riders = [agm.shard_rows(p) for p in passengers]
     ws, data = agm.start(parts, layout, group_name, own_too=return_gathered, passengers=riders)
     return _Gather(layout, parts, riders, ws, data, gathered, passenger_outs), outs
@@ -110,11 +121,12 @@ def _start_gather(shard, shard_scale, mat2s, gather_dim, world_size, group_name,
 
 def all_gather_copy_engine_scaled_mm(
     shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
-    use_fast_accum=False, return_gathered=False, passengers=(),
+    use_fast_accum=False, return_gathered=False, passengers=(), *, outputs=None,
 ):  # fmt: skip
     call, outs = _start_gather(
-        shard, shard_scale, mat2s, gather_dim, world_size, group_name, out_dtype, return_gathered, passengers
-    )
+        (shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
+         use_fast_accum, return_gathered, passengers), outputs,
+    )  # fmt: skip
     layout, parts, ws, data = call.layout, call.parts, call.ws, call.data
     with call.consuming():
         for chunk in schedule.all_gather_order(ws.rank, world_size):
@@ -136,7 +148,7 @@ def _fused_fits(shard: torch.Tensor, mat2s) -> bool:
 
 def all_gather_fused_scaled_mm(
     shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
-    use_fast_accum=False, return_gathered=False, passengers=(), *, gemm_config,
+    use_fast_accum=False, return_gathered=False, passengers=(), *, gemm_config, outputs=None,
 ):  # fmt: skip
     """The copy engine's pushes and flags, consumed by the persistent Triton float8 GEMM
     (templates/all_gather_matmul.py, scales in its epilogue), or the Gluon one if ``gemm_config``
@@ -149,8 +161,9 @@ def all_gather_fused_scaled_mm(
     # the kernel reads a weight's rowwise scale as N consecutive words
     column_scales = tuple(s if scaled_ops.is_tensorwise(s) else scaled_ops._standard_strides(s) for s in mat2_scales)
     call, outs = _start_gather(
-        shard, shard_scale, mat2s, gather_dim, world_size, group_name, out_dtype, return_gathered, passengers
-    )
+        (shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
+         use_fast_accum, return_gathered, passengers), outputs,
+    )  # fmt: skip
     layout, parts, ws, data = call.layout, call.parts, call.ws, call.data
     if len(parts) > 1:  # rowwise: every gathered row's scale (each chunk's with its rows), the own
         scales = consumer.Scales(data[1].view(-1), parts[1].view(-1), column_scales, use_fast_accum)
@@ -167,20 +180,28 @@ def all_gather_fused_scaled_mm(
     return call.gathered, outs, call.passenger_outs
 
 
-def _reduce_scatter(inputs, flats, layout, n, scatter_dim, world_size, group_name, reduce_op, dtypes, produce):
+def allocate_scatter(
+    inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, group_name,
+    mm_dtype, out_dtype=None, use_fast_accum=False,
+):  # fmt: skip
+    """The float8 reduce-scatter's output, empty (as mrs.allocate, for replay.py)."""
+    full = [*inputs[0].shape[:-1], mat2s[0].shape[1]]
+    return inputs[0].new_empty(ops._scattered_shape(full, scatter_dim, world_size), dtype=out_dtype or mm_dtype)
+
+
+def _reduce_scatter(args: tuple, outputs, flats, layout, partial_dtype, produce):
     """What both symmetric-memory reduce-scatter variants do around their own step: the output
-    (``dtypes``: the partials' and the output's), the call (which enters the protocol),
-    ``produce(call)``, then the owner's reduction (mrs.reduce_produced)."""
-    partial_dtype, out_dtype = dtypes
-    full = [*inputs[0].shape[:-1], n]
-    out = flats[0].new_empty(ops._scattered_shape(full, scatter_dim, world_size), dtype=out_dtype)
+    (``outputs``, or a new one), the call (which enters the protocol, its partials of
+    ``partial_dtype``), ``produce(call)``, then the owner's reduction (mrs.reduce_produced)."""
+    out = allocate_scatter(*args) if outputs is None else outputs
+    reduce_op, group_name, n = args[5], args[8], args[2][0].shape[1]
     call = mrs.Call(layout, n, partial_dtype, flats[0].device, group_name)
     return mrs.reduce_produced(call, lambda: produce(call), reduce_op, out)
 
 
 def copy_engine_scaled_mm_reduce_scatter(
     inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, group_name,
-    mm_dtype, out_dtype=None, use_fast_accum=False,
+    mm_dtype, out_dtype=None, use_fast_accum=False, *, outputs=None,
 ):  # fmt: skip
     flats, layout = mrs._input_rows(inputs, scatter_dim, world_size)
     scales = [_scale_rows(s) for s in input_scales]
@@ -200,16 +221,17 @@ def copy_engine_scaled_mm_reduce_scatter(
 
     # the op sums its terms widened (scaled_ops): a sum's partials travel in out_dtype; one
     # term's in mm_dtype, which widens exactly at the owner
-    dtypes = ((out_dtype or mm_dtype) if len(inputs) > 1 else mm_dtype, out_dtype or mm_dtype)
-    return _reduce_scatter(
-        inputs, flats, layout, mat2s[0].shape[1], scatter_dim, world_size, group_name, reduce_op, dtypes,
-        lambda call: mrs.push_partials(call, partial),
+    args = (
+        inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, group_name,
+        mm_dtype, out_dtype, use_fast_accum,
     )  # fmt: skip
+    partial_dtype = (out_dtype or mm_dtype) if len(inputs) > 1 else mm_dtype
+    return _reduce_scatter(args, outputs, flats, layout, partial_dtype, lambda call: mrs.push_partials(call, partial))
 
 
 def fused_scaled_mm_reduce_scatter(
     inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, group_name,
-    mm_dtype, out_dtype=None, use_fast_accum=False, *, gemm_config,
+    mm_dtype, out_dtype=None, use_fast_accum=False, *, gemm_config, outputs=None,
 ):  # fmt: skip
     """The persistent Triton float8 producer (templates/matmul_reduce_scatter.py, scales in its
     epilogue) stores each partial into its owner's slot; the owner's reduction as the other
@@ -223,10 +245,11 @@ def fused_scaled_mm_reduce_scatter(
         mrs.produce_fused, flats=flats, mat2s=mat2s, bias=bias, gemm_config=gemm_config, scales=scales,
         fast_accum=use_fast_accum,
     )  # fmt: skip
-    return _reduce_scatter(
-        inputs, flats, layout, mat2s[0].shape[1], scatter_dim, world_size, group_name, reduce_op,
-        (mm_dtype, out_dtype or mm_dtype), produce,
+    args = (
+        inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, group_name,
+        mm_dtype, out_dtype, use_fast_accum,
     )  # fmt: skip
+    return _reduce_scatter(args, outputs, flats, layout, mm_dtype, produce)
 
 
 def all_gather_nccl_scaled_mm(

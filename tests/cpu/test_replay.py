@@ -132,17 +132,22 @@ def test_no_capture_while_graph_trees_warm_up(calls, monkeypatch):
     assert log == ["eager"] * 3 + ["capture", "replay"]
 
 
-def test_each_variant_of_a_call_has_graphs_of_its_own():
+@pytest.mark.parametrize("kind", ["all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter"])
+def test_each_variant_of_a_call_has_graphs_of_its_own(kind):
     # the first call's choice runs every variant on the same tensors: one variant's graph
-    # replayed for another would time (and run) the wrong one
-    from overlap_pass.lowering import all_gather_matmul as agm
-    from overlap_pass.lowering import dispatch
+    # replayed for another would time (and run) the wrong one; the float8 ops' calls replay too
+    import functools
 
-    calls = dispatch.variant_calls(agm.KIND, ("fast key",), agm.variants(3))
-    signatures = {name: call.args[2] for name, call in calls.items()}
-    assert len(set(signatures.values())) == len(calls)
-    graphed = {name for name, call in calls.items() if call.args[1]}
-    assert graphed == set(calls) - {"nccl_cublas"}
+    from overlap_pass.lowering import all_gather_matmul as agm
+    from overlap_pass.lowering import dispatch, scaled
+    from overlap_pass.lowering import matmul_reduce_scatter as mrs
+
+    variants = {agm.KIND: agm.variants(3), mrs.KIND: mrs.variants(2)}.get(kind) or scaled.variants(kind)
+    calls = dispatch.variant_calls(kind, ("fast key",), variants)
+    graphed = {name: call for name, call in calls.items() if isinstance(call, functools.partial)}
+    assert set(graphed) == set(calls) - {"nccl_cublas"}
+    assert len({call.args[2] for call in graphed.values()}) == len(graphed)
+    assert all(call.args[:2] == (kind, variants[name]) for name, call in graphed.items())
 
 
 def test_forgotten_signatures_start_over(calls):

@@ -1,14 +1,15 @@
 """The CUDA variants at W = 2, 3 and 4 on one GPU, the ranks simulated in one process
 (tests/sim_world.py), against references computed here from every rank's inputs: the bf16
 variants (whose real W=2 runs pass, so a failure here points at the harness) and the float8 ones
-(lowering/scaled.py). Fresh random inputs per call, workspaces poisoned before each
-call, batch 1 (one block of rows per chunk) and 2 (a block per batch). Skipped without a GPU."""
+(lowering/scaled.py), called directly and through the per-call CUDA graphs of
+lowering/replay.py. Fresh random inputs per call, workspaces poisoned before each call, batch 1
+(one block of rows per chunk) and 2 (a block per batch). Skipped without a GPU."""
 
 import pytest
 import torch
 from overlap_pass.lowering import all_gather_matmul as agm
+from overlap_pass.lowering import dispatch, replay, scaled
 from overlap_pass.lowering import matmul_reduce_scatter as mrs
-from overlap_pass.lowering import scaled
 
 from overlap_pass import scaled_ops
 from tests.gpu_common import error
@@ -162,3 +163,81 @@ def test_scaled_reduce_scatter_variants(world, batch, rowwise, terms):
             for r, out in enumerate(outs):
                 assert out.dtype == torch.float32
                 assert error(out, total.chunk(W, dim=1)[r]) < 1e-2, f"{name} rank {r}, call {call}"
+
+
+def _refill(tensors, gen) -> None:
+    """New values in place (the addresses stay: a replayed graph reads them)."""
+    for t in tensors:
+        fresh = torch.randn(t.shape, generator=gen, device="cuda")
+        t.copy_(fresh.abs() + 0.25 if t.dtype == torch.float32 else fresh)  # fp32: scales
+
+
+def _replayed(world, kind, variant, args_of, inputs, check) -> None:
+    """Two world.run rounds of calls through dispatch's per-call graph path: each round calls
+    every rank twice (the warm-up call, then the checked one), the inputs refilled in place with
+    new values in between. Per rank: an eager call, one captured (and replayed), two replayed."""
+    replayed = replay.stats["replayed"]
+    signatures = [("sim", world.size, kind, id(variant), rank) for rank in range(world.size)]
+    for round_ in range(2):
+        gen = torch.Generator(device="cuda").manual_seed(round_)
+
+        def prepare():
+            _refill([t for rank in inputs for t in rank], gen)
+            world.poison()
+
+        results = world.run(
+            prepare=prepare,
+            call=lambda r, g: dispatch._graphed_call(kind, variant, signatures[r], *args_of(r, g)),
+        )
+        check(results)
+        del results  # as a model's step drops its outputs: the next round's land where these were
+    replay.forget(signatures)
+    assert replay.stats["replayed"] - replayed == 2 * world.size
+
+
+def _replay_variants(kind: str) -> dict:
+    """The fused variant (its first config), the Gluon one where it runs, the copy engine's."""
+    table = scaled.variants(kind)
+    fused = [n for n in table if n.startswith("fused:") and "gluon" not in n][:1]
+    gluon = [n for n in table if "gluon" in n][:1] if torch.cuda.get_device_capability() == (9, 0) else []
+    return {n: table[n] for n in fused + gluon + ["copy_engine_cublas"]}
+
+
+@pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
+def test_scaled_calls_replay_per_call_graphs(world, rowwise):
+    """The float8 ops' variants replayed from per-call graphs compute on each call's values:
+    an all-gather (batch 2, a passenger, the gathered shard returned) and a reduce-scatter."""
+    W, batch = world.size, 2
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    scale_shape = (batch, SEQ, 1) if rowwise else ()
+    shards = [[_float8((batch, SEQ, K), gen), _scale(scale_shape, gen)] for _ in range(W)]
+    riders = [torch.randn(batch, SEQ, 40, generator=gen, device="cuda").bfloat16() for _ in range(W)]
+    (mat2,), (mat2_scale,) = _weights(1, rowwise, gen)
+    for name, variant in _replay_variants(scaled.AG_KIND).items():
+
+        def args(r, g):
+            return (*shards[r], [mat2], [mat2_scale], [None], 1, W, g, torch.bfloat16, True, True, [riders[r]])
+
+        def check(results, name=name):
+            gathered = torch.cat([s[0] for s in shards], dim=1)
+            for r, (got, (out,), (rider,)) in enumerate(results):
+                scale = torch.cat([s[1] for s in shards], dim=1) if rowwise else shards[r][1]
+                ref = scaled_ops.scaled_mm_rows(gathered, scale, mat2, mat2_scale, None, torch.bfloat16, True)
+                assert torch.equal(got.view(torch.uint8), gathered.view(torch.uint8)), f"{name} rank {r}"
+                assert torch.equal(rider, torch.cat(riders, dim=1)), f"{name} rank {r}"
+                assert error(out, ref.float()) < 1e-2, f"{name} rank {r}"
+
+        _replayed(world, scaled.AG_KIND, variant, args, [*shards, riders], check)
+
+    inputs = [[_float8((batch, SEQ * W, K), gen), _scale((batch, SEQ * W, 1) if rowwise else (), gen)] for _ in range(W)]
+    for name, variant in _replay_variants(scaled.RS_KIND).items():
+
+        def args(r, g):
+            return ([inputs[r][0]], [inputs[r][1]], [mat2], [mat2_scale], None, "sum", 1, W, g, torch.bfloat16)
+
+        def check(outs, name=name):
+            total = sum(scaled_ops.scaled_mm_rows(*inputs[r], mat2, mat2_scale, None, torch.bfloat16, False).float() for r in range(W))
+            for r, out in enumerate(outs):
+                assert error(out, total.chunk(W, dim=1)[r]) < 1e-2, f"{name} rank {r}"
+
+        _replayed(world, scaled.RS_KIND, variant, args, inputs, check)
