@@ -233,7 +233,7 @@ def test_scaled_calls_replay_per_call_graphs(world, rowwise):
     for name, variant in _replay_variants(scaled.RS_KIND).items():
 
         def args(r, g):
-            return ([inputs[r][0]], [inputs[r][1]], [mat2], [mat2_scale], None, "sum", 1, W, g, torch.bfloat16)
+            return ([inputs[r][0]], [inputs[r][1]], [mat2], [mat2_scale], None, "sum", 1, W, g, torch.bfloat16, None, False)
 
         def check(outs, name=name):
             total = sum(scaled_ops.scaled_mm_rows(*inputs[r], mat2, mat2_scale, None, torch.bfloat16, False).float() for r in range(W))
