@@ -193,9 +193,9 @@ def _reduce_scatter(args: tuple, outputs, flats, layout, partial_dtype, produce)
     """What both symmetric-memory reduce-scatter variants do around their own step: the output
     (``outputs``, or a new one), the call (which enters the protocol, its partials of
     ``partial_dtype``), ``produce(call)``, then the owner's reduction (mrs.reduce_produced)."""
+    _, _, mat2s, _, _, reduce_op, _, _, group_name, _, _, _ = args
     out = allocate_scatter(*args) if outputs is None else outputs
-    reduce_op, group_name, n = args[5], args[8], args[2][0].shape[1]
-    call = mrs.Call(layout, n, partial_dtype, flats[0].device, group_name)
+    call = mrs.Call(layout, mat2s[0].shape[1], partial_dtype, flats[0].device, group_name)
     return mrs.reduce_produced(call, lambda: produce(call), reduce_op, out)
 
 
