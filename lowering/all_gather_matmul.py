@@ -39,11 +39,12 @@ KIND = "all_gather_matmul"
 
 def allocate(
     shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
-    contract_with=(), gathered_left=(),
+    contract_with=(), gathered_left=(), passengers=(),
 ):  # fmt: skip
     """The op's outputs for these arguments, empty, in its (contiguous) layout: the gathered
-    tensor if asked for (else None), and one output per mat2, then one per contraction. Made
-    apart from the call so that a call replayed from a CUDA graph (replay.py) writes new ones."""
+    tensor if asked for (else None), and one output per mat2, then one per contraction, then
+    each passenger's gathered tensor. Made apart from the call so that a call replayed from a
+    CUDA graph (replay.py) writes new ones."""
     gathered_shape = ops._gathered_shape(shard, gather_dim, world_size)
     k = shard.shape[-1]
     outs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]]) for m in mat2s]
@@ -51,6 +52,7 @@ def allocate(
         shard.new_empty((k, other.shape[-1]) if left else (other.shape[-1], k))
         for other, left in zip(contract_with, gathered_left)
     ]
+    outs += ops.gathered_passengers(passengers, gather_dim, world_size)
     return (shard.new_empty(gathered_shape) if return_gathered else None), outs
 
 
@@ -154,18 +156,25 @@ def _whole_contractions(ws, data, contract_with, gathered_left, outs) -> None:
         _contract(data, other, left, out, accumulate=False)
 
 
+def _passengers_of(outs, mat2s, contract_with, passengers):
+    """(the passengers as their rows, their gathered outputs: the last entries of ``outs``)."""
+    return [shard_rows(p) for p in passengers], outs[len(mat2s) + len(contract_with) :]
+
+
 def fused(
     shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
-    contract_with=(), gathered_left=(), *, gemm_config=None, outputs=None,
+    contract_with=(), gathered_left=(), passengers=(), *, gemm_config=None, outputs=None,
 ):  # fmt: skip
     gathered, outs = outputs or allocate(
-        shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered, contract_with, gathered_left
-    )
+        shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered, contract_with, gathered_left,
+        passengers,
+    )  # fmt: skip
     layout = RowLayout.of(shard.shape, gather_dim, world_size)
     # the contractions run after the kernel over the whole data, own chunk included
     own_too = bool(contract_with) or return_gathered
     flat = shard_rows(shard)
-    ws, (data,) = start([flat], layout, group_name, own_too)
+    riders, rider_outs = _passengers_of(outs, mat2s, contract_with, passengers)
+    ws, (data, *rider_data) = start([flat], layout, group_name, own_too, passengers=riders)
     try:
         consumer.all_gather_matmul_consumer(
             data, list(mat2s), [None if b is None else b.contiguous() for b in biases],
@@ -175,7 +184,10 @@ def fused(
             spin_limit=config.spin_limit, timeouts=ws.chunk_timeouts,
         )  # fmt: skip
         if contract_with:  # the kernel waited for every chunk: no waits
-            _whole_contractions(ws, data, contract_with, gathered_left, outs[len(mat2s) :])
+            contracted = outs[len(mat2s) : len(mat2s) + len(contract_with)]
+            _whole_contractions(ws, data, contract_with, gathered_left, contracted)
+        if riders:
+            collect_passengers(ws, riders, rider_data, rider_outs, layout)
     finally:  # joined even when the launch fails: the next call must not overtake the pushes
         finish(ws, data, gathered)
     return gathered, outs
@@ -183,18 +195,21 @@ def fused(
 
 def copy_engine_cublas(
     shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
-    contract_with=(), gathered_left=(), *, outputs=None,
+    contract_with=(), gathered_left=(), passengers=(), *, outputs=None,
 ):  # fmt: skip
     gathered, outs = outputs or allocate(
-        shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered, contract_with, gathered_left
-    )
+        shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered, contract_with, gathered_left,
+        passengers,
+    )  # fmt: skip
     layout = RowLayout.of(shard.shape, gather_dim, world_size)
     # a chunk of several runs of rows cannot be contracted in one matmul: contract at the end
     per_chunk = layout.outer == 1
     own_too = (bool(contract_with) and not per_chunk) or return_gathered
     flat = shard_rows(shard)
-    ws, (data,) = start([flat], layout, group_name, own_too)
+    riders, rider_outs = _passengers_of(outs, mat2s, contract_with, passengers)
+    ws, (data, *rider_data) = start([flat], layout, group_name, own_too, passengers=riders)
     row_outs = [o.view(-1, o.shape[-1]) for o in outs[: len(mat2s)]]
+    contracted = outs[len(mat2s) : len(mat2s) + len(contract_with)]
     try:
         for chunk in schedule.all_gather_order(ws.rank, world_size):
             a = chunk_rows(ws, data, flat, layout, chunk)
@@ -202,10 +217,12 @@ def copy_engine_cublas(
                 matmul_into(a, mat2, bias, layout.chunk(out, chunk))
             if per_chunk:
                 first = chunk == ws.rank  # the first chunk taken writes, the others add
-                for out, other, left in zip(outs[len(mat2s) :], contract_with, gathered_left):
+                for out, other, left in zip(contracted, contract_with, gathered_left):
                     _contract(a, layout.chunk(other, chunk), left, out, accumulate=not first)
         if contract_with and not per_chunk:
-            _whole_contractions(ws, data, contract_with, gathered_left, outs[len(mat2s) :])
+            _whole_contractions(ws, data, contract_with, gathered_left, contracted)
+        if riders:
+            collect_passengers(ws, riders, rider_data, rider_outs, layout)
     finally:  # joined even when a matmul fails: the next call must not overtake the pushes
         finish(ws, data, gathered)
     return gathered, outs
@@ -235,9 +252,10 @@ def _contract(gathered, theirs, left, out, accumulate: bool) -> None:
 
 def nccl_cublas(
     shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
-    contract_with=(), gathered_left=(),
+    contract_with=(), gathered_left=(), passengers=(),
 ):  # fmt: skip
-    gathered = nccl_gather(shard, gather_dim, world_size, _resolve_process_group(group_name))
+    group = _resolve_process_group(group_name)
+    gathered = nccl_gather(shard, gather_dim, world_size, group)
     flat = gathered.view(-1, shard.shape[-1])
     outs = []
     for mat2, bias in zip(mat2s, biases):
@@ -245,6 +263,7 @@ def nccl_cublas(
         outs.append(out.view(list(gathered.shape[:-1]) + [mat2.shape[1]]))
     for other, left in zip(contract_with, gathered_left):
         outs.append(flat.t() @ other if left else other.t() @ flat)
+    outs += [nccl_gather(p, gather_dim, world_size, group) for p in passengers]
     return (gathered if return_gathered else None), outs
 
 

@@ -29,9 +29,10 @@ def _layouts(mat2s) -> list:
     return [[*m.shape, "t" if m.stride(0) == 1 and m.dim() == 2 else "n"] for m in mat2s]
 
 
-def all_gather_matmul_shapes(shard_shape, mat2s, biases, gather_dim, contractions=()) -> dict:
+def all_gather_matmul_shapes(shard_shape, mat2s, biases, gather_dim, contractions=(), passengers=()) -> dict:
     """What the all_gather_matmul choice depends on; decide.py builds the same from graph
-    metadata to show a cached choice in decisions.json. ``contractions``: (K_j, gathered_left)."""
+    metadata to show a cached choice in decisions.json. ``contractions``: (K_j, gathered_left);
+    ``passengers``: the bytes of a row of each (they travel too)."""
     shapes = {
         "shard": list(shard_shape),
         "gather_dim": gather_dim,
@@ -40,7 +41,13 @@ def all_gather_matmul_shapes(shard_shape, mat2s, biases, gather_dim, contraction
     }
     if contractions:
         shapes["contractions"] = [[k, "left" if left else "right"] for k, left in contractions]
+    if passengers:
+        shapes["passengers"] = list(passengers)
     return shapes
+
+
+def _row_bytes(passengers) -> list[int]:
+    return [p.shape[-1] * p.element_size() for p in passengers]
 
 
 def matmul_reduce_scatter_shapes(
@@ -75,9 +82,9 @@ _RESOLVED: dict[tuple, object] = {}
 
 
 def _ag_tensors(args, outputs):
-    shard, mat2s, biases, _, _, group_name, _, contract_with, _ = args
+    shard, mat2s, biases, _, _, group_name, _, contract_with, _, passengers = args
     gathered, outs = outputs
-    return (shard, *mat2s, *biases, *contract_with, gathered, *outs), group_name, shard.device
+    return (shard, *mat2s, *biases, *contract_with, *passengers, gathered, *outs), group_name, shard.device
 
 
 def _rs_tensors(args, outputs):
@@ -149,26 +156,29 @@ def _resolve(kind, fast_key, group_name, world_size, variants, shapes, dtype, de
 
 def all_gather_matmul(
     shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
-    contract_with=None, gathered_left=None,
+    contract_with=None, gathered_left=None, passengers=None,
 ):  # fmt: skip
-    contract_with, gathered_left = contract_with or [], gathered_left or []
+    contract_with, gathered_left, passengers = contract_with or [], gathered_left or [], passengers or []
     fast_key = (
         agm.KIND, _signature(shard), gather_dim, world_size, group_name,
         tuple(_signature(m) for m in mat2s), tuple(_signature(b) for b in biases),
-        tuple(_signature(o) for o in contract_with), tuple(gathered_left), config.implementation,
+        tuple(_signature(o) for o in contract_with), tuple(gathered_left),
+        tuple(_signature(p) for p in passengers), config.implementation,
     )  # fmt: skip
     run = _RESOLVED.get(fast_key)
     if run is not None:
         return run(
             shard, mat2s, biases, gather_dim % shard.dim(), world_size, group_name, return_gathered,
-            contract_with, gathered_left,
+            contract_with, gathered_left, passengers,
         )  # fmt: skip
     dim = ops._check_all_gather_matmul(
-        shard, mat2s, biases, gather_dim, world_size, contract_with, gathered_left
+        shard, mat2s, biases, gather_dim, world_size, contract_with, gathered_left, passengers
     )
-    args = (shard, mat2s, biases, dim, world_size, group_name, return_gathered, contract_with, gathered_left)
+    args = (
+        shard, mat2s, biases, dim, world_size, group_name, return_gathered, contract_with, gathered_left, passengers,
+    )  # fmt: skip
     contractions = [(o.shape[-1], left) for o, left in zip(contract_with, gathered_left)]
-    shapes = all_gather_matmul_shapes(shard.shape, mat2s, biases, dim, contractions)
+    shapes = all_gather_matmul_shapes(shard.shape, mat2s, biases, dim, contractions, _row_bytes(passengers))
     variants = _ag_variants(len(mat2s))
     run = _resolve(agm.KIND, fast_key, group_name, world_size, variants, shapes, shard.dtype, shard.device, args)
     return ops.all_gather_matmul_reference(*args) if run is None else run(*args)
@@ -207,13 +217,11 @@ def all_gather_scaled_matmul_shapes(
     """What the float8 all-gather's choice depends on: the bf16 op's keys, its scales (rowwise
     ones travel too; cuBLAS runs another kernel for rowwise weights), what the matmuls compute
     and the bytes of a row of each passenger (they travel too)."""
-    shapes = all_gather_matmul_shapes(shard.shape, mat2s, biases, gather_dim)
+    shapes = all_gather_matmul_shapes(shard.shape, mat2s, biases, gather_dim, passengers=_row_bytes(passengers))
     shapes.update(
         scales=_scale_kind(shard_scale), weight_scales=",".join(_scale_kind(s) for s in mat2_scales),
         out_dtype=str(out_dtype), fast_accum=use_fast_accum,
     )  # fmt: skip
-    if passengers:
-        shapes["passengers"] = [p.shape[-1] * p.element_size() for p in passengers]
     return shapes
 
 

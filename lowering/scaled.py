@@ -102,7 +102,7 @@ def allocate_gather(
     gathered_shape = ops._gathered_shape(shard, gather_dim, world_size)
     outs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]], dtype=out_dtype) for m in mat2s]
     gathered = shard.new_empty(gathered_shape) if return_gathered else None
-    return gathered, outs, scaled_ops.gathered_passengers(passengers, gather_dim, world_size)
+    return gathered, outs, ops.gathered_passengers(passengers, gather_dim, world_size)
 
 
 def _start_gather(args: tuple, outputs):

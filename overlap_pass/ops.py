@@ -5,6 +5,9 @@ reference decomposition.
                             then, over A's M rows (the gathered dim is contracted):
                             out[len(mat2s) + j] = A^T @ contract_with[j]   (gathered_left[j])
                                                   contract_with[j]^T @ A   (otherwise)
+                            then each passenger (a shard of the same rows that no matmul
+                            reads, passengers.py), gathered as the shard is:
+                            out[len(mat2s) + len(contract_with) + p] = all_gather(passengers[p])
     matmul_reduce_scatter:  out = reduce_scatter(sum_i inputs[i] @ mat2s[i] + bias, scatter_dim)
                             each rank's partial (the sum) in the inputs' dtype, the reduction over
                             ranks in fp32, ``out`` in ``out_dtype`` (default: the inputs' dtype)
@@ -37,7 +40,8 @@ _SCHEMAS = {
     "all_gather_matmul": (
         "(Tensor shard, Tensor[] mat2s, Tensor?[] biases, int gather_dim, "
         "int world_size, str group_name, bool return_gathered=False, "
-        "Tensor[]? contract_with=None, bool[]? gathered_left=None) -> (Tensor?, Tensor[])"
+        "Tensor[]? contract_with=None, bool[]? gathered_left=None, Tensor[]? passengers=None) "
+        "-> (Tensor?, Tensor[])"
     ),
     "matmul_reduce_scatter": (
         "(Tensor[] inputs, Tensor[] mat2s, Tensor? bias, str reduce_op, "
@@ -67,9 +71,10 @@ def _contracted_shape(gathered_shape, other, left: bool) -> list[int]:
 
 
 def _check_all_gather_matmul(
-    shard, mat2s, biases, gather_dim, world_size, contract_with=(), gathered_left=()
+    shard, mat2s, biases, gather_dim, world_size, contract_with=(), gathered_left=(), passengers=()
 ) -> int:
     """Validates arguments; returns gather_dim normalized to a non-negative dim."""
+    check_passengers(shard, passengers)
     torch._check(
         len(mat2s) + len(contract_with) > 0,
         lambda: "all_gather_matmul needs at least one mat2 or contract_with operand",
@@ -108,6 +113,20 @@ def _check_all_gather_matmul(
         )
         torch._check(other.dtype == shard.dtype, lambda: "contract_with dtype differs from shard dtype")
     return dim
+
+
+def check_passengers(shard, passengers) -> None:
+    """Passengers are gathered with the shard's chunks: the same rows (leading dims)."""
+    for passenger in passengers:
+        torch._check(
+            passenger.dim() == shard.dim() and passenger.shape[:-1] == shard.shape[:-1],
+            lambda: f"passenger of shape {list(passenger.shape)} does not have the rows of the shard {list(shard.shape)}",
+        )
+
+
+def gathered_passengers(passengers, gather_dim: int, world_size: int) -> list[torch.Tensor]:
+    """Each passenger's gathered tensor, empty."""
+    return [p.new_empty(_gathered_shape(p, gather_dim, world_size)) for p in passengers]
 
 
 def _check_matmul_reduce_scatter(
@@ -151,11 +170,11 @@ def _check_matmul_reduce_scatter(
 
 def _all_gather_matmul_fake(
     shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
-    contract_with=None, gathered_left=None,
+    contract_with=None, gathered_left=None, passengers=None,
 ):  # fmt: skip
-    contract_with, gathered_left = contract_with or [], gathered_left or []
+    contract_with, gathered_left, passengers = contract_with or [], gathered_left or [], passengers or []
     dim = _check_all_gather_matmul(
-        shard, mat2s, biases, gather_dim, world_size, contract_with, gathered_left
+        shard, mat2s, biases, gather_dim, world_size, contract_with, gathered_left, passengers
     )
     gathered_shape = _gathered_shape(shard, dim, world_size)
     outputs = [shard.new_empty(gathered_shape[:-1] + [mat2.shape[1]]) for mat2 in mat2s]
@@ -164,7 +183,7 @@ def _all_gather_matmul_fake(
         for other, left in zip(contract_with, gathered_left)
     ]
     gathered = shard.new_empty(gathered_shape) if return_gathered else None
-    return gathered, outputs
+    return gathered, outputs + gathered_passengers(passengers, dim, world_size)
 
 
 def _matmul_reduce_scatter_fake(
@@ -265,13 +284,14 @@ def _linear(a: torch.Tensor, mat2: torch.Tensor, bias: torch.Tensor | None) -> t
 
 def all_gather_matmul_reference(
     shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
-    contract_with=None, gathered_left=None,
+    contract_with=None, gathered_left=None, passengers=None,
 ):  # fmt: skip
     """Rank-rotated all-gather on point-to-point ops, overlapped with per-chunk matmuls; the
-    contractions over the gathered rows accumulate chunk by chunk, in fp32."""
-    contract_with, gathered_left = contract_with or [], gathered_left or []
+    contractions over the gathered rows accumulate chunk by chunk, in fp32; the passengers'
+    transfers posted after the shard's."""
+    contract_with, gathered_left, passengers = contract_with or [], gathered_left or [], passengers or []
     dim = _check_all_gather_matmul(
-        shard, mat2s, biases, gather_dim, world_size, contract_with, gathered_left
+        shard, mat2s, biases, gather_dim, world_size, contract_with, gathered_left, passengers
     )
     group = resolve_group(group_name, world_size)
     rank = group.rank()
@@ -285,6 +305,7 @@ def all_gather_matmul_reference(
     ]
 
     received = post_all_gather(group, shard)
+    riders = [post_all_gather(group, p.contiguous()) for p in passengers]
     for src in schedule.all_gather_order(rank, world_size):
         chunk = received(src)
         for out, mat2, bias in zip(outputs, mat2s, biases):
@@ -296,7 +317,17 @@ def all_gather_matmul_reference(
             theirs = schedule.chunk(_as_gathered(other, gathered_shape), dim, src, world_size)
             theirs = theirs.reshape(rows.shape[0], -1).float()
             total += rows.t() @ theirs if left else theirs.t() @ rows
-    return gathered, outputs + [total.to(shard.dtype) for total in sums]
+    return gathered, outputs + [total.to(shard.dtype) for total in sums] + collect_passengers(riders, passengers, dim, world_size)
+
+
+def collect_passengers(riders, passengers, gather_dim: int, world_size: int) -> list[torch.Tensor]:
+    """The reference's gathered passengers: ``riders``, post_all_gather's ``received`` of each
+    passenger, waited for chunk by chunk."""
+    outs = gathered_passengers(passengers, gather_dim, world_size)
+    for received, out in zip(riders, outs):
+        for src in range(world_size):
+            schedule.chunk(out, gather_dim, src, world_size).copy_(received(src))
+    return outs
 
 
 def matmul_reduce_scatter_reference(

@@ -1,4 +1,4 @@
-"""Passengers: plain all-gathers that ride along in an all_gather_scaled_matmul of the same rows.
+"""Passengers: plain all-gathers that ride along in a fused all-gather op of the same rows.
 
 torchao's rowwise recipe quantizes a gathered tensor twice: once per row, for the matmul (which
 all_gather_scaled_matmul fuses), and once per column across the tokens, for the weight gradient.
@@ -7,7 +7,10 @@ from the shards'), but nothing fuses the gather: in the forward its result is sa
 backward, in the backward the weight gradient's _scaled_mm reads it as its mat2. Left alone it
 is an NCCL collective of its own, on the critical path after the op. As a passenger it moves in
 the op's call instead, with the copy engine after the op's own chunks, behind its matmul
-(scaled_ops.py).
+(scaled_ops.py). Plain tensor parallelism leaves such gathers in bf16 graphs too: the split
+all-reduce (all_reduce_split.py) regathers what the forward saves for the backward (the
+residual stream, a norm's rsqrt) where AOTAutograd saved it whole; they ride in the next
+all_gather_matmul of the same rows (ops.py) the same way.
 
 A plain all-gather rides in the earliest op of the graph that gathers the same rows (same
 group, gather dim and leading dims) and whose inputs it does not need: the nodes that compute
@@ -26,7 +29,28 @@ from .debug import describe_node
 from .patterns import ALL_GATHER, WAIT, NoMatch, depends_on, gathered_layout, graph_order, meta_val
 
 KIND = "all_gather_passenger"
-HOST = torch.ops.overlap.all_gather_scaled_matmul.default
+
+
+@dataclasses.dataclass(frozen=True)
+class HostArgs:
+    """Where a host op's arguments sit: gather_dim, world_size and group_name from ``gather_dim``
+    on, the passengers at ``passengers``, right after optional arguments with ``defaults``."""
+
+    gather_dim: int
+    passengers: int
+    defaults: tuple
+
+
+HOSTS = {
+    # ..., use_fast_accum=False, return_gathered=False, passengers
+    torch.ops.overlap.all_gather_scaled_matmul.default: HostArgs(5, 11, (False, False)),
+    # ..., return_gathered=False, contract_with=None, gathered_left=None, passengers
+    torch.ops.overlap.all_gather_matmul.default: HostArgs(3, 9, (False, None, None)),
+}
+
+
+def host_nodes(graph: Graph) -> list[Node]:
+    return [n for target in HOSTS for n in graph.find_nodes(op="call_function", target=target)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +81,11 @@ def _rows(shard: Node) -> tuple:
 
 
 def _same_rows(host: Node, rider: Rider) -> bool:
-    shard, gather_dim, world_size, group_name = host.args[0], *host.args[5:8]
-    return (gather_dim, world_size, group_name) == (
-        rider.gather_dim,
+    at = HOSTS[host.target].gather_dim
+    shard, gather_dim, world_size, group_name = host.args[0], *host.args[at : at + 3]
+    ndim = len(_rows(shard)) + 1
+    return (gather_dim % ndim, world_size, group_name) == (
+        rider.gather_dim % ndim,
         rider.world_size,
         rider.group_name,
     ) and _rows(shard) == _rows(rider.shard)
@@ -67,27 +93,28 @@ def _same_rows(host: Node, rider: Rider) -> bool:
 
 def _host_for(graph: Graph, rider: Rider) -> tuple[Node | None, str | None]:
     """(the earliest op the rider can ride in, None), or (None, why none)."""
-    hosts = [h for h in graph.find_nodes(op="call_function", target=HOST) if _same_rows(h, rider)]
+    hosts = [h for h in host_nodes(graph) if _same_rows(h, rider)]
     if not hosts:
-        return None, "no all_gather_scaled_matmul in the graph gathers the same rows over the same group"
+        return None, "no fused all-gather op in the graph gathers the same rows over the same group"
     order = graph_order(graph)
     for host in sorted(hosts, key=order.__getitem__):
         # the shard must be computable before the op, and the op must not need the gathered rows
         if not depends_on(rider.shard, host, order) and not depends_on(host, rider.gather, order):
             return host, None
-    return None, "its shard is computed from the results of every all_gather_scaled_matmul of the same rows"
+    return None, "its shard is computed from the results of every fused all-gather op of the same rows"
 
 
 def attach_all(graph: Graph, all_gathers: list[Node]) -> list[dict]:
     """Makes each plain all-gather of ``all_gathers`` still in the graph a passenger where it
     can (in graph order, on the live graph: a rider attached changes what the next may ride
     in); returns a record per all-gather considered. Nothing is considered where the graph has
-    no all_gather_scaled_matmul."""
-    if not config.gather_passengers or not graph.find_nodes(op="call_function", target=HOST):
+    no fused all-gather op."""
+    if not config.gather_passengers or not host_nodes(graph):
         return []
     alive = set(graph.find_nodes(op="call_function", target=ALL_GATHER))
     order = graph_order(graph)
     records = []
+    replaced = {}  # host op name -> the op that took its place with one more rider
     for gather in sorted((g for g in all_gathers if g in alive), key=order.__getitem__):
         record = {
             "kind": KIND,
@@ -103,10 +130,18 @@ def attach_all(graph: Graph, all_gathers: list[Node]) -> list[dict]:
         except NoMatch as why:
             host, reason = None, str(why)
         if host is not None:
-            op = rewrite.attach_passenger(graph, host, rider)
+            host_name = host.name
+            op = rewrite.attach_passenger(graph, host, rider, HOSTS[host.target])
+            replaced[host_name] = op
             stable_topological_sort(graph)  # the next rider's dependencies are read from the order
-            record.update(rewritten=True, implementation=f"rides in {op.name}", op=op.name, rides_in=describe_node(op))
+            record.update(rewritten=True, op=op)
         else:
             record["reason"] = reason
         records.append(record)
+    for record in records:  # each rider named with the op it rides in at the end
+        op = record.pop("op", None)
+        while op is not None and op.name in replaced:
+            op = replaced[op.name]
+        if op is not None:
+            record.update(implementation=f"rides in {op.name}", op=op.name, rides_in=describe_node(op))
     return records

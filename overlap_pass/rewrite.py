@@ -218,7 +218,7 @@ def _computed_after(node: Node, host: Node, order: dict[Node, int]) -> set[Node]
     return found
 
 
-def attach_passenger(graph: Graph, host: Node, rider) -> Node:
+def attach_passenger(graph: Graph, host: Node, rider, at) -> Node:
     """
         _, ys, ps = overlap.all_gather_scaled_matmul(shard, ..., passengers=[p, ...])
         g = wait(all_gather(s)) [-> split -> cat(gather_dim)]    (s computed after the op)
@@ -226,17 +226,26 @@ def attach_passenger(graph: Graph, host: Node, rider) -> Node:
         s computed before the op: the nodes it needs that sat after it, moved up in their order
         _, ys, ps = overlap.all_gather_scaled_matmul(shard, ..., passengers=[p, ..., s])
         g = ps[-1]
-    ``rider``: a passengers.Rider whose shard does not depend on ``host``. Returns the new op;
-    the graph may need sorting after (users of g that sat before the op)."""
+    and the same for an overlap.all_gather_matmul, whose gathered passengers are the last of
+    its outputs (after the matmuls' and the contractions'). ``rider``: a passengers.Rider whose
+    shard does not depend on ``host``; ``at``: the host's passengers.HostArgs. Returns the new
+    op; the graph may need sorting after (users of g that sat before the op)."""
     order = graph_order(graph)
     for node in sorted(_computed_after(rider.shard, host, order), key=order.__getitem__):
         host.prepend(node)
-    args = list(host.args) + [False] * (11 - len(host.args))  # return_gathered's default
-    riders = list(args[11] or []) if len(args) > 11 else []
+    args = list(host.args)
+    if len(args) < at.passengers:  # the optional arguments before the passengers spelled out
+        args += at.defaults[len(args) - at.passengers :]
+    riders = list(args[at.passengers] or []) if len(args) > at.passengers else []
     with graph.inserting_before(host):
-        op = call(graph, host.target, (*args[:11], riders + [rider.shard]), dict(host.kwargs))
+        op = call(graph, host.target, (*args[: at.passengers], riders + [rider.shard]), dict(host.kwargs))
         host.replace_all_uses_with(op)
-        gathered = call(graph, operator.getitem, (call(graph, operator.getitem, (op, 2)), len(riders)))
+        if host.target is torch.ops.overlap.all_gather_scaled_matmul.default:
+            outputs, index = call(graph, operator.getitem, (op, 2)), len(riders)
+        else:  # after one output per mat2 and per contraction
+            contract_with = args[at.gather_dim + 4] or []
+            outputs, index = call(graph, operator.getitem, (op, 1)), len(args[1]) + len(contract_with) + len(riders)
+        gathered = call(graph, operator.getitem, (outputs, index))
     dead = _chain(rider.gathered, rider.gather)
     rider.gathered.replace_all_uses_with(gathered)
     graph.erase_node(host)

@@ -108,11 +108,7 @@ def _check_all_gather(
             lambda: f"bias does not match N={mat2.shape[1]}",
         )
     _check_out_dtype(out_dtype)
-    for passenger in passengers:
-        torch._check(
-            passenger.shape[:-1] == shard.shape[:-1],
-            lambda: f"passenger of shape {list(passenger.shape)} does not have the rows of the shard {list(shard.shape)}",
-        )
+    ops.check_passengers(shard, passengers)
     return dim
 
 
@@ -145,11 +141,6 @@ def _check_reduce_scatter(
     return dim
 
 
-def gathered_passengers(passengers, gather_dim: int, world_size: int) -> list[torch.Tensor]:
-    """Each passenger's gathered tensor, empty."""
-    return [p.new_empty(ops._gathered_shape(p, gather_dim, world_size)) for p in passengers]
-
-
 # ---------------------------------------------------------------------------------------------
 # Fake kernels
 
@@ -164,7 +155,7 @@ def _all_gather_scaled_matmul_fake(
     )
     gathered_shape = ops._gathered_shape(shard, dim, world_size)
     outputs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]], dtype=out_dtype) for m in mat2s]
-    riders = gathered_passengers(passengers, dim, world_size)
+    riders = ops.gathered_passengers(passengers, dim, world_size)
     return (shard.new_empty(gathered_shape) if return_gathered else None), outputs, riders
 
 
@@ -246,11 +237,7 @@ def all_gather_scaled_matmul_reference(
             schedule.chunk(out, dim, src, world_size).copy_(result)
         if gathered is not None:
             schedule.chunk(gathered, dim, src, world_size).copy_(chunk)
-    passenger_outs = gathered_passengers(passengers, dim, world_size)
-    for received_rider, out in zip(riders, passenger_outs):
-        for src in range(world_size):
-            schedule.chunk(out, dim, src, world_size).copy_(received_rider(src))
-    return gathered, outputs, passenger_outs
+    return gathered, outputs, ops.collect_passengers(riders, passengers, dim, world_size)
 
 
 def scaled_matmul_reduce_scatter_reference(

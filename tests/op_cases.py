@@ -147,3 +147,33 @@ def scaled_gather_with_passengers(seed: int = 0, device: str = "cpu") -> bool:
             ref = scaled_ops.scaled_mm_rows(gathered, rows_scale, mat2, mat2_scale, None, torch.bfloat16, False)
             assert torch.equal(outs[0], ref), (rowwise, dim)
     return True
+
+
+def gather_with_passengers(seed: int = 0, device: str = "cpu", dtype=torch.float32) -> bool:
+    """all_gather_matmul with passengers (a norm's [rows, 1] fp32 rsqrt and a wider shard of the
+    same rows, plain TP's saved activations), after a matmul and a contraction, gathered along
+    seq and along batch, the gathered shard returned: each passenger arrives bit for bit as
+    torch.distributed gathers it, after the matmul's and the contraction's outputs."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    group = dist.group.WORLD.group_name
+    torch.manual_seed(seed + 31 * rank)
+    if device == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
+    shared = torch.Generator().manual_seed(seed)
+    mat2 = torch.randn(16, 8, generator=shared).to(device, dtype)
+    for dim in (1, 0):
+        shard = torch.randn(2, 3, 16).to(device, dtype)
+        rows = 2 * 3 * world
+        other = torch.randn(rows, 4, generator=shared).to(device, dtype)  # the same on every rank
+        riders = [torch.rand(2, 3, 1).to(device), torch.randn(2, 3, 5).to(device, dtype)]
+        gathered, outs = torch.ops.overlap.all_gather_matmul(
+            shard, [mat2], [None], dim, world, group, True, [other], [True], riders
+        )
+        assert len(outs) == 4
+        full = _all_gather(shard, dim)
+        assert torch.equal(gathered, full)
+        _close(outs[0], full @ mat2, "matmul")
+        _close(outs[1], full.reshape(rows, 16).t() @ other, "contraction")
+        for rider, out in zip(riders, outs[2:]):
+            assert out.dtype == rider.dtype and torch.equal(out, _all_gather(rider, dim)), dim
+    return True

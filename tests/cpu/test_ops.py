@@ -129,3 +129,9 @@ def test_cuda_tensors_dispatch_to_the_lowering():
 def test_scaled_gather_carries_passengers(gloo_world, world_size):
     """overlap.all_gather_scaled_matmul's passengers (overlap_pass/passengers.py) on gloo."""
     assert all(gloo_world(world_size).run(op_cases.scaled_gather_with_passengers))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_gather_carries_passengers(gloo_world, world_size):
+    """overlap.all_gather_matmul's passengers (plain TP's saved activations) on gloo."""
+    assert all(gloo_world(world_size).run(op_cases.gather_with_passengers))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
-from overlap_pass import all_reduce_split
+from overlap_pass import all_reduce_split, passengers
 from tests.plain_tp_cases import (
     max_reduced,
     mean_over_tokens,
@@ -53,9 +53,9 @@ def _plain_block(world_size: int, bias: bool):
 @pytest.mark.parametrize("batch", [1, 4])
 def test_plain_tp_block(tmp_path, latency_free, world_size, bias, batch):
     """Forward: the O and down all-reduces become reduce-scatters fused with O and down; the
-    FFN's gather is fused with gate and up; the block output and two saved activations (the
-    attention output and the norm's rsqrt, as AOTAutograd's partitioner chose to save them
-    whole) are gathered plainly. Backward: the five all-reduced input grads of Q, K, V, gate and
+    FFN's gather is fused with gate and up; two saved activations (the attention output and the
+    norm's rsqrt, as AOTAutograd's partitioner chose to save them whole) ride in that op as its
+    passengers (passengers.py); the block output is gathered plainly. Backward: the five all-reduced input grads of Q, K, V, gate and
     up become two reduce-scatters of sums; the block output's grad after the FFN norm's backward
     is gathered once for O's input and weight grads; the input grad is gathered plainly; each
     norm weight's grad (a sum over tokens) and a bias grad are all-reduced from the shards'
@@ -68,11 +68,14 @@ def test_plain_tp_block(tmp_path, latency_free, world_size, bias, batch):
     full = ("all_reduce", "f32", f"{batch}, {SEQ}, {DIM}")
     assert collectives(dump.graphs["forward"]["before"]) == [full] * 2
     assert collectives(dump.after("forward")) == sorted(
-        [("all_gather_into_tensor", "f32", f"{tokens}, {DIM}")] * 2
-        + [("all_gather_into_tensor", "f32", f"{tokens}, 1"), (AGM,)]
-        + [(MRS, "f32", f"{rows}, {DIM}")] * 2,
+        [("all_gather_into_tensor", "f32", f"{tokens}, {DIM}"), (AGM,)] + [(MRS, "f32", f"{rows}, {DIM}")] * 2,
         key=str,
     )
+    riders = [c for c in dump.candidates("forward") if c["kind"] == passengers.KIND]
+    assert [c["rewritten"] for c in riders] == [True, True, False], riders
+    # both in the one op of the graph (the record names the op as it ends up)
+    assert riders[0]["op"] == riders[1]["op"] and f'{riders[0]["op"]} = torch.ops.overlap' in dump.after("forward")
+    assert riders[2]["reason"].startswith("its shard is computed from")  # the block output
     assert collectives(dump.graphs["backward"]["before"]) == [full] * 5
     norm_weight_grads = [("all_reduce", "f32", f"{DIM}")] * (3 if bias else 2)  # + O's bias grad
     assert collectives(dump.after("backward")) == sorted(
@@ -156,7 +159,8 @@ def _split_record(dump) -> dict:
 @pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_hand_written_row_then_column(tmp_path, latency_free, world_size):
     """Inference graph: one split; its reduce-scatter fused with x @ w_row, its gather with
-    @ w_col; h, also returned, is gathered plainly; residual is cut to the rank's rows."""
+    @ w_col; h, also returned, rides in that op as a passenger (no collective of its own);
+    residual is cut to the rank's rows."""
     with fake_world(world_size) as group:
         _, dump = compile_and_dump(row_then_column, (*_args(8 * world_size), group), tmp_path)
     record = _split_record(dump)
@@ -164,7 +168,8 @@ def test_hand_written_row_then_column(tmp_path, latency_free, world_size):
     assert len(record["split"]["sliced_operands"]) == 1  # the residual
     assert {g["fused_with_matmul"] for g in record["split"]["gathered"]} == {True, False}
     kinds = sorted((c["kind"], c["rewritten"]) for c in dump.all_candidates())
-    assert kinds == [(AGM, False), (AGM, True), (SPLIT, True), (MRS, True)]
+    assert kinds == [(AGM, False), (AGM, True), (passengers.KIND, True), (SPLIT, True), (MRS, True)]
+    assert "all_gather_into_tensor" not in dump.after("inference")
 
 
 def test_tokens_not_divisible_by_the_world_are_kept(tmp_path, latency_free):
