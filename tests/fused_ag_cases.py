@@ -111,27 +111,33 @@ def back_to_back(calls: int, seed=0) -> int:
     return calls
 
 
+def _rider(rank, shape, seed):
+    """A passenger of the shard's rows: a norm's fp32 rsqrt, as plain TP's forward saves it."""
+    return _shard_of(rank, (*shape[:-1], 1), torch.float32, seed + 500)
+
+
 def replayed_calls(calls: int, seed=0) -> int:
     """The op through calls_that_replay, on Q/K/V-like weights with biases and on sequence-
-    parallel [1, S, D] and [4, S, D] shards, returning the gathered tensor too (checked exactly as
-    an output). Returns the graphs this rank captured."""
-    world, captured = dist.get_world_size(), 0
+    parallel [1, S, D] and [4, S, D] shards, returning the gathered tensor too and carrying a
+    passenger (both checked exactly as outputs). Returns the graphs this rank captured."""
+    world, rank, captured = dist.get_world_size(), dist.get_rank(), 0
     for shape, gather_dim, ns, bias in (SHAPES[1], SHAPES[6], SHAPES[7]):
 
         def problem(s, shape=shape, gather_dim=gather_dim, ns=ns, bias=bias):
             shard, mat2s, biases = _problem(shape, gather_dim, ns, bias, torch.bfloat16, seed + s)
-            return [shard, *mat2s, *biases]
+            return [shard, *mat2s, *biases, _rider(rank, shape, seed + s)]
 
         def run(tensors, gather_dim=gather_dim, count=len(ns)):
-            shard, mat2s, biases = tensors[0], tensors[1 : 1 + count], tensors[1 + count :]
+            shard, mat2s, biases, rider = tensors[0], tensors[1 : 1 + count], tensors[1 + count : -1], tensors[-1]
             gathered, outs = torch.ops.overlap.all_gather_matmul(
-                shard, mat2s, biases, gather_dim, world, group_name(), True
+                shard, mat2s, biases, gather_dim, world, group_name(), True, None, None, [rider]
             )
             return [gathered, *outs]
 
         def reference(s, shape=shape, gather_dim=gather_dim, ns=ns, bias=bias):
             gathered, outs = _local_reference(shape, gather_dim, ns, bias, torch.bfloat16, seed + s)
-            return [gathered.float(), *outs]
+            riders = torch.cat([_rider(r, shape, seed + s) for r in range(world)], dim=gather_dim)
+            return [gathered.float(), *outs, riders]
 
         captured += calls_that_replay(calls, ("fused", "copy_engine_cublas"), problem, run, reference)
     return captured

@@ -166,8 +166,8 @@ def test_which_plain_gathers_ride(tmp_path):
     riders = {tuple(c["collective"]["shape"]): c for c in dump.all_candidates() if c["kind"] == passengers.KIND}
     assert len(riders) == 3, riders
     assert riders[(64, 8)]["rewritten"] and riders[(64, 8)]["implementation"].startswith("rides in all_gather_scaled")
-    assert riders[(10, 8)]["reason"] == "no all_gather_scaled_matmul in the graph gathers the same rows over the same group"
-    assert riders[(64, 16)]["reason"] == "its shard is computed from the results of every all_gather_scaled_matmul of the same rows"
+    assert riders[(10, 8)]["reason"] == "no fused all-gather op in the graph gathers the same rows over the same group"
+    assert riders[(64, 16)]["reason"] == "its shard is computed from the results of every fused all-gather op of the same rows"
     left = [c for c in collectives(dump.after("inference")) if c[0] == "all_gather_into_tensor"]
     assert sorted(c[1:] for c in left) == [("bf16", "64, 16"), ("f32", "10, 8")], left
 

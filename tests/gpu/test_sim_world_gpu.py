@@ -45,18 +45,31 @@ def _weights(count, rowwise, gen):
 
 @pytest.mark.parametrize("batch", [1, 2])
 def test_bf16_variants(world, batch):
-    """Every symmetric-memory variant of the bf16 ops (fused Triton kernels included)."""
+    """Every symmetric-memory variant of the bf16 ops (fused Triton kernels included); the
+    all-gather also carries two passengers (a norm's fp32 rsqrt, a bf16 residual), which must
+    arrive bit for bit."""
     gen = torch.Generator(device="cuda").manual_seed(batch)
     W = world.size
     full = torch.randn(batch, SEQ * W, K, generator=gen, device="cuda", dtype=torch.bfloat16)
     weight = torch.randn(N, K, generator=gen, device="cuda", dtype=torch.bfloat16).t()
     shards = full.chunk(W, dim=1)
     ref = full.float() @ weight.float()
+    riders = [
+        [torch.rand(batch, SEQ, 1, generator=gen, device="cuda"), torch.randn(batch, SEQ, 40, generator=gen, device="cuda").bfloat16()]
+        for _ in range(W)
+    ]  # fmt: skip
     for name, variant in agm.variants(1).items():
         if name == "nccl_cublas":
             continue
-        results = world.run(prepare=world.poison, call=lambda r, g: variant(shards[r].contiguous(), [weight], [None], 1, W, g))
+        results = world.run(
+            prepare=world.poison,
+            call=lambda r, g: variant(shards[r].contiguous(), [weight], [None], 1, W, g, False, (), (), riders[r]),
+        )
         assert all(error(outs[0], ref) < 2e-2 for _, outs in results), name
+        for r, (_, outs) in enumerate(results):
+            for i, got in enumerate(outs[1:]):
+                want = torch.cat([riders[p][i] for p in range(W)], dim=1)
+                assert torch.equal(got, want), f"{name} rank {r}, passenger {i}"
 
     inputs = [torch.randn(batch, SEQ * W, K, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(W)]
     total = sum(x.float() @ weight.float() for x in inputs)
