@@ -40,9 +40,10 @@ quantize_before_gather: bool = Config(default=True, env_name_default="OVERLAP_PA
 # torchao's rowwise backward matmuls keep their collectives.
 fold_rowwise_float8: bool = Config(default=True, env_name_default="OVERLAP_PASS_FOLD_ROWWISE_FLOAT8")
 
-# Float8: a plain all-gather of the same rows as an all_gather_scaled_matmul (torchao rowwise's
-# second, column-wise quantized copy of a gathered tensor) rides along in that op's call, after its
-# chunks, behind its matmul, instead of running as a collective of its own (passengers.py).
+# A plain all-gather of the same rows as a fused all-gather op (torchao rowwise's second,
+# column-wise quantized copy of a gathered tensor; plain TP's saved activations) rides along in
+# that op's call, after its chunks, behind its matmul, instead of running as a collective of its
+# own (passengers.py).
 gather_passengers: bool = Config(default=True, env_name_default="OVERLAP_PASS_GATHER_PASSENGERS")
 
 # Which implementation the rewritten ops run. "auto": on CUDA with an NCCL group, the fastest of

@@ -97,11 +97,16 @@ def _host_for(graph: Graph, rider: Rider) -> tuple[Node | None, str | None]:
     if not hosts:
         return None, "no fused all-gather op in the graph gathers the same rows over the same group"
     order = graph_order(graph)
+    causes = set()
     for host in sorted(hosts, key=order.__getitem__):
         # the shard must be computable before the op, and the op must not need the gathered rows
-        if not depends_on(rider.shard, host, order) and not depends_on(host, rider.gather, order):
+        if depends_on(rider.shard, host, order):
+            causes.add("its shard is computed from the results of")
+        elif depends_on(host, rider.gather, order):
+            causes.add("its gathered tensor is read by")
+        else:
             return host, None
-    return None, "its shard is computed from the results of every fused all-gather op of the same rows"
+    return None, " or ".join(sorted(causes)) + " every fused all-gather op of the same rows"
 
 
 def attach_all(graph: Graph, all_gathers: list[Node]) -> list[dict]:

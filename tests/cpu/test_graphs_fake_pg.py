@@ -531,9 +531,12 @@ def crossed_mat2s(x1, x2, group):
 def test_crossed_candidates_fuse_one_and_skip_the_other(tmp_path):
     with fake_world(2) as group:
         _, dump = compile_and_dump(crossed_mat2s, (torch.randn(4, 8), torch.randn(4, 8), group), tmp_path)
-    first, second = dump.candidates("inference")
+    first, second, rider = dump.candidates("inference")
     assert first["rewritten"], first["reason"]
     assert not second["rewritten"] and "read a value computed from its own result" in second["reason"]
+    # nor can the second gather ride in the first's op: that op's mat2 is its result
+    assert (rider["kind"], rider["rewritten"]) == ("all_gather_passenger", False)
+    assert rider["reason"] == "its gathered tensor is read by every fused all-gather op of the same rows"
 
 
 def broadcast_bias(x, w1, w2, b2, group):

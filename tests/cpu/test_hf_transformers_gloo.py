@@ -12,7 +12,7 @@ pytest.importorskip("transformers", reason="pip install -e .[test]")
 from tests import hf_cases as cases  # noqa: E402
 from tests.dumps import assert_same_collectives  # noqa: E402
 
-AGM, MRS, SPLIT = "all_gather_matmul", "matmul_reduce_scatter", "all_reduce_split"
+AGM, MRS, SPLIT, RIDER = "all_gather_matmul", "matmul_reduce_scatter", "all_reduce_split", "all_gather_passenger"
 
 
 @pytest.mark.parametrize("batch, seq", [(1, 16), (2, 12)])
@@ -20,8 +20,9 @@ def test_llama_tp_plan_training_matches_eager_with_its_all_reduces_split(gloo_wo
     """Forward: the embedding's and both layers' O and down all-reduces are split, in one region
     along the residual stream; O and down fuse with their reduce-scatters (the embedding lookup
     is no matmul), Q/K/V, gate/up of both layers and lm_head with their gathers; 11 plain gathers
-    return what leaves the graph: the residual stream's tensors saved for the backward, and
-    lm_head's logits (its colwise_gather_output). Backward: all 11 all-reduced input grads (lm_head,
+    return what leaves the graph: the residual stream's tensors saved for the backward, which all
+    ride in fused gathers as passengers, and lm_head's logits (its colwise_gather_output), which
+    cannot (computed from lm_head's gather). Backward: all 11 all-reduced input grads (lm_head,
     and Q, K, V, gate, up of each layer) split; the sums Q+K+V and gate+up each reduce-scatter
     once, fused; the residual stream's grad is gathered before down and O of each layer, fused
     with their input and weight grads; the embedding's grad is gathered plainly."""
@@ -32,8 +33,9 @@ def test_llama_tp_plan_training_matches_eager_with_its_all_reduces_split(gloo_wo
     assert count == {
         ("forward", SPLIT, True): 5, ("forward", MRS, True): 4, ("forward", MRS, False): 1,
         ("forward", AGM, True): 5, ("forward", AGM, False): 11,
+        ("forward", RIDER, True): 10, ("forward", RIDER, False): 1,
         ("backward", SPLIT, True): 11, ("backward", MRS, True): 5,
-        ("backward", AGM, True): 4, ("backward", AGM, False): 1,
+        ("backward", AGM, True): 4, ("backward", AGM, False): 1, ("backward", RIDER, False): 1,
     }, count  # fmt: skip
     (embedding,) = [d for d in decisions if (d["graph"], d["kind"], d["rewritten"]) == ("forward", MRS, False)]
     assert embedding["reason"].startswith("reduce-scatter input is not a matmul result"), embedding
@@ -51,7 +53,8 @@ def test_olmo2_tp_plan_gathers_qkv_outputs_alike_on_every_rank(gloo_world, tmp_p
     matmuls ride in one all_gather_matmul, their plain output gathers follow, in the same order
     on both ranks (they once followed a set's order, which differs between processes: gloo
     aborted on mismatched sizes). Forward: as Llama's splits and fusions, 17 plain gathers
-    (Q, K, V of each layer too); backward: each of the 11 all-reduced input grads split and
+    (Q, K, V of each layer too, which cannot ride: matmul outputs of their would-be host; the
+    saved residual-stream tensors do); backward: each of the 11 all-reduced input grads split and
     reduce-scattered from its matmul. Loss, logits and grads equal eager."""
     results = gloo_world(2).run(cases.forward_backward, str(tmp_path), 2, 12, "olmo2")
     assert_same_on_every_rank(results)
@@ -59,6 +62,7 @@ def test_olmo2_tp_plan_gathers_qkv_outputs_alike_on_every_rank(gloo_world, tmp_p
     assert count == {
         ("forward", SPLIT, True): 5, ("forward", MRS, True): 4, ("forward", MRS, False): 1,
         ("forward", AGM, True): 5, ("forward", AGM, False): 17,
+        ("forward", RIDER, True): 10, ("forward", RIDER, False): 7,
         ("backward", SPLIT, True): 11, ("backward", MRS, True): 11,
-        ("backward", AGM, True): 4, ("backward", AGM, False): 3,
+        ("backward", AGM, True): 4, ("backward", AGM, False): 3, ("backward", RIDER, False): 3,
     }, count  # fmt: skip
