@@ -5,8 +5,11 @@
 #   A: the float8 ops' NCCL tests (per-call graph replay), then the float8 rowwise 8B block
 #      (issue 23: was host-bound, the float8 ops now replay per-call graphs), with a host profile
 #   B: bench_ops --float8 rowwise, both ops (issue 23's op tables)
-#   C: plain TP 8B at batch 4, 70B at batch 1 (issue 22's missing rows)
-#   D: bench_ops --float8 tensorwise, both ops; the float8 tensorwise 8B block
+#   C: the plain-TP block's GPU test; plain TP 8B at batch 1 (saved activations ride now)
+#   E: plain TP 8B at batch 4 and 70B at batch 1 (issue 22's missing rows)
+#   D: bench_ops --float8 tensorwise, both ops
+#   F: the float8 tensorwise 8B block
+# (each item is cut at 280 s: two a round fit a call)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD OVERLAP_PASS_SPIN_LIMIT=2000000 TRITON_CACHE_DIR=$PWD/.triton_cache
@@ -26,8 +29,9 @@ ops() {
 }
 case "${1:-A}" in
 A)
-    timeout 200 python3 -m pytest -q tests/gpu/test_scaled_ops_gpu.py > "$OUT/gpu_scaled_ops.log" 2>&1
-    echo "== tests/gpu/test_scaled_ops_gpu.py (rc $?)"; tail -n 3 "$OUT/gpu_scaled_ops.log"
+    timeout 240 python3 -m pytest -q tests/gpu/test_scaled_ops_gpu.py tests/gpu/test_all_gather_matmul_gpu.py \
+        -k "replay" > "$OUT/gpu_replay.log" 2>&1
+    echo "== float8 and bf16 (passengers) per-call graph tests (rc $?)"; tail -n 3 "$OUT/gpu_replay.log"
     model float8_rowwise_8b --float8 rowwise --sizes llama3-8b --profile 200
     ;;
 B)
@@ -35,6 +39,12 @@ B)
     ops fp8r_rs --op matmul_reduce_scatter --float8 rowwise
     ;;
 C)
+    timeout 150 python3 -m pytest -q tests/gpu/test_compiled_block_gpu.py -k plain > "$OUT/gpu_plain_block.log" 2>&1
+    echo "== plain-TP block on NCCL, saved activations as passengers (rc $?)"; tail -n 3 "$OUT/gpu_plain_block.log"
+    model plain_8b_b1 --layout plain --batch 1 --sizes llama3-8b \
+        --compilers inductor,inductor_micro_pipeline_tp,overlap,sp:inductor_micro_pipeline_tp
+    ;;
+E)
     model plain_8b_b4 --layout plain --batch 4 --sizes llama3-8b \
         --compilers inductor,inductor_micro_pipeline_tp,overlap,sp:inductor_micro_pipeline_tp
     model plain_70b_b1 --layout plain --batch 1 --sizes llama3-70b \
@@ -43,6 +53,8 @@ C)
 D)
     ops fp8t_ag --op all_gather_matmul --float8 tensorwise
     ops fp8t_rs --op matmul_reduce_scatter --float8 tensorwise
+    ;;
+F)
     model float8_tensorwise_8b --float8 tensorwise --sizes llama3-8b
     ;;
 esac
