@@ -105,12 +105,16 @@ def allocate_gather(
     return gathered, outs, ops.gathered_passengers(passengers, gather_dim, world_size)
 
 
-def _start_gather(args: tuple, outputs):
+def _start_gather(
+    shard, shard_scale, mat2s, gather_dim, world_size, group_name, out_dtype, return_gathered, passengers, outputs
+):  # fmt: skip
     """The all-gather variants' common start: their outputs (``outputs``, or new ones), then
     steps 1 and 2 of the protocol (agm.start) for the float8 rows, if rowwise their scales, and
-    the passengers. ``args``: the op's. Returns (the call, the matmuls' outputs)."""
-    shard, shard_scale, _, _, _, gather_dim, world_size, group_name, _, _, return_gathered, passengers = args
-    gathered, outs, passenger_outs = outputs or allocate_gather(*args)
+    the passengers. Returns (the call, the matmuls' outputs)."""
+    gathered, outs, passenger_outs = outputs or allocate_gather(
+        shard, shard_scale, mat2s, (), (), gather_dim, world_size, group_name, out_dtype,
+        return_gathered=return_gathered, passengers=passengers,
+    )  # fmt: skip
     layout = RowLayout.of(shard.shape, gather_dim, world_size)
     rowwise = not scaled_ops.is_tensorwise(shard_scale)
     parts = [agm.shard_rows(shard)] + ([_scale_rows(shard_scale)] if rowwise else [])
@@ -124,9 +128,8 @@ def all_gather_copy_engine_scaled_mm(
     use_fast_accum=False, return_gathered=False, passengers=(), *, outputs=None,
 ):  # fmt: skip
     call, outs = _start_gather(
-        (shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
-         use_fast_accum, return_gathered, passengers), outputs,
-    )  # fmt: skip
+        shard, shard_scale, mat2s, gather_dim, world_size, group_name, out_dtype, return_gathered, passengers, outputs
+    )
     layout, parts, ws, data = call.layout, call.parts, call.ws, call.data
     with call.consuming():
         for chunk in schedule.all_gather_order(ws.rank, world_size):
@@ -161,9 +164,8 @@ def all_gather_fused_scaled_mm(
     # the kernel reads a weight's rowwise scale as N consecutive words
     column_scales = tuple(s if scaled_ops.is_tensorwise(s) else scaled_ops._standard_strides(s) for s in mat2_scales)
     call, outs = _start_gather(
-        (shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
-         use_fast_accum, return_gathered, passengers), outputs,
-    )  # fmt: skip
+        shard, shard_scale, mat2s, gather_dim, world_size, group_name, out_dtype, return_gathered, passengers, outputs
+    )
     layout, parts, ws, data = call.layout, call.parts, call.ws, call.data
     if len(parts) > 1:  # rowwise: every gathered row's scale (each chunk's with its rows), the own
         scales = consumer.Scales(data[1].view(-1), parts[1].view(-1), column_scales, use_fast_accum)
@@ -185,17 +187,21 @@ def allocate_scatter(
     mm_dtype, out_dtype=None, use_fast_accum=False,
 ):  # fmt: skip
     """The float8 reduce-scatter's output, empty (as mrs.allocate, for replay.py)."""
-    full = [*inputs[0].shape[:-1], mat2s[0].shape[1]]
-    return inputs[0].new_empty(ops._scattered_shape(full, scatter_dim, world_size), dtype=out_dtype or mm_dtype)
+    return _scattered_output(inputs, mat2s[0].shape[1], scatter_dim, world_size, out_dtype or mm_dtype)
 
 
-def _reduce_scatter(args: tuple, outputs, flats, layout, partial_dtype, produce):
+def _scattered_output(inputs, n, scatter_dim, world_size, dtype) -> torch.Tensor:
+    full = [*inputs[0].shape[:-1], n]
+    return inputs[0].new_empty(ops._scattered_shape(full, scatter_dim, world_size), dtype=dtype)
+
+
+def _reduce_scatter(inputs, flats, layout, n, scatter_dim, world_size, group_name, reduce_op, dtypes, produce, outputs):
     """What both symmetric-memory reduce-scatter variants do around their own step: the output
-    (``outputs``, or a new one), the call (which enters the protocol, its partials of
-    ``partial_dtype``), ``produce(call)``, then the owner's reduction (mrs.reduce_produced)."""
-    _, _, mat2s, _, _, reduce_op, _, _, group_name, _, _, _ = args
-    out = allocate_scatter(*args) if outputs is None else outputs
-    call = mrs.Call(layout, mat2s[0].shape[1], partial_dtype, flats[0].device, group_name)
+    (``outputs``, or a new one; ``dtypes``: the partials' and the output's), the call (which
+    enters the protocol), ``produce(call)``, then the owner's reduction (mrs.reduce_produced)."""
+    partial_dtype, out_dtype = dtypes
+    out = _scattered_output(inputs, n, scatter_dim, world_size, out_dtype) if outputs is None else outputs
+    call = mrs.Call(layout, n, partial_dtype, flats[0].device, group_name)
     return mrs.reduce_produced(call, lambda: produce(call), reduce_op, out)
 
 
@@ -221,12 +227,11 @@ def copy_engine_scaled_mm_reduce_scatter(
 
     # the op sums its terms widened (scaled_ops): a sum's partials travel in out_dtype; one
     # term's in mm_dtype, which widens exactly at the owner
-    args = (
-        inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, group_name,
-        mm_dtype, out_dtype, use_fast_accum,
+    dtypes = ((out_dtype or mm_dtype) if len(inputs) > 1 else mm_dtype, out_dtype or mm_dtype)
+    return _reduce_scatter(
+        inputs, flats, layout, mat2s[0].shape[1], scatter_dim, world_size, group_name, reduce_op, dtypes,
+        lambda call: mrs.push_partials(call, partial), outputs,
     )  # fmt: skip
-    partial_dtype = (out_dtype or mm_dtype) if len(inputs) > 1 else mm_dtype
-    return _reduce_scatter(args, outputs, flats, layout, partial_dtype, lambda call: mrs.push_partials(call, partial))
 
 
 def fused_scaled_mm_reduce_scatter(
@@ -245,11 +250,10 @@ def fused_scaled_mm_reduce_scatter(
         mrs.produce_fused, flats=flats, mat2s=mat2s, bias=bias, gemm_config=gemm_config, scales=scales,
         fast_accum=use_fast_accum,
     )  # fmt: skip
-    args = (
-        inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, group_name,
-        mm_dtype, out_dtype, use_fast_accum,
+    return _reduce_scatter(
+        inputs, flats, layout, mat2s[0].shape[1], scatter_dim, world_size, group_name, reduce_op,
+        (mm_dtype, out_dtype or mm_dtype), produce, outputs,
     )  # fmt: skip
-    return _reduce_scatter(args, outputs, flats, layout, mm_dtype, produce)
 
 
 def all_gather_nccl_scaled_mm(

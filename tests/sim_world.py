@@ -88,7 +88,7 @@ class SimWorld:
             self._buffers[key] = [torch.empty(nbytes, dtype=torch.uint8, device=self.device) for _ in range(self.size)]
         return self._buffers[key]
 
-    def run(self, call, warm_up: bool = True, prepare=None, spin_limit: int = SPIN_LIMIT) -> list:
+    def run(self, call, warm_up: bool = True, prepare=None) -> list:
         """``call(rank, group_name)`` for every rank, each queued on its rank's stream after
         the work queued so far; returns their results once the GPU is done, having checked that
         no wait gave up.
@@ -97,10 +97,8 @@ class SimWorld:
         away: the first launch of a kernel in a process loads it (CUDA's lazy loading), which may
         wait for the device to be idle, and one process has every rank's spinning kernels,
         while the rank whose work would end the spin is queued only after this one.
-        ``prepare()`` runs between the two rounds (poisoning the workspaces, say). A higher
-        ``spin_limit`` lets a rank's kernels wait out host steps of the ranks queued after it
-        (a CUDA graph's capture and instantiation, replay.py)."""
-        with config.patch(spin_limit=spin_limit):
+        ``prepare()`` runs between the two rounds (poisoning the workspaces, say)."""
+        with config.patch(spin_limit=SPIN_LIMIT):
             return self._run(call, warm_up, prepare)
 
     def _run(self, call, warm_up: bool, prepare) -> list:
@@ -123,18 +121,10 @@ class SimWorld:
     def _queue(self, call) -> list:
         caller = torch.cuda.current_stream(self.device)
         results = []
-        # no garbage collection while ranks are queued: freeing CUDA objects (a CUDA graph's
-        # memory pool, say) may synchronize the device while a queued rank waits for one queued
-        # after it, which then never comes before the wait gives up
-        gc.collect()
-        gc.disable()
-        try:
-            for rank, stream in enumerate(self.streams):
-                stream.wait_stream(caller)
-                with torch.cuda.stream(stream):
-                    results.append(call(rank, self.group_names[rank]))
-        finally:
-            gc.enable()
+        for rank, stream in enumerate(self.streams):
+            stream.wait_stream(caller)
+            with torch.cuda.stream(stream):
+                results.append(call(rank, self.group_names[rank]))
         for stream in self.streams:
             caller.wait_stream(stream)
         return results

@@ -19,7 +19,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a G
 
 FP8 = torch.float8_e4m3fn
 SEQ, K, N = 96, 256, 384  # tokens per rank, contraction, output columns (multiples of 16)
-REPLAY_SPIN_LIMIT = 20_000_000
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda w: f"W{w}")
@@ -200,12 +199,9 @@ def _replayed(world, kind, variant, args_of, inputs, check) -> None:
             _refill([t for rank in inputs for t in rank], gen)
             world.poison()
 
-        # the ranks' calls are queued one after another from this thread: a rank's replayed
-        # graph waits while the next rank's host captures and instantiates its own
         results = world.run(
-            prepare=prepare, spin_limit=REPLAY_SPIN_LIMIT,
-            call=lambda r, g: dispatch._graphed_call(kind, variant, signatures[r], *args_of(r, g)),
-        )  # fmt: skip
+            prepare=prepare, call=lambda r, g: dispatch._graphed_call(kind, variant, signatures[r], *args_of(r, g))
+        )
         check(results)
         del results  # as a model's step drops its outputs: the next round's land where these were
     states = [replay._SIGNATURES.get(s) for s in signatures]
