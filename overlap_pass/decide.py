@@ -82,6 +82,9 @@ def _variant_names(match: Match) -> list[str]:
     return list(dispatch._rs_variants(len(match.terms)))
 
 
+FIRST_CALL = "auto: measured at the first call"
+
+
 def choose_implementation(match: Match) -> str:
     """Which implementation the rewritten op runs, as decisions.json shows it. CUDA tensors: a
     forced variant, the cached per-shape choice, or "auto" until the first call measures
@@ -93,7 +96,7 @@ def choose_implementation(match: Match) -> str:
         return config.implementation
     if getattr(match, "scaled", None) is not None:
         # float8 (lowering/scaled.py): its key holds the passengers, attached after this
-        return "auto: measured at the first call"
+        return FIRST_CALL
     try:
         from torch._inductor import config as inductor_config
 
@@ -105,7 +108,7 @@ def choose_implementation(match: Match) -> str:
         cached = choose.cached_choice(key, _variant_names(match))
     except Exception as e:  # the choice is only shown here; never fail compilation over it
         return f"auto (no cached choice: {e})"
-    return f"auto: {cached} (cached)" if cached else "auto: measured at the first call"
+    return f"auto: {cached} (cached)" if cached else FIRST_CALL
 
 
 def _plain_dtypes(tensors: list[torch.Tensor]) -> str:

@@ -124,7 +124,8 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
     rider_records = []
     if any(record["rewritten"] for _, record in decisions):
         _rewrite_all(graph, decisions)
-        rider_records = _attach_passengers(graph, [c.collective for c in candidates if c.kind == patterns.ALL_GATHER_MATMUL])
+        rider_records, hosts = _attach_passengers(graph, [c.collective for c in candidates if c.kind == patterns.ALL_GATHER_MATMUL])
+        _name_hosts(decisions, hosts)
     if folded:
         _unfold_rowwise_epilogues(graph)
 
@@ -175,18 +176,32 @@ def _rewrite_all(graph: Graph, decisions: list[tuple[Candidate, dict]]) -> None:
 CYCLE = "its op would read a value computed from its own result (through another rewrite)"
 
 
-def _attach_passengers(graph: Graph, all_gathers: list) -> list[dict]:
-    """passengers.py's rewrite of the all-gathers left plain; records per all-gather. Should it
-    fail, the graph is restored as it was after the fused rewrites, and nothing rides."""
+def _attach_passengers(graph: Graph, all_gathers: list) -> tuple[list[dict], dict]:
+    """passengers.py's rewrite of the all-gathers left plain: records per all-gather, and the
+    op each host became. Should it fail, the graph is restored as it was after the fused
+    rewrites, and nothing rides."""
     snapshot = _copy_graph(graph)
     try:
-        records = passengers.attach_all(graph, all_gathers)
+        records, hosts = passengers.attach_all(graph, all_gathers)
         graph.lint()
-        return records
+        return records, hosts
     except Exception as error:  # never crash compilation on a graph we did not foresee
         log.warning("overlap_pass: attaching passengers failed, graph left as it was: %r", error)
         _restore_graph(graph, snapshot)
-        return []
+        return [], {}
+
+
+def _name_hosts(decisions: list[tuple[Candidate, dict]], hosts: dict) -> None:
+    """A host's record names the op it became with its riders, and how many ride. A choice
+    cached for the op without them is not the one that runs: the key of the op's calls holds
+    the passengers (lowering/dispatch.py), so it is measured at its first call."""
+    for _, record in decisions:
+        op = hosts.get(record.get("op"))
+        if op is None:
+            continue
+        record.update(op=op.name, passengers=len(op.args[passengers.HOSTS[op.target].passengers]))
+        if (record["implementation"] or "").startswith("auto"):
+            record["implementation"] = decide.FIRST_CALL
 
 
 def _fold_rowwise_epilogues(graph: Graph) -> int:

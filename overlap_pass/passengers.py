@@ -109,13 +109,14 @@ def _host_for(graph: Graph, rider: Rider) -> tuple[Node | None, str | None]:
     return None, " or ".join(sorted(causes)) + " every fused all-gather op of the same rows"
 
 
-def attach_all(graph: Graph, all_gathers: list[Node]) -> list[dict]:
+def attach_all(graph: Graph, all_gathers: list[Node]) -> tuple[list[dict], dict[str, Node]]:
     """Makes each plain all-gather of ``all_gathers`` still in the graph a passenger where it
     can (in graph order, on the live graph: a rider attached changes what the next may ride
-    in); returns a record per all-gather considered. Nothing is considered where the graph has
-    no fused all-gather op."""
+    in); returns a record per all-gather considered, and the op each host that took riders
+    ended up as, by the host's name. Nothing is considered where the graph has no fused
+    all-gather op."""
     if not config.gather_passengers or not host_nodes(graph):
-        return []
+        return [], {}
     alive = set(graph.find_nodes(op="call_function", target=ALL_GATHER))
     order = graph_order(graph)
     records = []
@@ -143,10 +144,14 @@ def attach_all(graph: Graph, all_gathers: list[Node]) -> list[dict]:
         else:
             record["reason"] = reason
         records.append(record)
+    def final(op: Node) -> Node:
+        while op.name in replaced:
+            op = replaced[op.name]
+        return op
+
     for record in records:  # each rider named with the op it rides in at the end
         op = record.pop("op", None)
-        while op is not None and op.name in replaced:
-            op = replaced[op.name]
         if op is not None:
+            op = final(op)
             record.update(implementation=f"rides in {op.name}", op=op.name, rides_in=describe_node(op))
-    return records
+    return records, {name: final(op) for name, op in replaced.items()}

@@ -76,6 +76,8 @@ def test_plain_tp_block(tmp_path, latency_free, world_size, bias, batch):
     # both in the one op of the graph (the record names the op as it ends up)
     assert riders[0]["op"] == riders[1]["op"] and f'{riders[0]["op"]} = torch.ops.overlap' in dump.after("forward")
     assert riders[2]["reason"].startswith("its shard is computed from")  # the block output
+    (host,) = [c for c in dump.candidates("forward") if c["kind"] == AGM and c["rewritten"]]
+    assert (host["op"], host["passengers"]) == (riders[0]["op"], 2), host
     assert collectives(dump.graphs["backward"]["before"]) == [full] * 5
     norm_weight_grads = [("all_reduce", "f32", f"{DIM}")] * (3 if bias else 2)  # + O's bias grad
     assert collectives(dump.after("backward")) == sorted(
@@ -92,6 +94,20 @@ def test_plain_tp_block(tmp_path, latency_free, world_size, bias, batch):
     split = next(c for c in backward if c["kind"] == SPLIT)["split"]
     assert len(split["all_reduces"]) == 5 and len(split["reduced_over_tokens"]) == (3 if bias else 2)
     assert split["sliced_operands"], "the residual and saved activations are cut to the shard"
+
+
+def test_a_host_with_riders_is_measured_at_its_first_call(tmp_path, latency_free, monkeypatch):
+    """A choice cached for the op without its passengers is not the one that runs (the key of
+    its calls holds them): the host's record says the first call measures."""
+    from overlap_pass import decide
+
+    monkeypatch.setattr(decide, "choose_implementation", lambda match: "auto: fused (cached)")
+    with fake_world(2):
+        x = torch.randn(1, SEQ, DIM, requires_grad=True)
+        _, dump = compile_and_dump(_plain_block(2, False), (x,), tmp_path, backward=True)
+    hosts = [c for c in dump.all_candidates() if c["kind"] == AGM and c["rewritten"]]
+    assert {c["implementation"] for c in hosts if c.get("passengers")} == {decide.FIRST_CALL}, hosts
+    assert {c["implementation"] for c in hosts if not c.get("passengers")} == {"auto: fused (cached)"}, hosts
 
 
 def test_small_all_reduces_are_kept_when_splitting_does_not_pay(tmp_path):
