@@ -50,9 +50,21 @@ import torch.distributed as dist
 from torch.fx import Graph, Node
 from torch.fx.node import map_arg
 
-from . import rows
+from . import config, rows
 from .debug import describe_node
-from .patterns import ALL_GATHER, REDUCE_SCATTER, SCALED_MM, VIEWS, WAIT, NoMatch, gathered_layout, is_transpose, meta_val
+from .patterns import (
+    ALL_GATHER,
+    REDUCE_SCATTER,
+    SCALED_MM,
+    VIEWS,
+    WAIT,
+    NoMatch,
+    depends_on,
+    gathered_layout,
+    graph_order,
+    is_transpose,
+    meta_val,
+)
 from .rewrite import call, erase_dead, reshape
 
 aten = torch.ops.aten
@@ -185,17 +197,20 @@ def _rank_local(graph: Graph) -> set[Node]:
     return local
 
 
-def _feeds_matmul(node: Node) -> bool:
-    """Whether a matmul reads ``node`` (through reshapes and a transpose), or a scaled matmul as
-    its rows or their scales: its all-gather will be fused there."""
+def _matmul_readers(node: Node) -> list[Node]:
+    """The matmuls that read ``node`` (through reshapes and a transpose), and the scaled
+    matmuls that read it as their rows or their scales: its all-gather will be fused there."""
+    found = []
     for user in node.users:
-        if user.target in _MATMULS:
-            return True
-        if user.target is SCALED_MM and node in (user.args[0], user.args[2]):
-            return True
-        if (user.target in VIEWS or is_transpose(user)) and _feeds_matmul(user):
-            return True
-    return False
+        if user.target in _MATMULS or (user.target is SCALED_MM and node in (user.args[0], user.args[2])):
+            found.append(user)
+        elif user.target in VIEWS or is_transpose(user):
+            found += _matmul_readers(user)
+    return found
+
+
+def _feeds_matmul(node: Node) -> bool:
+    return bool(_matmul_readers(node))
 
 
 class _Regions:
@@ -324,8 +339,9 @@ def plan(graph: Graph, all_reduces: bool = True, gathers: bool = True) -> Plan:
                 regions.region(a).exits.setdefault(a, []).append(node)
 
     found = list(regions.regions.values())
+    order = graph_order(graph)
     for region in found:
-        region.split, region.reason = _decide(region)
+        region.split, region.reason = _decide(region, order)
         merged = [ar for ars in region.entries.values() for ar in ars]
         for ar in merged:
             records[ar].update(_region_record(region, merged))
@@ -340,11 +356,11 @@ def _bytes(node: Node) -> int:
     return val.numel() * val.element_size()
 
 
-def _decide(region: Region) -> tuple[bool, str]:
-    """Split when the collectives left in the open (not fused with a matmul) cost less than the
-    all-reduces and all-gathers do now: bytes each rank sends, plus LATENCY_BYTES a collective.
-    A region from all-gathers alone is taken only for a scaled (float8) matmul: casts.py moves
-    a plain cast."""
+def _decide(region: Region, order: dict[Node, int]) -> tuple[bool, str]:
+    """Split when the collectives left in the open (not fused with a matmul, not riding in a
+    fused one as a passenger) cost less than the all-reduces and all-gathers do now: bytes each
+    rank sends, plus LATENCY_BYTES a collective. A region from all-gathers alone is taken only
+    for a scaled (float8) matmul: casts.py moves a plain cast."""
     if any(isinstance(meta_val(n), (tuple, list)) for n in region.exits):
         return False, "a row-wise op's tuple result is read whole"
     if region.gathers and not region.entries and not any(_feeds_scaled_mm(n) for n in region.exits):
@@ -360,18 +376,35 @@ def _decide(region: Region) -> tuple[bool, str]:
     # one gather per shard (reshapes share it); fused where a matmul reads any of its tensors
     fused = {_root(region, n) for n in region.exits if _feeds_matmul(n)}
     plain = {_root(region, n) for n in region.exits} - fused
-    after += sum(share * _bytes(n) + LATENCY_BYTES for n in plain)
+    riders = _riders(region, plain, order)
+    after += sum(share * _bytes(n) + LATENCY_BYTES for n in plain - riders)
     after += sum(2 * share * _bytes(n) + LATENCY_BYTES for n in region.token_reductions)
     collectives = f"{len(all_reduces)} all-reduce(s)" if all_reduces else ""
     if region.gathers:
         collectives += (" and " if collectives else "") + f"{len(region.gathers)} all-gather(s)"
     summary = (
         f"{collectives} move {_size(before)} in the open, on the shards {_size(after)} "
-        f"(bytes a rank sends, {_size(LATENCY_BYTES)} a collective for its latency)"
+        f"(bytes a rank sends, {_size(LATENCY_BYTES)} a collective for its latency"
+        + (f"; {len(riders)} gather(s) ride in a fused one" if riders else "")
+        + ")"
     )
     if after >= before:
         return False, f"does not pay: {summary}"
     return True, summary
+
+
+def _riders(region: Region, plain: set[Node], order: dict[Node, int]) -> set[Node]:
+    """The plain gathers of ``plain`` that passengers.py will likely move into a fused gather of
+    the region: those that do not follow one of its matmuls (which read the gathered rows, so
+    they cannot wait for a shard computed from their results)."""
+    if not config.gather_passengers:
+        return set()
+    hosts = [_matmul_readers(n) for n in region.exits if _feeds_matmul(n)]
+    return {
+        node
+        for node in plain
+        if any(not any(depends_on(node, mm, order) for mm in readers) for readers in hosts)
+    }
 
 
 def _feeds_scaled_mm(node: Node) -> bool:

@@ -15,7 +15,9 @@ consumer computes it, with its warps split as CUTLASS's "pingpong" kernels split
   ahead, which a parity wait cannot tell from one use behind.
 
 Float8 only, fast accumulation (use_fast_accum=True), mat2s as linear weights ([N, K] transposed),
-one launch per mat2. docs/bench/2026-11-24-s15/probe_gluon_ws.py measured the plain GEMM: at 6
+up to MAX_B of them in one launch: inside a chunk, B 0's tiles, then B 1's, and so on, as the
+Triton consumer orders them (one launch per mat2 left K's and V's few tiles a launch of their
+own, most SMs idle: 8B qkv ran 1.33x cuBLAS, session 15). docs/bench/2026-11-24-s15/probe_gluon_ws.py measured the plain GEMM: at 6
 stages and GROUP_M 4, 0.97-1.09x cuBLAS's _scaled_mm on the bench_ops shapes, where the
 flattened Triton kernel runs 1.02-1.13x.
 """
@@ -56,12 +58,36 @@ class PingpongConfig:
 CONFIGS = [PingpongConfig(6, 4), PingpongConfig(4, 8)]  # the probe's best, and its steadiest
 
 
+MAX_B = 4  # B matrices one launch takes (Q, K, V; gate, up)
+
+
 @gluon.jit
-def _tile(tile, tiles_m, tiles_n, tiles_per_chunk, rank, world_size, inner, GROUP_M: gl.constexpr):
-    """(chunk, tile_n, first own row, first gathered row, first row within the chunk's block) of
-    persistent tile ``tile`` (tiles.chunk_tile and tiles.block_rows, in Gluon)."""
+def _chunk_tiles(tiles_m, Ns):
+    """Tiles of one chunk over every B."""
+    tiles = 0
+    for i in gl.static_range(len(Ns)):
+        tiles += tiles_m * gl.cdiv(Ns[i], BLOCK_N)
+    return tiles
+
+
+@gluon.jit
+def _tile(tile, tiles_m, Ns, tiles_per_chunk, rank, world_size, inner, GROUP_M: gl.constexpr):
+    """(chunk, B, tile_n, first own row, first gathered row, first row within the chunk's block)
+    of persistent tile ``tile`` (tiles.chunk_tile, tiles.block_rows and the Triton consumer's
+    _tma_tile, in Gluon)."""
     chunk = (rank + tile // tiles_per_chunk) % world_size
     local = tile % tiles_per_chunk
+    b = 0
+    tiles_n = gl.cdiv(Ns[0], BLOCK_N)
+    first = 0
+    next_first = tiles_m * tiles_n
+    for i in gl.static_range(1, len(Ns)):
+        if local >= next_first:
+            b = i
+            first = next_first
+            tiles_n = gl.cdiv(Ns[i], BLOCK_N)
+        next_first += tiles_m * gl.cdiv(Ns[i], BLOCK_N)
+    local -= first
     group_size = GROUP_M * tiles_n
     first_m = (local // group_size) * GROUP_M
     rows_in_group = gl.minimum(tiles_m - first_m, GROUP_M)
@@ -70,7 +96,7 @@ def _tile(tile, tiles_m, tiles_n, tiles_per_chunk, rank, world_size, inner, GROU
     tiles_inner = gl.cdiv(inner, BLOCK_M)
     block = tile_m // tiles_inner
     start = (tile_m % tiles_inner) * BLOCK_M
-    return chunk, tile_n, block * inner + start, (block * world_size + chunk) * inner + start, start
+    return chunk, b, tile_n, block * inner + start, (block * world_size + chunk) * inner + start, start
 
 
 @gluon.jit
@@ -92,21 +118,38 @@ def _wait_chunk(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT: gl.constexpr)
 
 
 @gluon.jit
-def _loader(a_desc, a_local_desc, b_desc, a_bufs, b_bufs, ready, empty, flags_ptr, epoch_ptr, timeouts_ptr,
-            outer, inner, N, K, rank, world_size, GROUP_M: gl.constexpr, SPIN_LIMIT: gl.constexpr):  # fmt: skip
+def _load_b(b, b_desc0, b_desc1, b_desc2, b_desc3, row, col, bar, buf, NB: gl.constexpr):
+    """B ``b``'s block at (row, col): a branch per descriptor (each is a kernel parameter of
+    its own)."""
+    if b == 0:
+        tma.async_copy_global_to_shared(b_desc0, [row, col], bar, buf)
+    if NB > 1:
+        if b == 1:
+            tma.async_copy_global_to_shared(b_desc1, [row, col], bar, buf)
+    if NB > 2:
+        if b == 2:
+            tma.async_copy_global_to_shared(b_desc2, [row, col], bar, buf)
+    if NB > 3:
+        if b == 3:
+            tma.async_copy_global_to_shared(b_desc3, [row, col], bar, buf)
+
+
+@gluon.jit
+def _loader(a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, a_bufs, b_bufs, ready, empty, flags_ptr,
+            epoch_ptr, timeouts_ptr, outer, inner, Ns, K, rank, world_size, GROUP_M: gl.constexpr,
+            SPIN_LIMIT: gl.constexpr):  # fmt: skip
     """1 warp: every tile of this program in order, every K block, into the ring."""
     NUM_STAGES: gl.constexpr = a_bufs.shape[0]
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc0.block_type.nbytes
     epoch = gl.load(epoch_ptr)
     tiles_m = outer * gl.cdiv(inner, BLOCK_M)
-    tiles_n = gl.cdiv(N, BLOCK_N)
-    tiles_per_chunk = tiles_m * tiles_n
+    tiles_per_chunk = _chunk_tiles(tiles_m, Ns)
     k_tiles = gl.cdiv(K, BLOCK_K)
     ready_chunk = rank  # the last chunk waited for (the own one needs no wait; chunks come in order)
     pos = 0  # ring position: stage pos % NUM_STAGES, its use number pos // NUM_STAGES
     for tile in range(gl.program_id(0), tiles_per_chunk * world_size, gl.num_programs(0)):
-        chunk, tile_n, first_own, first_full, _ = _tile(
-            tile, tiles_m, tiles_n, tiles_per_chunk, rank, world_size, inner, GROUP_M
+        chunk, b, tile_n, first_own, first_full, _ = _tile(
+            tile, tiles_m, Ns, tiles_per_chunk, rank, world_size, inner, GROUP_M
         )
         if chunk != ready_chunk:
             _wait_chunk(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT)
@@ -122,16 +165,17 @@ def _loader(a_desc, a_local_desc, b_desc, a_bufs, b_bufs, ready, empty, flags_pt
                 tma.async_copy_global_to_shared(a_local_desc, [first_own, kb * BLOCK_K], bar, a_bufs.index(s))
             else:
                 tma.async_copy_global_to_shared(a_desc, [first_full, kb * BLOCK_K], bar, a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [tile_n * BLOCK_N, kb * BLOCK_K], bar, b_bufs.index(s))
+            _load_b(b, b_desc0, b_desc1, b_desc2, b_desc3, tile_n * BLOCK_N, kb * BLOCK_K, bar, b_bufs.index(s), len(Ns))
             pos += 1
 
 
 @gluon.jit
-def _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr, a_local_scale_ptr,
-              b_scale_ptr, outer, inner, N, K, rank, world_size, WG: gl.constexpr, A_SCALE: gl.constexpr,
-              B_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr):  # fmt: skip
+def _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptrs, strides_cm, bias_ptrs, a_scale_ptr, a_local_scale_ptr,
+              b_scale_ptrs, outer, inner, Ns, K, rank, world_size, WG: gl.constexpr, A_SCALE: gl.constexpr,
+              B_ROWWISE_MASK: gl.constexpr, BIAS_MASK: gl.constexpr, GROUP_M: gl.constexpr):  # fmt: skip
     """Warpgroup WG (4 warps): its alternate tiles, main loop of async wgmma over K, then the
-    epilogue: A_SCALE / B_SCALE 1, one value; 2, one per row / column; then the bias."""
+    epilogue: A_SCALE 1, one value; 2, one per row; B i's scale one value, or one per column
+    where bit i of B_ROWWISE_MASK is set; then B i's bias where bit i of BIAS_MASK is."""
     NUM_STAGES: gl.constexpr = a_bufs.shape[0]
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 256 // a_bufs.dtype.primitive_bitwidth]
@@ -139,15 +183,14 @@ def _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a
     rows_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     cols_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
     tiles_m = outer * gl.cdiv(inner, BLOCK_M)
-    tiles_n = gl.cdiv(N, BLOCK_N)
-    tiles_per_chunk = tiles_m * tiles_n
+    tiles_per_chunk = _chunk_tiles(tiles_m, Ns)
     k_tiles = gl.cdiv(K, BLOCK_K)
     nprog = gl.num_programs(0)
     j = WG  # the program's local tile number: its K blocks start at ring position j * k_tiles
     turn = 0
     for tile in range(gl.program_id(0) + WG * nprog, tiles_per_chunk * world_size, 2 * nprog):
-        chunk, tile_n, first_own, first_full, start = _tile(
-            tile, tiles_m, tiles_n, tiles_per_chunk, rank, world_size, inner, GROUP_M
+        chunk, b, tile_n, first_own, first_full, start = _tile(
+            tile, tiles_m, Ns, tiles_per_chunk, rank, world_size, inner, GROUP_M
         )
         pos = j * k_tiles
         # the main-loop turn; warpgroup 0 goes first (its first wait: the fresh barrier's
@@ -168,7 +211,16 @@ def _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a
         turn += 1
         j += 2
 
-        # epilogue: scales -> bias -> store at A's rows (rows past the chunk's block masked)
+        # epilogue: B b's output, N, scale and bias -> scales -> bias -> store at A's rows
+        # (rows past the chunk's block masked)
+        c_ptr, stride_cm, N, b_scale_ptr, bias_ptr = c_ptrs[0], strides_cm[0], Ns[0], b_scale_ptrs[0], bias_ptrs[0]
+        col_step = B_ROWWISE_MASK & 1  # 0: the one value, read by every column
+        has_bias = (BIAS_MASK & 1) != 0
+        for i in gl.static_range(1, len(Ns)):
+            if b == i:
+                c_ptr, stride_cm, N, b_scale_ptr, bias_ptr = c_ptrs[i], strides_cm[i], Ns[i], b_scale_ptrs[i], bias_ptrs[i]
+                col_step = (B_ROWWISE_MASK >> i) & 1
+                has_bias = ((BIAS_MASK >> i) & 1) != 0
         offs = gl.arange(0, BLOCK_M, layout=rows_layout)
         m_mask = start + offs < inner
         offs_n = tile_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_layout)
@@ -181,12 +233,10 @@ def _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a
             else:
                 row_scale = gl.load(a_scale_ptr + first_full + offs, mask=m_mask, other=0.0)
             acc = acc * gl.expand_dims(row_scale, 1)
-        if B_SCALE == 1:
-            acc = acc * gl.load(b_scale_ptr)
-        if B_SCALE == 2:
-            acc = acc * gl.expand_dims(gl.load(b_scale_ptr + offs_n, mask=n_mask, other=0.0), 0)
-        if HAS_BIAS:
-            acc = acc + gl.expand_dims(gl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 0)
+        acc = acc * gl.expand_dims(gl.load(b_scale_ptr + offs_n * col_step, mask=n_mask, other=0.0), 0)
+        if BIAS_MASK != 0:
+            if has_bias:
+                acc = acc + gl.expand_dims(gl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 0)
         rows = (first_full + offs).to(gl.int64)
         ptrs = c_ptr + gl.expand_dims(rows * stride_cm, 1) + gl.expand_dims(offs_n, 0)
         gl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=gl.expand_dims(m_mask, 1) & gl.expand_dims(n_mask, 0))
@@ -194,16 +244,18 @@ def _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a
 
 @gluon.jit
 def all_gather_matmul_pingpong_kernel(
-    a_desc, a_local_desc, b_desc, c_ptr, stride_cm, bias_ptr, a_scale_ptr, a_local_scale_ptr, b_scale_ptr,
-    flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, N, K, rank, world_size,
-    A_SCALE: gl.constexpr, B_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, NUM_STAGES: gl.constexpr,
+    a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, c_ptrs, strides_cm, bias_ptrs, a_scale_ptr,
+    a_local_scale_ptr, b_scale_ptrs, flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, Ns, K, rank, world_size,
+    A_SCALE: gl.constexpr, B_ROWWISE_MASK: gl.constexpr, BIAS_MASK: gl.constexpr, NUM_STAGES: gl.constexpr,
     GROUP_M: gl.constexpr, SPIN_LIMIT: gl.constexpr,
 ):  # fmt: skip
-    """out[rows of A, N] = (gathered A * its scale) @ (B * its scale) (+ bias); a_desc, a_local_desc:
-    [BLOCK_M, BLOCK_K] blocks of the gathered rows and of the own chunk's; b_desc: [BLOCK_N,
-    BLOCK_K] blocks of B as [N, K] rows. 4 warps (the first consumer), + 4 + 1."""
+    """outs[i][rows of A, Ns[i]] = (gathered A * its scale) @ (B i * its scale) (+ bias i); a_desc,
+    a_local_desc: [BLOCK_M, BLOCK_K] blocks of the gathered rows and of the own chunk's; b_desc
+    i: [BLOCK_N, BLOCK_K] blocks of B i as [N, K] rows (b_desc0 stands in for those past
+    len(Ns)); c_ptrs, strides_cm, bias_ptrs, b_scale_ptrs, Ns: tuples, one entry per B. 4 warps
+    (the first consumer), + 4 + 1."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc0.dtype, [NUM_STAGES] + b_desc0.block_type.shape, b_desc0.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -216,14 +268,14 @@ def all_gather_matmul_pingpong_kernel(
     # (argument tuples written out in the call: a tuple assigned to a name first turns its
     # constexprs into tensors in Gluon 3.6; the warpgroup's number as a constexpr of its own)
     gl.warp_specialize([
-        (_consumer, (a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr,
-                     a_local_scale_ptr, b_scale_ptr, outer, inner, N, K, rank, world_size, gl.constexpr(0),
-                     A_SCALE, B_SCALE, HAS_BIAS, GROUP_M)),
-        (_consumer, (a_bufs, b_bufs, ready, empty, turns, c_ptr, stride_cm, bias_ptr, a_scale_ptr,
-                     a_local_scale_ptr, b_scale_ptr, outer, inner, N, K, rank, world_size, gl.constexpr(1),
-                     A_SCALE, B_SCALE, HAS_BIAS, GROUP_M)),
-        (_loader, (a_desc, a_local_desc, b_desc, a_bufs, b_bufs, ready, empty, flags_ptr, epoch_ptr, timeouts_ptr,
-                   outer, inner, N, K, rank, world_size, GROUP_M, SPIN_LIMIT)),
+        (_consumer, (a_bufs, b_bufs, ready, empty, turns, c_ptrs, strides_cm, bias_ptrs, a_scale_ptr,
+                     a_local_scale_ptr, b_scale_ptrs, outer, inner, Ns, K, rank, world_size, gl.constexpr(0),
+                     A_SCALE, B_ROWWISE_MASK, BIAS_MASK, GROUP_M)),
+        (_consumer, (a_bufs, b_bufs, ready, empty, turns, c_ptrs, strides_cm, bias_ptrs, a_scale_ptr,
+                     a_local_scale_ptr, b_scale_ptrs, outer, inner, Ns, K, rank, world_size, gl.constexpr(1),
+                     A_SCALE, B_ROWWISE_MASK, BIAS_MASK, GROUP_M)),
+        (_loader, (a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, a_bufs, b_bufs, ready, empty, flags_ptr,
+                   epoch_ptr, timeouts_ptr, outer, inner, Ns, K, rank, world_size, GROUP_M, SPIN_LIMIT)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])  # fmt: skip
 
 
@@ -245,16 +297,12 @@ def fits(a_gathered: torch.Tensor, a_local: torch.Tensor, mat2s, outs, fast_accu
     )
 
 
-def _scale_kind(scale: torch.Tensor) -> int:
-    return 1 if scale.numel() == 1 else 2
-
-
 def all_gather_matmul_pingpong(
     a_gathered, mat2s, biases, outs, flags, epoch, *, rank, world_size, inner, scales, config, timeouts,
     spin_limit=1 << 30, a_local=None, num_programs=None,
 ):  # fmt: skip
     """all_gather_matmul.all_gather_matmul_consumer's float8 path on this kernel, same arguments
-    (``scales``: its Scales; ``config``: a PingpongConfig); one launch per mat2."""
+    (``scales``: its Scales; ``config``: a PingpongConfig); one launch per MAX_B mat2s."""
     if a_local is None:
         a_local = own_rows(a_gathered, rank, world_size, inner)
     if not fits(a_gathered, a_local, mat2s, outs, scales.fast_accum):
@@ -262,26 +310,38 @@ def all_gather_matmul_pingpong(
     rows, k = a_gathered.shape
     outer = rows // (world_size * inner)
     programs = num_programs or sm_count(a_gathered.device)
-    dtype = gl.float8e4nv if a_gathered.dtype == torch.float8_e4m3fn else gl.float8e5
-    a_layout = gl.NVMMASharedLayout.get_default_for([TILE, TILE], dtype)
+    a_layout = gl.NVMMASharedLayout.get_default_for([TILE, TILE], _gl_float8(a_gathered.dtype))
     a_desc = TensorDescriptor.from_tensor(a_gathered, [TILE, TILE], a_layout)
     a_local_desc = TensorDescriptor.from_tensor(a_local, [TILE, TILE], a_layout)
     a_local_scale = scales.a_local
     if a_local_scale is None:  # the own chunk's row scales where its rows are, or the one value
         a_local_scale = scales.a if scales.a.numel() == 1 else own_rows(scales.a.view(-1, 1), rank, world_size, inner)
         a_local_scale = a_local_scale.reshape(-1).contiguous()
-    for mat2, bias, out, b_scale in zip(mat2s, biases, outs, scales.b):
-        b_dtype = gl.float8e4nv if mat2.dtype == torch.float8_e4m3fn else gl.float8e5
-        weight = mat2.t()  # [N, K] rows
-        b_desc = TensorDescriptor.from_tensor(
-            weight, [TILE, TILE], gl.NVMMASharedLayout.get_default_for([TILE, TILE], b_dtype)
-        )
-        n = weight.shape[0]
-        tiles = world_size * outer * triton.cdiv(inner, TILE) * triton.cdiv(n, TILE)
+    calls = list(zip(mat2s, biases, outs, scales.b))
+    for first in range(0, len(calls), MAX_B):
+        group = calls[first : first + MAX_B]
+        b_descs = [_weight_descriptor(mat2) for mat2, _, _, _ in group]
+        b_descs += b_descs[:1] * (MAX_B - len(group))
+        ns = tuple(mat2.shape[1] for mat2, _, _, _ in group)
+        tiles = world_size * outer * triton.cdiv(inner, TILE) * sum(triton.cdiv(n, TILE) for n in ns)
         all_gather_matmul_pingpong_kernel[(min(programs, tiles),)](
-            a_desc, a_local_desc, b_desc, out, out.stride(0), bias if bias is not None else out, scales.a,
-            a_local_scale, b_scale, flags, epoch, timeouts, outer, inner, n, k, rank, world_size,
-            A_SCALE=_scale_kind(scales.a), B_SCALE=_scale_kind(b_scale), HAS_BIAS=bias is not None,
+            a_desc, a_local_desc, *b_descs, tuple(out for _, _, out, _ in group),
+            tuple(out.stride(0) for _, _, out, _ in group),
+            tuple(out if bias is None else bias for _, bias, out, _ in group), scales.a, a_local_scale,
+            tuple(b_scale for _, _, _, b_scale in group), flags, epoch, timeouts, outer, inner, ns, k, rank,
+            world_size, A_SCALE=1 if scales.a.numel() == 1 else 2,
+            B_ROWWISE_MASK=sum(1 << i for i, (_, _, _, b_scale) in enumerate(group) if b_scale.numel() > 1),
+            BIAS_MASK=sum(1 << i for i, (_, bias, _, _) in enumerate(group) if bias is not None),
             NUM_STAGES=config.stages, GROUP_M=config.group_m, SPIN_LIMIT=spin_limit, num_warps=4, maxnreg=MAXNREG,
         )  # fmt: skip
     return outs
+
+
+def _gl_float8(dtype: torch.dtype):
+    return gl.float8e4nv if dtype == torch.float8_e4m3fn else gl.float8e5
+
+
+def _weight_descriptor(mat2: torch.Tensor) -> TensorDescriptor:
+    """[TILE, TILE] blocks of a [K, N] mat2 read as its [N, K] rows."""
+    layout = gl.NVMMASharedLayout.get_default_for([TILE, TILE], _gl_float8(mat2.dtype))
+    return TensorDescriptor.from_tensor(mat2.t(), [TILE, TILE], layout)

@@ -2,6 +2,7 @@
 
     python3 -m tools.bench_gemm --out gemm.json                     # bf16
     python3 -m tools.bench_gemm --float8 rowwise --out gemm8.json   # float8, fast accumulation
+    python3 -m tools.bench_gemm --float8 rowwise --split --graphs    # Q, K, V apart; graph replays
 
 Per bench_ops shape at world size ``--world`` (its chunking; one GPU, no peers): the all-gather
 consumer with every chunk already arrived (all flags set, so it never waits) and the
@@ -12,7 +13,9 @@ against torch.mm (bf16) or torch._scaled_mm (float8: e4m3, bf16 out, the same sc
 accumulation). What a fused variant's GEMM costs before any communication: at W ranks it can
 beat NCCL + cuBLAS only if the collective it hides is longer than this GEMM's lag behind cuBLAS.
 A time is the median over interleaved rounds (in shuffled order) of the mean per call
-(tools/measure.time_interleaved).
+(tools/measure.time_interleaved). ``--split``: the all-gather shapes as the models' separate
+weights (WEIGHTS) in one consumer call, against cuBLAS on each weight; ``--graphs``: every
+runner timed as a CUDA graph replay, as the ops run inside compiled models.
 """
 
 import argparse
@@ -35,38 +38,59 @@ FP8 = torch.float8_e4m3fn
 _PINGPONG = types.SimpleNamespace(all_gather_matmul_consumer=pingpong.all_gather_matmul_pingpong, Scales=consumer.Scales)
 
 
-def _operands(m, k, n, float8, rowwise, device):
-    """A [m, k], a linear's weight as [k, n] (column-major) and their scales (None for bf16)."""
+# --split: the weights an all-gather shape's N is the columns of, in the models' proportions
+# (Llama 3's grouped-query Q, K, V; the FFN's up and gate)
+WEIGHTS = {
+    "llama3-8b qkv": (4, 1, 1), "llama3-8b up+gate": (1, 1),
+    "llama3-70b qkv": (8, 1, 1), "llama3-70b up+gate": (1, 1),
+}  # fmt: skip
+
+
+def _operands(m, k, n, float8, rowwise, device, parts=None):
+    """A [m, k], a linear's weight as [k, n] (column-major) and their scales (None for bf16); with
+    ``parts`` (relative widths), lists of weights and weight scales splitting n that way."""
     a = torch.randn(m, k, device=device)
-    w = torch.randn(n, k, device=device)
-    if not float8:
-        return a.bfloat16(), w.bfloat16().t(), None, None
-    a_scale = torch.rand(m, 1, device=device) + 0.5 if rowwise else torch.tensor(0.7, device=device)
-    w_scale = torch.rand(1, n, device=device) + 0.5 if rowwise else torch.tensor(0.9, device=device)
-    return a.to(FP8), w.to(FP8).t(), a_scale, w_scale
+    a_scale = None
+    if float8:
+        a_scale = torch.rand(m, 1, device=device) + 0.5 if rowwise else torch.tensor(0.7, device=device)
+    ws, w_scales = [], []
+    for part in parts or (1,):
+        cols = n * part // sum(parts or (1,))
+        w = torch.randn(cols, k, device=device)
+        ws.append(w.to(FP8).t() if float8 else w.bfloat16().t())
+        if float8:
+            w_scales.append(torch.rand(1, cols, device=device) + 0.5 if rowwise else torch.tensor(0.9, device=device))
+    a = a.to(FP8) if float8 else a.bfloat16()
+    if parts is None:
+        return a, ws[0], a_scale, w_scales[0] if float8 else None
+    return a, ws, a_scale, w_scales if float8 else None
 
 
 def _consumer_run(a, w, a_scale, w_scale, world, config, fast_accum, module=consumer):
     """A runner of the consumer (``module``: the all_gather_matmul module, or another version of
-    it, as probes compare) and a function returning its output."""
+    it, as probes compare) and a function returning its output (the outputs side by side where
+    ``w`` and ``w_scale`` are lists: one call over several weights)."""
+    ws = w if isinstance(w, list) else [w]
+    w_scales = w_scale if isinstance(w_scale, list) else [w_scale]
     m = a.shape[0]
     inner = m // world
-    out = torch.full((m, w.shape[1]), float("nan"), dtype=torch.bfloat16, device=a.device)  # poisoned
+    outs = [torch.full((m, w.shape[1]), float("nan"), dtype=torch.bfloat16, device=a.device) for w in ws]  # poisoned
     flags = torch.full((world,), EPOCH, dtype=torch.int32, device=a.device)
     epoch = torch.tensor([EPOCH], dtype=torch.int32, device=a.device)
     timeouts = torch.zeros(world, dtype=torch.int32, device=a.device)
     scales = None
     if a_scale is not None:
         flat = a_scale.reshape(-1).contiguous()
-        scales = module.Scales(flat, flat[:inner] if flat.numel() > 1 else None, (w_scale.reshape(-1),), fast_accum)
+        b_scales = tuple(s.reshape(-1) for s in w_scales)
+        scales = module.Scales(flat, flat[:inner] if flat.numel() > 1 else None, b_scales, fast_accum)
 
     def run():
         module.all_gather_matmul_consumer(
-            a, [w], [None], [out], flags, epoch, rank=0, world_size=world, inner=inner, config=config,
+            a, ws, [None] * len(ws), outs, flags, epoch, rank=0, world_size=world, inner=inner, config=config,
             timeouts=timeouts, scales=scales,
         )  # fmt: skip
 
-    return run, lambda: out
+    return run, lambda: torch.cat(outs, dim=1)
 
 
 def _producer_run(a, w, a_scale, w_scale, world, config, fast_accum, module=producer):
@@ -95,16 +119,31 @@ def _producer_run(a, w, a_scale, w_scale, world, config, fast_accum, module=prod
     return run, lambda: torch.cat([d[:rows] for d in dests])
 
 
+def _graphed(run):
+    """``run`` captured once in a CUDA graph (after a warm-up call): its replay, with no host
+    launch cost, as the ops' per-call graphs run (lowering/replay.py)."""
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    replay = graph.replay
+    replay.kept = (graph, run)
+    return replay
+
+
 def bench_shape(op, name, m, k, n, args, device) -> dict:
     float8 = args.float8 is not None
-    a, w, a_scale, w_scale = _operands(m, k, n, float8, args.float8 == "rowwise", device)
+    parts = WEIGHTS.get(name) if args.split and op == "all_gather_matmul" else None
+    a, w, a_scale, w_scale = _operands(m, k, n, float8, args.float8 == "rowwise", device, parts)
+    ws, w_scales = (w, w_scale) if parts else ([w], [w_scale])
+    # cuBLAS on each weight, as NCCL + cuBLAS runs them; their outputs side by side: the reference
     if float8:
-        runners = {
-            "cublas": lambda: torch._scaled_mm(a, w, a_scale, w_scale, out_dtype=torch.bfloat16, use_fast_accum=True)
-        }
+        baseline = [lambda w=w, s=s: torch._scaled_mm(a, w, a_scale, s, out_dtype=torch.bfloat16, use_fast_accum=True) for w, s in zip(ws, w_scales)]
     else:
-        runners = {"cublas": lambda: torch.mm(a, w)}
-    ref = runners["cublas"]()
+        baseline = [lambda w=w: torch.mm(a, w) for w in ws]
+    ref = torch.cat([run() for run in baseline], dim=1)
+    runners = {"cublas": lambda: [run() for run in baseline]}
     make = _consumer_run if op == "all_gather_matmul" else _producer_run
     configs = gemm.FLOAT8_CONFIGS if float8 else [c for c in gemm.CONFIGS if c.tma]
     errors = {}
@@ -118,11 +157,21 @@ def bench_shape(op, name, m, k, n, args, device) -> dict:
         run()
         errors[key] = relative_error(result(), ref)
         runners[key] = run
+    if float8 and parts and pingpong.usable(device):  # the Gluon consumer a launch per weight, as before
+        config = pingpong.CONFIGS[0]
+        singles = [_consumer_run(a, w1, a_scale, s1, args.world, config, True, _PINGPONG) for w1, s1 in zip(ws, w_scales)]
+        key = f"{config}:per_weight"
+        runners[key] = lambda: [run() for run, _ in singles]
+        runners[key]()
+        errors[key] = relative_error(torch.cat([result() for _, result in singles], dim=1), ref)
+    if args.graphs:
+        runners = {key: _graphed(run) for key, run in runners.items()}
     times, _ = time_interleaved(runners, device, args.rounds, args.calls, args.warmup)
-    best = min((key for key in times if key != "cublas" and not key.endswith(":exact")), key=times.get)
+    best = min((key for key in times if key != "cublas" and ":" not in key), key=times.get)
     flops = 2 * m * k * n
     return {
-        "op": op, "shape": name, "M": m, "K": k, "N": n, "times_us": {key: round(t, 1) for key, t in times.items()},
+        "op": op, "shape": name, "M": m, "K": k, "N": n, "weights": [w1.shape[1] for w1 in ws],
+        "times_us": {key: round(t, 1) for key, t in times.items()},
         "errors": {key: float(f"{e:.2e}") for key, e in errors.items()}, "best": best,
         "cublas_tflops": round(flops / times["cublas"] / 1e6, 1), "best_tflops": round(flops / times[best] / 1e6, 1),
     }
@@ -136,6 +185,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--split", action="store_true", help="Q, K, V (up, gate) as weights of their own, one call")
+    parser.add_argument("--graphs", action="store_true", help="time CUDA graph replays (no host launch cost)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     device = torch.device("cuda", 0)
@@ -151,20 +202,21 @@ def main() -> None:
         "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
         "triton": triton.__version__, "world_chunking": args.world,
         "dtype": f"float8 {args.float8} (fast accumulation)" if args.float8 else "bf16",
-        "rounds": args.rounds, "calls": args.calls,
+        "rounds": args.rounds, "calls": args.calls, "split": args.split, "graphs": args.graphs,
     }  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print(f"\n{meta}")
-    print("| op | shape | cuBLAS µs | best fused µs (config) | fused / cuBLAS | exact-accum µs |")
-    print("|---|---|---|---|---|---|")
+    print("| op | shape | weights | cuBLAS µs | best fused µs (config) | fused / cuBLAS | exact-accum µs | Gluon a launch per weight µs |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         t = r["times_us"]
-        exact = next((v for key, v in t.items() if key.endswith(":exact")), None)
+        exact = next((v for key, v in t.items() if key.endswith(":exact")), "-")
+        per_weight = next((v for key, v in t.items() if key.endswith(":per_weight")), "-")
         print(
-            f"| {r['op']} | {r['shape']} | {t['cublas']} | {t[r['best']]} ({r['best']}) | "
-            f"{t[r['best']] / t['cublas']:.2f} | {exact if exact is not None else '-'} |"
+            f"| {r['op']} | {r['shape']} | {r['weights']} | {t['cublas']} | {t[r['best']]} ({r['best']}) | "
+            f"{t[r['best']] / t['cublas']:.2f} | {exact} | {per_weight} |"
         )
 
 

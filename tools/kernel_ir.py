@@ -126,9 +126,9 @@ def producer_ir(float8: bool, exact: bool = False, config=None) -> KernelIR:
     return summarize(f"producer {dt}{' exact' if exact else ''} {config}", kernel)
 
 
-def pingpong_ir(config, rowwise: bool) -> dict:
-    """The Gluon float8 consumer (templates/all_gather_matmul_pingpong.py) compiled for sm_90a:
-    what its waits and speed rest on, as counts in its PTX."""
+def pingpong_ir(config, rowwise: bool, num_b: int = 1) -> dict:
+    """The Gluon float8 consumer (templates/all_gather_matmul_pingpong.py) over ``num_b``
+    weights, compiled for sm_90a: what its waits and speed rest on, as counts in its PTX."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -137,22 +137,25 @@ def pingpong_ir(config, rowwise: bool) -> dict:
     tile = pingpong.TILE
     layout = gl.NVMMASharedLayout.get_default_for([tile, tile], gl.float8e4nv)
     desc = f"tensordesc<fp8e4nv[{tile}, {tile}],{layout!r}>"
-    signature = {
-        "a_desc": desc, "a_local_desc": desc, "b_desc": desc, "c_ptr": "*bf16", "stride_cm": "i32", "bias_ptr": "*bf16",
-        "a_scale_ptr": "*fp32", "a_local_scale_ptr": "*fp32", "b_scale_ptr": "*fp32", "flags_ptr": "*i32",
-        "epoch_ptr": "*i32", "timeouts_ptr": "*i32", "outer": "i32", "inner": "i32", "N": "i32", "K": "i32",
-        "rank": "i32", "world_size": "i32",
-    }  # fmt: skip
+    many = lambda t: tuple([t] * num_b)  # noqa: E731
+    signature = {"a_desc": desc, "a_local_desc": desc}
+    signature.update({f"b_desc{i}": desc for i in range(pingpong.MAX_B)})
+    signature.update({
+        "c_ptrs": many("*bf16"), "strides_cm": many("i32"), "bias_ptrs": many("*bf16"), "a_scale_ptr": "*fp32",
+        "a_local_scale_ptr": "*fp32", "b_scale_ptrs": many("*fp32"), "flags_ptr": "*i32", "epoch_ptr": "*i32",
+        "timeouts_ptr": "*i32", "outer": "i32", "inner": "i32", "Ns": many("i32"), "K": "i32", "rank": "i32",
+        "world_size": "i32",
+    })  # fmt: skip
     constexprs = dict(
-        A_SCALE=2 if rowwise else 1, B_SCALE=2 if rowwise else 1, HAS_BIAS=False, NUM_STAGES=config.stages,
-        GROUP_M=config.group_m, SPIN_LIMIT=1 << 30,
+        A_SCALE=2 if rowwise else 1, B_ROWWISE_MASK=(1 << num_b) - 1 if rowwise else 0, BIAS_MASK=0,
+        NUM_STAGES=config.stages, GROUP_M=config.group_m, SPIN_LIMIT=1 << 30,
     )  # fmt: skip
     signature.update({k: "constexpr" for k in constexprs})
     source = GluonASTSource(pingpong.all_gather_matmul_pingpong_kernel, signature, constexprs, _aligned_attrs(signature))
     kernel = triton.compile(source, target=HOPPER, options={"num_warps": 4, "maxnreg": pingpong.MAXNREG})
     ptx = kernel.asm["ptx"]
     return {
-        "what": f"pingpong {config} {'rowwise' if rowwise else 'tensorwise'}",
+        "what": f"pingpong {config} {'rowwise' if rowwise else 'tensorwise'} B={num_b}",
         "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
         "setmaxnreg": sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
         "flag_polls": len(re.findall(r"ld\.global\.sys\.acquire\.b32", ptx)),
@@ -181,7 +184,8 @@ def main() -> None:
     if "--pingpong" in sys.argv:  # JSON, one object per config and scale kind
         from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
 
-        print(json.dumps([pingpong_ir(c, rowwise) for c in pingpong.CONFIGS for rowwise in (False, True)]))
+        runs = [(c, rowwise, 1) for c in pingpong.CONFIGS for rowwise in (False, True)] + [(pingpong.CONFIGS[0], True, 3)]
+        print(json.dumps([pingpong_ir(*run) for run in runs]))
         return
     runs = variants()
     rows = [run() for _, run in runs]

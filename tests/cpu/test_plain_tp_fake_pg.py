@@ -110,18 +110,26 @@ def test_a_host_with_riders_is_measured_at_its_first_call(tmp_path, latency_free
     assert {c["implementation"] for c in hosts if not c.get("passengers")} == {"auto: fused (cached)"}, hosts
 
 
-def test_small_all_reduces_are_kept_when_splitting_does_not_pay(tmp_path):
-    """At the test block's size a collective's latency outweighs its bytes: the forward, whose
-    split leaves three plain gathers for two all-reduces, keeps its all-reduces with the
-    costs in the reason; the backward, five all-reduces for one plain gather and two small
-    all-reduces, is still split."""
+@pytest.mark.parametrize("riders", [True, False])
+def test_small_all_reduces_are_kept_when_splitting_does_not_pay(tmp_path, riders):
+    """At the test block's size a collective's latency outweighs its bytes. The forward's split
+    leaves three gathers for two all-reduces, but two of them (the saved activations) ride in
+    the FFN's fused gather: it pays, and is kept without passengers, with the costs in the
+    reason. The backward, five all-reduces for one plain gather and two small all-reduces, is
+    split either way."""
     with fake_world(2):
         x = torch.randn(1, SEQ, DIM, requires_grad=True)
-        _, dump = compile_and_dump(_plain_block(2, False), (x,), tmp_path, backward=True)
+        _, dump = compile_and_dump(_plain_block(2, False), (x,), tmp_path, backward=True, gather_passengers=riders)
     forward = [c for c in dump.candidates("forward") if c["kind"] == SPLIT]
-    assert [c["rewritten"] for c in forward] == [False, False]
-    assert all(c["reason"].startswith("does not pay: 2 all-reduce(s) move 2.0 MiB in the open, on the shards 3.0 MiB") for c in forward)
-    assert "all_reduce" in dump.after("forward")
+    assert [c["rewritten"] for c in forward] == [riders] * 2
+    costs = "2 all-reduce(s) move 2.0 MiB in the open, on the shards"
+    if riders:
+        cost = [c["split"]["cost"] for c in forward]
+        assert all(c.startswith(f"{costs} 1.0 MiB") and "2 gather(s) ride" in c for c in cost), cost
+        assert "all_reduce" not in dump.after("forward")
+    else:
+        assert all(c["reason"].startswith(f"does not pay: {costs} 3.0 MiB") for c in forward), forward
+        assert "all_reduce" in dump.after("forward")
     assert [c["rewritten"] for c in dump.candidates("backward") if c["kind"] == SPLIT] == [True] * 5
 
 

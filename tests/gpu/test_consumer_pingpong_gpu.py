@@ -95,3 +95,31 @@ def test_back_to_back_calls_with_growing_epochs():
         agm.raise_on_timeouts(timeouts, call % world)
         for out, ref in zip(outs, refs):
             _check(out, ref)
+
+
+def test_more_weights_than_a_launch_takes_with_mixed_scales_and_biases():
+    """Five weights: two launches (MAX_B a launch); inside each, weights with a bias and without,
+    with one scale and with one per column, of unequal N, against each one's dequantized
+    product."""
+    world, rank, ns = 2, 1, (256, 136, 200, 128, 384)
+    assert len(ns) > pingpong.MAX_B
+    gathered, a_scale, mat2s, b_scales, biases, _, inner = fp8_problem(world, (300, 256), ns, 0, True, True, 7, "cuda")
+    b_scales[1], b_scales[4] = b_scales[1][0, 3].clone(), b_scales[4][0, 0].clone()  # one value each
+    biases[0] = biases[3] = None
+    a = gathered.float().cpu() * a_scale.cpu()[:, None]
+    refs = [
+        a @ (m.float().cpu() * s.cpu()) + (b.float().cpu() if b is not None else 0)
+        for m, s, b in zip(mat2s, b_scales, biases)
+    ]
+    outs = [torch.full((gathered.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda") for n in ns]
+    timeouts = torch.zeros(world, dtype=torch.int32, device="cuda")
+    pingpong.all_gather_matmul_pingpong(
+        gathered, mat2s, biases, outs, torch.full((world,), EPOCH, dtype=torch.int32, device="cuda"),
+        torch.tensor([EPOCH], dtype=torch.int32, device="cuda"), rank=rank, world_size=world, inner=inner,
+        scales=agm.Scales(a_scale, None, tuple(b_scales), fast_accum=True), config=pingpong.CONFIGS[0],
+        spin_limit=100_000, timeouts=timeouts,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    agm.raise_on_timeouts(timeouts, rank)
+    for out, ref in zip(outs, refs):
+        _check(out, ref)
