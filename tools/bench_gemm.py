@@ -127,8 +127,10 @@ def _graphed(run):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
-    replay = graph.replay
-    replay.kept = (graph, run)
+    def replay():
+        graph.replay()
+
+    replay.kept = run  # the tensors the graph reads and writes
     return replay
 
 

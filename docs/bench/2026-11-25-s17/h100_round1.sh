@@ -7,7 +7,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 timeout 240 python3 -m pytest -q tests/gpu/test_consumer_pingpong_gpu.py > "$OUT/pingpong_tests.log" 2>&1
 echo "== pingpong tests (rc $?)"; tail -n 3 "$OUT/pingpong_tests.log"
-for mode in "--split --graphs" "--graphs" "--split"; do
+for mode in ${MODES:-"--split --graphs" "--graphs" "--split"}; do
     name=gemm_fp8r_ag$(echo "$mode" | tr -d ' -')
     timeout 150 python3 -m tools.bench_gemm --float8 rowwise --op all_gather_matmul --rounds 10 $mode --out "$OUT/$name.json" > "$OUT/$name.out.txt" 2>&1
     echo "== bench_gemm $mode (rc $?)"; tail -n 8 "$OUT/$name.out.txt"
