@@ -43,6 +43,7 @@ from torch.distributed.distributed_c10d import _resolve_process_group
 from overlap_pass import config, ops, schedule
 from overlap_pass.templates import gemm
 from overlap_pass.templates import matmul_reduce_scatter as producer
+from overlap_pass.templates import matmul_reduce_scatter_pingpong as producer_pingpong
 
 from . import symm
 from .row_layout import RowLayout, matmul_into
@@ -131,10 +132,14 @@ def reduce_produced(call: Call, produce, reduce_op: str, out: torch.Tensor) -> t
 
 
 def produce_fused(call, flats, mat2s, bias, *, gemm_config, scales=None, fast_accum=False):
-    """The Triton producer stores every tile into its owner's slot (in the call's dtype) and
-    flags each chunk. ``scales``, ``fast_accum``: float8 operands' (the producer's)."""
+    """The Triton producer (or, for a pingpong config, the Gluon float8 one) stores every tile
+    into its owner's slot (in the call's dtype) and flags each chunk. ``scales``,
+    ``fast_accum``: float8 operands' (the producer's)."""
     ws = call.ws
-    producer.matmul_reduce_scatter_producer(
+    launch = producer.matmul_reduce_scatter_producer
+    if isinstance(gemm_config, producer_pingpong.PingpongConfig):
+        launch = producer_pingpong.matmul_reduce_scatter_pingpong
+    launch(
         flats[0], mat2s[0], None if bias is None else bias.contiguous(),
         ws.peer_data_addresses(call.slots_shape, call.dtype), ws.peer_flag_addresses(),
         ws.counters, ws.epoch, rank=call.rank, world_size=call.world, config=gemm_config,

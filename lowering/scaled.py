@@ -13,7 +13,8 @@ variants that choose.py picks from, as for the bf16 ops.
   (one per pingpong.CONFIGS entry); for the
   reduce-scatter (one matmul, not a sum), the Triton float8 producer of
   templates/matmul_reduce_scatter.py, which stores each tile's dequantized partial (bf16) in
-  its owner's slot and flags each chunk.
+  its owner's slot and flags each chunk, or on Hopper with fast accumulation the Gluon one of
+  templates/matmul_reduce_scatter_pingpong.py (one per pingpong.CONFIGS entry).
 - nccl_cublas: the NCCL collective (float8 moved as bytes), then _scaled_mm on the whole
   tensor: what Inductor runs for these graphs without overlap. The baseline, and the fallback.
 
@@ -239,11 +240,14 @@ def fused_scaled_mm_reduce_scatter(
     mm_dtype, out_dtype=None, use_fast_accum=False, *, gemm_config, outputs=None,
 ):  # fmt: skip
     """The persistent Triton float8 producer (templates/matmul_reduce_scatter.py, scales in its
-    epilogue) stores each partial into its owner's slot; the owner's reduction as the other
-    variants'."""
+    epilogue), or the Gluon one (matmul_reduce_scatter_pingpong.py) if ``gemm_config`` is a
+    pingpong.PingpongConfig, stores each partial into its owner's slot; the owner's reduction
+    as the other variants'."""
     flats, layout = mrs._input_rows(inputs, scatter_dim, world_size)
     if len(inputs) != 1 or not _fused_fits(flats[0], mat2s):  # before the barrier: every rank refuses alike
         raise NotImplementedError("the fused float8 producer takes one matmul of TMA-aligned operands, [N, K] weights")
+    if isinstance(gemm_config, pingpong.PingpongConfig) and not (use_fast_accum and pingpong.usable(flats[0].device)):
+        raise NotImplementedError("the Gluon pingpong producer runs on Hopper, with fast accumulation")
     # one word, or one per row of A / column of B, consecutive, as the kernel reads them
     scales = tuple(s.reshape(-1).contiguous() for s in (input_scales[0], mat2_scales[0]))
     produce = functools.partial(
@@ -301,7 +305,7 @@ def variants(kind: str) -> dict:
         fused, copy_engine, nccl = (
             fused_scaled_mm_reduce_scatter, copy_engine_scaled_mm_reduce_scatter, nccl_scaled_mm_reduce_scatter
         )
-    configs = gemm.FLOAT8_CONFIGS + (pingpong.CONFIGS if kind == AG_KIND else [])
+    configs = gemm.FLOAT8_CONFIGS + pingpong.CONFIGS
     table = {f"fused:{cfg}": functools.partial(fused, gemm_config=cfg) for cfg in configs}
     table["copy_engine_cublas"] = copy_engine
     table["nccl_cublas"] = nccl

@@ -71,11 +71,11 @@ def _chunk_tiles(tiles_m, Ns):
 
 
 @gluon.jit
-def _tile(tile, tiles_m, Ns, tiles_per_chunk, rank, world_size, inner, GROUP_M: gl.constexpr):
+def _tile(tile, tiles_m, Ns, tiles_per_chunk, first_chunk, world_size, inner, GROUP_M: gl.constexpr):
     """(chunk, B, tile_n, first own row, first gathered row, first row within the chunk's block)
-    of persistent tile ``tile`` (tiles.chunk_tile, tiles.block_rows and the Triton consumer's
-    _tma_tile, in Gluon)."""
-    chunk = (rank + tile // tiles_per_chunk) % world_size
+    of persistent tile ``tile``, chunks from ``first_chunk`` on (tiles.chunk_tile,
+    tiles.block_rows and the Triton consumer's _tma_tile, in Gluon)."""
+    chunk = (first_chunk + tile // tiles_per_chunk) % world_size
     local = tile % tiles_per_chunk
     b = 0
     tiles_n = gl.cdiv(Ns[0], BLOCK_N)
@@ -137,8 +137,11 @@ def _load_b(b, b_desc0, b_desc1, b_desc2, b_desc3, row, col, bar, buf, NB: gl.co
 @gluon.jit
 def _loader(a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, a_bufs, b_bufs, ready, empty, flags_ptr,
             epoch_ptr, timeouts_ptr, outer, inner, Ns, K, rank, world_size, GROUP_M: gl.constexpr,
-            SPIN_LIMIT: gl.constexpr):  # fmt: skip
-    """1 warp: every tile of this program in order, every K block, into the ring."""
+            SPIN_LIMIT: gl.constexpr, GATHER: gl.constexpr = True):  # fmt: skip
+    """1 warp: every tile of this program in order, every K block, into the ring. GATHER (the
+    all-gather consumer): chunks from the own one on, the own one's rows from a_local_desc, a
+    peer's after its flag; else (the reduce-scatter producer, matmul_reduce_scatter_pingpong.py)
+    chunks from rank + 1 on, every row from a_desc, no waits."""
     NUM_STAGES: gl.constexpr = a_bufs.shape[0]
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc0.block_type.nbytes
     epoch = gl.load(epoch_ptr)
@@ -146,14 +149,16 @@ def _loader(a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, a_bufs, b_
     tiles_per_chunk = _chunk_tiles(tiles_m, Ns)
     k_tiles = gl.cdiv(K, BLOCK_K)
     ready_chunk = rank  # the last chunk waited for (the own one needs no wait; chunks come in order)
+    first_chunk = rank if GATHER else rank + 1
     pos = 0  # ring position: stage pos % NUM_STAGES, its use number pos // NUM_STAGES
     for tile in range(gl.program_id(0), tiles_per_chunk * world_size, gl.num_programs(0)):
         chunk, b, tile_n, first_own, first_full, _ = _tile(
-            tile, tiles_m, Ns, tiles_per_chunk, rank, world_size, inner, GROUP_M
+            tile, tiles_m, Ns, tiles_per_chunk, first_chunk, world_size, inner, GROUP_M
         )
-        if chunk != ready_chunk:
-            _wait_chunk(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT)
-            ready_chunk = chunk
+        if GATHER:
+            if chunk != ready_chunk:
+                _wait_chunk(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT)
+                ready_chunk = chunk
         for kb in range(k_tiles):
             s = pos % NUM_STAGES
             # a fresh mbarrier counts as having completed the phase before phase 0: the first
@@ -161,12 +166,35 @@ def _loader(a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, a_bufs, b_
             mbarrier.wait(empty.index(s), ((pos // NUM_STAGES) & 1) ^ 1)
             bar = ready.index(s)
             mbarrier.expect(bar, nbytes)
-            if chunk == rank:
+            if GATHER and chunk == rank:
                 tma.async_copy_global_to_shared(a_local_desc, [first_own, kb * BLOCK_K], bar, a_bufs.index(s))
             else:
                 tma.async_copy_global_to_shared(a_desc, [first_full, kb * BLOCK_K], bar, a_bufs.index(s))
             _load_b(b, b_desc0, b_desc1, b_desc2, b_desc3, tile_n * BLOCK_N, kb * BLOCK_K, bar, b_bufs.index(s), len(Ns))
             pos += 1
+
+
+@gluon.jit
+def mma_tile(a_bufs, b_bufs, ready, empty, turns, pos, turn, k_tiles, WG: gl.constexpr, mma_layout: gl.constexpr):
+    """Warpgroup WG's main loop of one tile, in its turn (its ``turn``-th): async wgmma over the
+    K blocks at ring positions pos, pos + 1, ...; the turn handed to the other warpgroup once
+    the last is issued, each stage released once read. Returns the fp32 accumulator."""
+    NUM_STAGES: gl.constexpr = a_bufs.shape[0]
+    # warpgroup 0 goes first (its first wait: the fresh barrier's "previous" phase)
+    mbarrier.wait(turns.index(WG), (turn & 1) ^ (1 - WG))
+    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+    for kb in range(k_tiles):
+        s = pos % NUM_STAGES
+        mbarrier.wait(ready.index(s), (pos // NUM_STAGES) & 1)
+        acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        # at most this wgmma in flight: the previous K block's stage is read, release it
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        mbarrier.arrive(empty.index((pos + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
+        pos += 1
+    mbarrier.arrive(turns.index(1 - WG))  # the other warpgroup's main loop may start
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(empty.index((pos + NUM_STAGES - 1) % NUM_STAGES))
+    return acc
 
 
 @gluon.jit
@@ -176,7 +204,6 @@ def _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptrs, strides_cm, bias_ptrs
     """Warpgroup WG (4 warps): its alternate tiles, main loop of async wgmma over K, then the
     epilogue: A_SCALE 1, one value; 2, one per row; B i's scale one value, or one per column
     where bit i of B_ROWWISE_MASK is set; then B i's bias where bit i of BIAS_MASK is."""
-    NUM_STAGES: gl.constexpr = a_bufs.shape[0]
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 256 // a_bufs.dtype.primitive_bitwidth]
     )
@@ -192,22 +219,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptrs, strides_cm, bias_ptrs
         chunk, b, tile_n, first_own, first_full, start = _tile(
             tile, tiles_m, Ns, tiles_per_chunk, rank, world_size, inner, GROUP_M
         )
-        pos = j * k_tiles
-        # the main-loop turn; warpgroup 0 goes first (its first wait: the fresh barrier's
-        # "previous" phase)
-        mbarrier.wait(turns.index(WG), (turn & 1) ^ (1 - WG))
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-        for kb in range(k_tiles):
-            s = pos % NUM_STAGES
-            mbarrier.wait(ready.index(s), (pos // NUM_STAGES) & 1)
-            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
-            # at most this wgmma in flight: the previous K block's stage is read, release it
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            mbarrier.arrive(empty.index((pos + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
-            pos += 1
-        mbarrier.arrive(turns.index(1 - WG))  # the other warpgroup's main loop may start
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index((pos + NUM_STAGES - 1) % NUM_STAGES))
+        acc = mma_tile(a_bufs, b_bufs, ready, empty, turns, j * k_tiles, turn, k_tiles, WG, mma_layout)
         turn += 1
         j += 2
 
@@ -284,15 +296,23 @@ def usable(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
-def fits(a_gathered: torch.Tensor, a_local: torch.Tensor, mat2s, outs, fast_accum: bool) -> bool:
-    """Whether this kernel takes the call: float8 A and weights ([N, K] transposed), aligned for
-    TMA, outputs with unit column stride, fast accumulation."""
+def fits_float8(a: torch.Tensor, mat2s, fast_accum: bool) -> bool:
+    """Whether the pingpong kernels take these operands: float8 A and weights ([N, K]
+    transposed), aligned for TMA, fast accumulation."""
     return (
         fast_accum
-        and a_gathered.dtype in FLOAT8
-        and tma_operand(a_gathered)
-        and tma_operand(a_local)
+        and a.dtype in FLOAT8
+        and tma_operand(a)
         and all(m.dtype in FLOAT8 and m.stride(0) == 1 and tma_operand(m.t()) for m in mat2s)
+    )
+
+
+def fits(a_gathered: torch.Tensor, a_local: torch.Tensor, mat2s, outs, fast_accum: bool) -> bool:
+    """Whether this kernel takes the call: fits_float8, the own rows aligned too, outputs with
+    unit column stride."""
+    return (
+        fits_float8(a_gathered, mat2s, fast_accum)
+        and tma_operand(a_local)
         and all(o.stride(-1) == 1 for o in outs)
     )
 

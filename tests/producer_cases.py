@@ -13,12 +13,14 @@ EPOCH = 5
 
 def simulate(
     world, rows, k, n, dtype, bias, seed=0, num_programs=3, config=gemm.TEST_CONFIG, outer=1, device="cpu",
-    scales=None, out_dtype=None,
+    scales=None, out_dtype=None, launch=mrs.matmul_reduce_scatter_producer, epoch=EPOCH, counters=None, **kwargs,
 ):  # fmt: skip
-    """Runs every rank's producer into simulated peer buffers, NaN-poisoned; returns the
+    """Runs every rank's producer (``launch``: matmul_reduce_scatter_producer or a kernel taking
+    its arguments, ``kwargs`` passed on) into simulated peer buffers, NaN-poisoned; returns the
     per-rank inputs, mat2, bias, the buffers, flags and counters. ``rows`` per chunk, in
     ``outer`` blocks (templates/tiles.py). Float8: ``scales[rank]``, the producer's ``scales``
-    for that rank; partials and bias in ``out_dtype``."""
+    for that rank; partials and bias in ``out_dtype``. ``counters``: a previous call's, per rank
+    (the kernel leaves them zero), else new ones."""
     gen = torch.Generator().manual_seed(seed)
     out_dtype = out_dtype or dtype
     inputs = [torch.randn(world * rows, k, generator=gen).to(dtype).to(device) for _ in range(world)]
@@ -26,15 +28,15 @@ def simulate(
     b = torch.randn(n, generator=gen).to(out_dtype).to(device) if bias else None
     partials = [torch.full((world * rows, n), float("nan"), dtype=out_dtype, device=device) for _ in range(world)]
     flags = torch.zeros(world, world, dtype=torch.int32, device=device)  # flags[owner, producer]
-    counters = [torch.zeros(world, dtype=torch.int32, device=device) for _ in range(world)]
+    counters = counters or [torch.zeros(world, dtype=torch.int32, device=device) for _ in range(world)]
     dest_ptrs = torch.tensor([p.data_ptr() for p in partials], dtype=torch.int64, device=device)
     for rank in range(world):
         flag_ptrs = torch.tensor([flags[j, rank].data_ptr() for j in range(world)], dtype=torch.int64, device=device)
-        mrs.matmul_reduce_scatter_producer(
+        launch(
             inputs[rank], mat2, b, dest_ptrs, flag_ptrs, counters[rank],
-            torch.tensor([EPOCH], dtype=torch.int32, device=device), rank=rank, world_size=world,
+            torch.tensor([epoch], dtype=torch.int32, device=device), rank=rank, world_size=world,
             config=config, num_programs=num_programs, inner=rows // outer,
-            scales=None if scales is None else scales[rank], out_dtype=out_dtype,
+            scales=None if scales is None else scales[rank], out_dtype=out_dtype, **kwargs,
         )  # fmt: skip
     return inputs, mat2, b, partials, flags, counters
 

@@ -8,7 +8,7 @@ Per bench_ops shape at world size ``--world`` (its chunking; one GPU, no peers):
 consumer with every chunk already arrived (all flags set, so it never waits) and the
 reduce-scatter producer storing each chunk's partial into buffers of this GPU, each config the
 variants take (gemm.CONFIGS' TMA ones, or gemm.FLOAT8_CONFIGS, one exact-accumulation run and,
-on Hopper, the Gluon consumer's pingpong.CONFIGS),
+on Hopper, the Gluon consumer's and producer's pingpong.CONFIGS),
 against torch.mm (bf16) or torch._scaled_mm (float8: e4m3, bf16 out, the same scales and
 accumulation). What a fused variant's GEMM costs before any communication: at W ranks it can
 beat NCCL + cuBLAS only if the collective it hides is longer than this GEMM's lag behind cuBLAS.
@@ -29,6 +29,7 @@ from overlap_pass.templates import all_gather_matmul as consumer
 from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
 from overlap_pass.templates import gemm
 from overlap_pass.templates import matmul_reduce_scatter as producer
+from overlap_pass.templates import matmul_reduce_scatter_pingpong as producer_pingpong
 from tools.bench_ops import SHAPES
 from tools.measure import relative_error, time_interleaved
 
@@ -36,6 +37,8 @@ EPOCH = 1
 FP8 = torch.float8_e4m3fn
 # the Gluon float8 consumer, in the place of the all_gather_matmul module _consumer_run calls
 _PINGPONG = types.SimpleNamespace(all_gather_matmul_consumer=pingpong.all_gather_matmul_pingpong, Scales=consumer.Scales)
+# the Gluon float8 producer, in the place of the matmul_reduce_scatter module _producer_run calls
+_PINGPONG_PRODUCER = types.SimpleNamespace(matmul_reduce_scatter_producer=producer_pingpong.matmul_reduce_scatter_pingpong)
 
 
 # --split: the weights an all-gather shape's N is the columns of, in the models' proportions
@@ -152,8 +155,9 @@ def bench_shape(op, name, m, k, n, args, device) -> dict:
     runs = [(str(c), c, True, None) for c in configs]
     if float8:  # exact accumulation (use_fast_accum=False) on the first config
         runs.append((f"{configs[0]}:exact", configs[0], False, None))
-    if float8 and op == "all_gather_matmul" and pingpong.usable(device):  # the Gluon consumer
-        runs += [(str(c), c, True, _PINGPONG) for c in pingpong.CONFIGS]
+    if float8 and pingpong.usable(device):  # the Gluon consumer or producer
+        gluon = _PINGPONG if op == "all_gather_matmul" else _PINGPONG_PRODUCER
+        runs += [(str(c), c, True, gluon) for c in pingpong.CONFIGS]
     for key, config, fast, module in runs:
         run, result = make(a, w, a_scale, w_scale, args.world, config, fast, *([module] if module else []))
         run()

@@ -3,6 +3,7 @@
     python3 -m tools.kernel_ir            # a table: each kernel variant's pipelining, stores, smem
     python3 -m tools.kernel_ir --json     # the same as JSON, one object per variant
     python3 -m tools.kernel_ir --pingpong # the Gluon float8 consumer's, as JSON
+    python3 -m tools.kernel_ir --pingpong-producer  # the Gluon float8 producer's, as JSON
 
 (Not under TRITON_INTERPRET=1, which makes kernels uncompilable: the CPU test runs this apart.)
 
@@ -153,9 +154,47 @@ def pingpong_ir(config, rowwise: bool, num_b: int = 1) -> dict:
     signature.update({k: "constexpr" for k in constexprs})
     source = GluonASTSource(pingpong.all_gather_matmul_pingpong_kernel, signature, constexprs, _aligned_attrs(signature))
     kernel = triton.compile(source, target=HOPPER, options={"num_warps": 4, "maxnreg": pingpong.MAXNREG})
+    return _gluon_counts(f"pingpong {config} {'rowwise' if rowwise else 'tensorwise'} B={num_b}", kernel)
+
+
+def pingpong_producer_ir(config, rowwise: bool) -> dict:
+    """The Gluon float8 reduce-scatter producer (templates/matmul_reduce_scatter_pingpong.py)
+    compiled for sm_90a, as pingpong_ir counts it, with its publishing: the warpgroups'
+    barriers (named, 128 threads each: a CTA-wide one would wait for the other partitions) and
+    the system-scope counter adds and flag writes."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from overlap_pass.templates import matmul_reduce_scatter_pingpong as producer_pp
+
+    tile = producer_pp.TILE
+    layout = gl.NVMMASharedLayout.get_default_for([tile, tile], gl.float8e4nv)
+    desc = f"tensordesc<fp8e4nv[{tile}, {tile}],{layout!r}>"
+    signature = {
+        "a_desc": desc, "b_desc": desc, "dest_ptrs_ptr": "*i64", "flag_ptrs_ptr": "*i64", "counters_ptr": "*i32",
+        "epoch_ptr": "*i32", "bias_ptr": "*bf16", "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32", "outer": "i32",
+        "inner": "i32", "N": "i32", "K": "i32", "rank": "i32", "world_size": "i32",
+    }  # fmt: skip
+    constexprs = dict(
+        A_SCALE=2 if rowwise else 1, B_ROWWISE=rowwise, HAS_BIAS=False, OUT_DTYPE=gl.bfloat16,
+        NUM_STAGES=config.stages, GROUP_M=config.group_m,
+    )  # fmt: skip
+    signature.update({k: "constexpr" for k in constexprs})
+    source = GluonASTSource(producer_pp.matmul_reduce_scatter_pingpong_kernel, signature, constexprs, _aligned_attrs(signature))
+    kernel = triton.compile(source, target=HOPPER, options={"num_warps": 4, "maxnreg": producer_pp.MAXNREG})
     ptx = kernel.asm["ptx"]
     return {
-        "what": f"pingpong {config} {'rowwise' if rowwise else 'tensorwise'} B={num_b}",
+        **_gluon_counts(f"pingpong producer {config} {'rowwise' if rowwise else 'tensorwise'}", kernel),
+        "barriers": sorted(set(re.findall(r"bar\.sync\s+[^;]*;", ptx))),
+        "counter_adds": len(re.findall(r"atom\.global\.sys\.acq_rel\.add", ptx)),
+        "flag_writes": len(re.findall(r"atom\.global\.sys\.release\.exch", ptx)),
+    }
+
+
+def _gluon_counts(what: str, kernel) -> dict:
+    ptx = kernel.asm["ptx"]
+    return {
+        "what": what,
         "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
         "setmaxnreg": sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
         "flag_polls": len(re.findall(r"ld\.global\.sys\.acquire\.b32", ptx)),
@@ -181,11 +220,16 @@ def variants() -> list:
 
 
 def main() -> None:
-    if "--pingpong" in sys.argv:  # JSON, one object per config and scale kind
+    if "--pingpong" in sys.argv and "--pingpong-producer" not in sys.argv:  # JSON, one object per config and scale kind
         from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
 
         runs = [(c, rowwise, 1) for c in pingpong.CONFIGS for rowwise in (False, True)] + [(pingpong.CONFIGS[0], True, 3)]
         print(json.dumps([pingpong_ir(*run) for run in runs]))
+        return
+    if "--pingpong-producer" in sys.argv:
+        from overlap_pass.templates import matmul_reduce_scatter_pingpong as producer_pp
+
+        print(json.dumps([pingpong_producer_ir(c, rowwise) for c in producer_pp.CONFIGS for rowwise in (False, True)]))
         return
     runs = variants()
     rows = [run() for _, run in runs]

@@ -59,3 +59,23 @@ def test_gluon_pingpong_consumer_compiles_with_its_waits_and_partitions():
         assert ir["wgmma"] > 0 and ir["flag_polls"] == 2 and ir["async_fences"] == 1, ir
         assert ir["setmaxnreg"][0] <= 40 and ir["setmaxnreg"][-1] >= 232, ir
         assert ir["shared_bytes"] <= kernel_ir.SMEM_LIMIT, ir
+
+
+def test_gluon_pingpong_producer_compiles_with_its_publishing():
+    """The Gluon float8 producer, each config, tensorwise and rowwise: warp groups resized, wgmma,
+    each warpgroup's publishing (a counter add, acq_rel at system scope, and a flag write,
+    release at system scope: one of each per warpgroup) behind barriers of 128 threads only (a
+    CTA-wide bar.sync in a partition would wait for the other partitions forever)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.kernel_ir", "--pingpong-producer"], env=env, capture_output=True, text=True,
+        timeout=900, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(done.stdout.splitlines()[-1])
+    assert len(rows) == 4, rows
+    for ir in rows:
+        assert ir["wgmma"] > 0 and ir["counter_adds"] == 2 and ir["flag_writes"] == 2, ir
+        assert ir["barriers"] and all(b.replace(" ", "").replace("\t", "").endswith(",128;") for b in ir["barriers"]), ir
+        assert ir["setmaxnreg"][0] <= 40 and ir["setmaxnreg"][-1] >= 232, ir
+        assert ir["shared_bytes"] <= kernel_ir.SMEM_LIMIT, ir
