@@ -357,10 +357,10 @@ def _bytes(node: Node) -> int:
 
 
 def _decide(region: Region, order: dict[Node, int]) -> tuple[bool, str]:
-    """Split when the collectives left in the open (not fused with a matmul, not riding in a
-    fused one as a passenger) cost less than the all-reduces and all-gathers do now: bytes each
-    rank sends, plus LATENCY_BYTES a collective. A region from all-gathers alone is taken only
-    for a scaled (float8) matmul: casts.py moves a plain cast."""
+    """Split when the collectives left in the open (not fused with a matmul) cost less than the
+    all-reduces and all-gathers do now: bytes each rank sends, plus LATENCY_BYTES a collective
+    (none for a gather that will ride in a fused one as a passenger). A region from
+    all-gathers alone is taken only for a scaled (float8) matmul: casts.py moves a plain cast."""
     if any(isinstance(meta_val(n), (tuple, list)) for n in region.exits):
         return False, "a row-wise op's tuple result is read whole"
     if region.gathers and not region.entries and not any(_feeds_scaled_mm(n) for n in region.exits):
@@ -376,8 +376,10 @@ def _decide(region: Region, order: dict[Node, int]) -> tuple[bool, str]:
     # one gather per shard (reshapes share it); fused where a matmul reads any of its tensors
     fused = {_root(region, n) for n in region.exits if _feeds_matmul(n)}
     plain = {_root(region, n) for n in region.exits} - fused
+    # a rider moves behind its host's matmul, which may not cover its bytes: only its
+    # collective's latency is saved
     riders = _riders(region, plain, order)
-    after += sum(share * _bytes(n) + LATENCY_BYTES for n in plain - riders)
+    after += sum(share * _bytes(n) + (0 if n in riders else LATENCY_BYTES) for n in plain)
     after += sum(2 * share * _bytes(n) + LATENCY_BYTES for n in region.token_reductions)
     collectives = f"{len(all_reduces)} all-reduce(s)" if all_reduces else ""
     if region.gathers:
@@ -385,7 +387,7 @@ def _decide(region: Region, order: dict[Node, int]) -> tuple[bool, str]:
     summary = (
         f"{collectives} move {_size(before)} in the open, on the shards {_size(after)} "
         f"(bytes a rank sends, {_size(LATENCY_BYTES)} a collective for its latency"
-        + (f"; {len(riders)} gather(s) ride in a fused one" if riders else "")
+        + (f"; {len(riders)} gather(s) ride in a fused one, no latency" if riders else "")
         + ")"
     )
     if after >= before:

@@ -125,7 +125,7 @@ def test_small_all_reduces_are_kept_when_splitting_does_not_pay(tmp_path, riders
     costs = "2 all-reduce(s) move 2.0 MiB in the open, on the shards"
     if riders:
         cost = [c["split"]["cost"] for c in forward]
-        assert all(c.startswith(f"{costs} 1.0 MiB") and "2 gather(s) ride" in c for c in cost), cost
+        assert all(c.startswith(f"{costs} 1.0 MiB") and "2 gather(s) ride in a fused one, no latency" in c for c in cost), cost
         assert "all_reduce" not in dump.after("forward")
     else:
         assert all(c["reason"].startswith(f"does not pay: {costs} 3.0 MiB") for c in forward), forward
