@@ -197,6 +197,25 @@ def mma_tile(a_bufs, b_bufs, ready, empty, turns, pos, turn, k_tiles, WG: gl.con
     return acc
 
 
+# 8 consecutive columns a thread, each warp on the rows it holds in the wgmma layout (16 of
+# every 64): the conversion stays within warps, and the stores are 16 bytes wide, not the
+# 4 bytes of two bf16 that the wgmma layout gives a thread
+STORE_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0]))
+
+
+@gluon.jit
+def store_tile(base, first_row, row_stride, start, inner, first_col, N, values):
+    """values ([BLOCK_M, BLOCK_N], the wgmma layout) at base[(first_row + i) * row_stride +
+    first_col + j], the rows past the block's end (start + i >= inner) and the columns past N
+    masked."""
+    values = gl.convert_layout(values, STORE_LAYOUT)
+    offs = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, STORE_LAYOUT))
+    cols = first_col + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, STORE_LAYOUT))
+    rows = (first_row + offs).to(gl.int64)
+    ptrs = base + gl.expand_dims(rows * row_stride, 1) + gl.expand_dims(cols, 0)
+    gl.store(ptrs, values, mask=gl.expand_dims(start + offs < inner, 1) & gl.expand_dims(cols < N, 0))
+
+
 @gluon.jit
 def _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptrs, strides_cm, bias_ptrs, a_scale_ptr, a_local_scale_ptr,
               b_scale_ptrs, outer, inner, Ns, K, rank, world_size, WG: gl.constexpr, A_SCALE: gl.constexpr,
@@ -249,9 +268,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptrs, strides_cm, bias_ptrs
         if BIAS_MASK != 0:
             if has_bias:
                 acc = acc + gl.expand_dims(gl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 0)
-        rows = (first_full + offs).to(gl.int64)
-        ptrs = c_ptr + gl.expand_dims(rows * stride_cm, 1) + gl.expand_dims(offs_n, 0)
-        gl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=gl.expand_dims(m_mask, 1) & gl.expand_dims(n_mask, 0))
+        store_tile(c_ptr, first_full, stride_cm, start, inner, tile_n * BLOCK_N, N, acc.to(c_ptr.dtype.element_ty))
 
 
 @gluon.jit

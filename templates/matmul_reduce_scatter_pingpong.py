@@ -39,6 +39,7 @@ from .all_gather_matmul_pingpong import (
     _weight_descriptor,
     fits_float8,
     mma_tile,
+    store_tile,
 )
 from .all_gather_matmul_pingpong import CONFIGS as CONFIGS  # the same configs serve both
 from .all_gather_matmul_pingpong import PingpongConfig as PingpongConfig
@@ -109,9 +110,7 @@ def _producer(a_bufs, b_bufs, ready, empty, turns, dest_ptrs_ptr, flag_ptrs_ptr,
         # the owner's buffer: 16-byte aligned (the host checks), which an address read from
         # memory cannot tell the compiler
         dest = gl.multiple_of(gl.load(dest_ptrs_ptr + chunk).to(gl.pointer_type(OUT_DTYPE)), 16)
-        rows = (slot + first_own + offs).to(gl.int64)
-        ptrs = dest + gl.expand_dims(rows * N, 1) + gl.expand_dims(offs_n, 0)
-        gl.store(ptrs, acc.to(OUT_DTYPE), mask=gl.expand_dims(m_mask, 1) & gl.expand_dims(n_mask, 0))
+        store_tile(dest, slot + first_own, N, start, inner, tile_n * BLOCK_N, N, acc.to(OUT_DTYPE))
 
         count += 1
         step = tile // tiles_per_chunk

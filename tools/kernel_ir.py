@@ -199,6 +199,7 @@ def _gluon_counts(what: str, kernel) -> dict:
         "setmaxnreg": sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
         "flag_polls": len(re.findall(r"ld\.global\.sys\.acquire\.b32", ptx)),
         "async_fences": ptx.count("fence.proxy.async.global"),
+        "stores": dict(collections.Counter(re.findall(r"st\.global[a-z0-9.:]*", ptx))),
         "shared_bytes": kernel.metadata.shared,
     }
 

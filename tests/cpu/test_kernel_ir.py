@@ -57,6 +57,7 @@ def test_gluon_pingpong_consumer_compiles_with_its_waits_and_partitions():
     assert [ir["what"].split(" B=")[1] for ir in rows] == ["1"] * 4 + ["3"], rows
     for ir in rows:
         assert ir["wgmma"] > 0 and ir["flag_polls"] == 2 and ir["async_fences"] == 1, ir
+        assert set(ir["stores"]) == {"st.global.v4.b32"}, ir  # 16 bytes, not the wgmma layout's 4
         assert ir["setmaxnreg"][0] <= 40 and ir["setmaxnreg"][-1] >= 232, ir
         assert ir["shared_bytes"] <= kernel_ir.SMEM_LIMIT, ir
 
@@ -76,6 +77,7 @@ def test_gluon_pingpong_producer_compiles_with_its_publishing():
     assert len(rows) == 4, rows
     for ir in rows:
         assert ir["wgmma"] > 0 and ir["counter_adds"] == 2 and ir["flag_writes"] == 2, ir
+        assert set(ir["stores"]) == {"st.global.v4.b32"}, ir
         assert ir["barriers"] and all(b.replace(" ", "").replace("\t", "").endswith(",128;") for b in ir["barriers"]), ir
         assert ir["setmaxnreg"][0] <= 40 and ir["setmaxnreg"][-1] >= 232, ir
         assert ir["shared_bytes"] <= kernel_ir.SMEM_LIMIT, ir
