@@ -219,7 +219,8 @@ def _replayed(world, kind, variant, args_of, inputs, check) -> None:
 
 
 def _replay_variants(kind: str) -> dict:
-    """The fused variant (its first config), the Gluon one where it runs, the copy engine's."""
+    """The fused variant (its first config), the Gluon one where it runs (Hopper), the copy
+    engine's."""
     table = scaled.variants(kind)
     fused = [n for n in table if n.startswith("fused:") and "gluon" not in n][:1]
     gluon = [n for n in table if "gluon" in n][:1] if torch.cuda.get_device_capability() == (9, 0) else []
@@ -261,10 +262,11 @@ def test_scaled_calls_replay_per_call_graphs(world, rowwise):
     for name, variant in _replay_variants(scaled.RS_KIND).items():
 
         def args(r, g):
-            return ([inputs[r][0]], [inputs[r][1]], [mat2], [mat2_scale], None, "sum", 1, W, g, torch.bfloat16, None, False)
+            # fast accumulation: the Gluon producer takes no other
+            return ([inputs[r][0]], [inputs[r][1]], [mat2], [mat2_scale], None, "sum", 1, W, g, torch.bfloat16, None, True)
 
         def check(outs, name=name):
-            total = sum(scaled_ops.scaled_mm_rows(*inputs[r], mat2, mat2_scale, None, torch.bfloat16, False).float() for r in range(W))
+            total = sum(scaled_ops.scaled_mm_rows(*inputs[r], mat2, mat2_scale, None, torch.bfloat16, True).float() for r in range(W))
             for r, out in enumerate(outs):
                 assert error(out, total.chunk(W, dim=1)[r]) < 1e-2, f"{name} rank {r}"
 
