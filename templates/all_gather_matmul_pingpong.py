@@ -9,17 +9,18 @@ consumer computes it, with its warps split as CUTLASS's "pingpong" kernels split
   ``timeouts`` as the Triton consumer's, then fence.proxy.async so TMA sees what the acquire made
   visible. The own chunk is read in place (``a_local``).
 - Two consumer warpgroups take the program's tiles alternately, each running async wgmma over K
-  and then its own epilogue (scales, bias, masked store into A's row order) while the other's
-  main loop keeps the tensor cores busy. An mbarrier pair hands the main-loop turn from one to
-  the other: the ring is shared, and without the turn one warpgroup can wait on a stage two uses
-  ahead, which a parity wait cannot tell from one use behind.
+  and then its own epilogue (scales, bias, masked 16-byte stores into A's row order) while the
+  other's main loop keeps the tensor cores busy. An mbarrier pair hands the main-loop turn from
+  one to the other: the ring is shared, and without the turn one warpgroup can wait on a stage
+  two uses ahead, which a parity wait cannot tell from one use behind.
 
 Float8 only, fast accumulation (use_fast_accum=True), mat2s as linear weights ([N, K] transposed),
 up to MAX_B of them in one launch: inside a chunk, B 0's tiles, then B 1's, and so on, as the
-Triton consumer orders them (one launch per mat2 left K's and V's few tiles a launch of their
-own, most SMs idle: 8B qkv ran 1.33x cuBLAS, session 15). docs/bench/2026-11-24-s15/probe_gluon_ws.py measured the plain GEMM: at 6
-stages and GROUP_M 4, 0.97-1.09x cuBLAS's _scaled_mm on the bench_ops shapes, where the
-flattened Triton kernel runs 1.02-1.13x.
+Triton consumer orders them. Replayed on one H100 (docs/bench/2026-11-25-s17), Llama 3 8B's Q,
+K and V ran 0.99x cuBLAS on each weight in one launch, 1.11x in a launch each (K's and V's few
+tiles leave most SMs idle); over the bench_ops shapes 0.98-1.04x, the Triton consumer 1.05-1.19x.
+The loader and the main loop serve the reduce-scatter producer too
+(matmul_reduce_scatter_pingpong.py).
 """
 
 import dataclasses
