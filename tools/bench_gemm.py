@@ -14,7 +14,7 @@ accumulation). What a fused variant's GEMM costs before any communication: at W 
 beat NCCL + cuBLAS only if the collective it hides is longer than this GEMM's lag behind cuBLAS.
 A time is the median over interleaved rounds (in shuffled order) of the mean per call
 (tools/measure.time_interleaved). ``--split``: the all-gather shapes as the models' separate
-weights (WEIGHTS) in one consumer call, against cuBLAS on each weight; ``--graphs``: every
+weights (bench_ops.WEIGHTS) in one consumer call, against cuBLAS on each weight; ``--graphs``: every
 runner timed as a CUDA graph replay, as the ops run inside compiled models.
 """
 
@@ -30,7 +30,7 @@ from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
 from overlap_pass.templates import gemm
 from overlap_pass.templates import matmul_reduce_scatter as producer
 from overlap_pass.templates import matmul_reduce_scatter_pingpong as producer_pingpong
-from tools.bench_ops import SHAPES
+from tools.bench_ops import SHAPES, weight_columns
 from tools.measure import relative_error, time_interleaved
 
 EPOCH = 1
@@ -41,30 +41,21 @@ _PINGPONG = types.SimpleNamespace(all_gather_matmul_consumer=pingpong.all_gather
 _PINGPONG_PRODUCER = types.SimpleNamespace(matmul_reduce_scatter_producer=producer_pingpong.matmul_reduce_scatter_pingpong)
 
 
-# --split: the weights an all-gather shape's N is the columns of, in the models' proportions
-# (Llama 3's grouped-query Q, K, V; the FFN's up and gate)
-WEIGHTS = {
-    "llama3-8b qkv": (4, 1, 1), "llama3-8b up+gate": (1, 1),
-    "llama3-70b qkv": (8, 1, 1), "llama3-70b up+gate": (1, 1),
-}  # fmt: skip
-
-
-def _operands(m, k, n, float8, rowwise, device, parts=None):
+def _operands(m, k, n, float8, rowwise, device, columns=None):
     """A [m, k], a linear's weight as [k, n] (column-major) and their scales (None for bf16); with
-    ``parts`` (relative widths), lists of weights and weight scales splitting n that way."""
+    ``columns``, lists of weights and weight scales of those widths instead."""
     a = torch.randn(m, k, device=device)
     a_scale = None
     if float8:
         a_scale = torch.rand(m, 1, device=device) + 0.5 if rowwise else torch.tensor(0.7, device=device)
     ws, w_scales = [], []
-    for part in parts or (1,):
-        cols = n * part // sum(parts or (1,))
+    for cols in columns or [n]:
         w = torch.randn(cols, k, device=device)
         ws.append(w.to(FP8).t() if float8 else w.bfloat16().t())
         if float8:
             w_scales.append(torch.rand(1, cols, device=device) + 0.5 if rowwise else torch.tensor(0.9, device=device))
     a = a.to(FP8) if float8 else a.bfloat16()
-    if parts is None:
+    if columns is None:
         return a, ws[0], a_scale, w_scales[0] if float8 else None
     return a, ws, a_scale, w_scales if float8 else None
 
@@ -139,9 +130,10 @@ def _graphed(run):
 
 def bench_shape(op, name, m, k, n, args, device) -> dict:
     float8 = args.float8 is not None
-    parts = WEIGHTS.get(name) if args.split and op == "all_gather_matmul" else None
-    a, w, a_scale, w_scale = _operands(m, k, n, float8, args.float8 == "rowwise", device, parts)
-    ws, w_scales = (w, w_scale) if parts else ([w], [w_scale])
+    columns = weight_columns(name, n, args.split) if op == "all_gather_matmul" else [n]
+    columns = columns if len(columns) > 1 else None
+    a, w, a_scale, w_scale = _operands(m, k, n, float8, args.float8 == "rowwise", device, columns)
+    ws, w_scales = (w, w_scale) if columns else ([w], [w_scale])
     # cuBLAS on each weight, as NCCL + cuBLAS runs them; their outputs side by side: the reference
     if float8:
         baseline = [lambda w=w, s=s: torch._scaled_mm(a, w, a_scale, s, out_dtype=torch.bfloat16, use_fast_accum=True) for w, s in zip(ws, w_scales)]
@@ -163,7 +155,7 @@ def bench_shape(op, name, m, k, n, args, device) -> dict:
         run()
         errors[key] = relative_error(result(), ref)
         runners[key] = run
-    if float8 and parts and pingpong.usable(device):  # the Gluon consumer a launch per weight, as before
+    if float8 and columns and pingpong.usable(device):  # the Gluon consumer a launch per weight, as before
         config = pingpong.CONFIGS[0]
         singles = [_consumer_run(a, w1, a_scale, s1, args.world, config, True, _PINGPONG) for w1, s1 in zip(ws, w_scales)]
         key = f"{config}:per_weight"

@@ -12,7 +12,8 @@ variant. all_gather_matmul: A is M x K sharded along M; matmul_reduce_scatter: A
 rank's slice) and the M x N product is reduce-scattered along M. A time is the median over rounds
 of the mean per call of a round, on the slowest rank. ideal = max(mm, collective); hidden =
 (NCCL+cuBLAS - overlap) / (NCCL+cuBLAS - ideal). Outputs of torch async TP and overlap are
-checked against NCCL + cuBLAS. --float8 runs the float8 ops (all_gather_scaled_matmul,
+checked against NCCL + cuBLAS. --split gives the all-gather shapes the models' separate weights
+(Q, K, V; up, gate) in one call of each. --float8 runs the float8 ops (all_gather_scaled_matmul,
 scaled_matmul_reduce_scatter) against NCCL + _scaled_mm and torch's fused_all_gather_scaled_matmul
 / fused_scaled_matmul_reduce_scatter, on the same shapes.
 """
@@ -53,6 +54,20 @@ SHAPES = {
     },
 }  # fmt: skip
 COLLECTIVE = {"all_gather_matmul": "all-gather", "matmul_reduce_scatter": "reduce-scatter"}
+# --split: the weights an all-gather shape's N is the columns of, in the models' proportions
+# (Llama 3's grouped-query Q, K, V; the FFN's up and gate), one op call over all of them as the
+# models make it
+WEIGHTS = {
+    "llama3-8b qkv": (4, 1, 1), "llama3-8b up+gate": (1, 1),
+    "llama3-70b qkv": (8, 1, 1), "llama3-70b up+gate": (1, 1),
+}  # fmt: skip
+
+
+def weight_columns(name: str, n: int, split: bool) -> list[int]:
+    """N split as WEIGHTS says for shape ``name`` (the extra-M rows named after theirs), else
+    [N]."""
+    parts = WEIGHTS.get(name.split(" M=")[0]) if split else None
+    return [n * p // sum(parts) for p in parts] if parts else [n]
 EXTRA_MS = (2048, 16384)
 
 
@@ -112,29 +127,30 @@ def _captured(variants: dict, calls: int) -> dict:
     return graphs
 
 
-def _all_gather_matmul_runners(m, k, n, device, group_name) -> tuple[dict, str]:
-    """The runners of one all-gather + matmul shape, and its choice key."""
+def _all_gather_matmul_runners(m, k, ns, device, group_name) -> tuple[dict, str]:
+    """The runners of one all-gather + matmul shape over weights of ``ns`` columns (each
+    runner's outputs a list, one per weight), and its choice key."""
     from overlap_pass.lowering import all_gather_matmul as agm
     from overlap_pass.lowering import choose, dispatch
 
     world = dist.get_world_size()
     gen = torch.Generator(device=device).manual_seed(dist.get_rank())
     shard = torch.randn(m // world, k, device=device, dtype=torch.bfloat16, generator=gen)
-    b = _weight(n, k, device).t()
+    bs = [_weight(n, k, device, seed=7 + i).t() for i, n in enumerate(ns)]
     full = torch.empty(m, k, device=device, dtype=torch.bfloat16)
     dist.all_gather_into_tensor(full, shard)
-    args = (shard, [b], [None], 0, world, group_name)
+    args = (shard, bs, [None] * len(bs), 0, world, group_name)
     runners = {
-        "mm": lambda: torch.mm(full, b),
+        "mm": lambda: [torch.mm(full, b) for b in bs],
         "collective": lambda: dist.all_gather_into_tensor(full, shard),
-        "nccl_cublas": lambda: agm.nccl_cublas(*args)[1][0],
-        "torch_async_tp": lambda: torch.ops.symm_mem.fused_all_gather_matmul(shard, [b], 0, group_name)[1][0],
-        "overlap": lambda: torch.ops.overlap.all_gather_matmul(*args)[1][0],
+        "nccl_cublas": lambda: agm.nccl_cublas(*args)[1],
+        "torch_async_tp": lambda: torch.ops.symm_mem.fused_all_gather_matmul(shard, bs, 0, group_name)[1],
+        "overlap": lambda: torch.ops.overlap.all_gather_matmul(*args)[1],
     }
-    for vname, fn in agm.variants().items():
+    for vname, fn in agm.variants(len(bs)).items():
         if vname != "nccl_cublas":
-            runners[f"overlap[{vname}]"] = lambda fn=fn: fn(*args)[1][0]
-    shapes = dispatch.all_gather_matmul_shapes(shard.shape, [b], [None], 0)
+            runners[f"overlap[{vname}]"] = lambda fn=fn: fn(*args)[1]
+    shapes = dispatch.all_gather_matmul_shapes(shard.shape, bs, [None] * len(bs), 0)
     return runners, choose.shape_key(agm.KIND, world, shapes, shard.dtype)
 
 
@@ -167,26 +183,30 @@ def _matmul_reduce_scatter_runners(m, k, n, device, group_name) -> tuple[dict, s
 FP8 = torch.float8_e4m3fn
 
 
-def _float8_operands(rows, k, n, device, recipe, gen) -> tuple:
-    """float8 rows [rows, K] (values O(1), varying per rank), a linear's float8 weight as [K, N]
-    (column-major, the same on every rank) and their scales (tensorwise: one value; rowwise: one
-    per row, [1, N] for the weight)."""
+def _float8_operands(rows, k, ns, device, recipe, gen) -> tuple:
+    """float8 rows [rows, K] (values O(1), varying per rank), linears' float8 weights as [K, N]
+    (column-major, the same on every rank), one per entry of ``ns``, and their scales
+    (tensorwise: one value; rowwise: one per row, [1, N] for a weight)."""
     a = torch.randn(rows, k, device=device, generator=gen).to(FP8)
-    b = (_weight(n, k, device) * k**0.5).to(FP8).t()
     rowwise = recipe == "rowwise"
     a_scale = torch.rand((rows, 1) if rowwise else (), device=device, generator=gen) + 0.5
-    b_scale = torch.rand((1, n) if rowwise else (), device=device, generator=torch.Generator(device=device).manual_seed(8)) / k**0.5
-    return a, b, a_scale, b_scale
+    bs, b_scales = [], []
+    for i, n in enumerate(ns):
+        bs.append((_weight(n, k, device, seed=7 + i) * k**0.5).to(FP8).t())
+        weight_gen = torch.Generator(device=device).manual_seed(8 + i)
+        b_scales.append(torch.rand((1, n) if rowwise else (), device=device, generator=weight_gen) / k**0.5)
+    return a, bs, a_scale, b_scales
 
 
-def _all_gather_scaled_matmul_runners(m, k, n, device, group_name, recipe) -> tuple[dict, str]:
-    """The runners of one float8 all-gather + _scaled_mm shape (fast accumulation, bf16 out, as
-    torchao's forward), and its choice key."""
+def _all_gather_scaled_matmul_runners(m, k, ns, device, group_name, recipe) -> tuple[dict, str]:
+    """The runners of one float8 all-gather + _scaled_mm shape over weights of ``ns`` columns
+    (fast accumulation, bf16 out, as torchao's forward; outputs as lists), and its choice
+    key."""
     from overlap_pass.lowering import choose, dispatch, scaled
 
     world = dist.get_world_size()
     gen = torch.Generator(device=device).manual_seed(dist.get_rank())
-    shard, b, shard_scale, b_scale = _float8_operands(m // world, k, n, device, recipe, gen)
+    shard, bs, shard_scale, b_scales = _float8_operands(m // world, k, ns, device, recipe, gen)
     full = torch.empty(m, k, device=device, dtype=torch.uint8)
     gathered_scale = shard_scale
     if recipe == "rowwise":
@@ -194,21 +214,31 @@ def _all_gather_scaled_matmul_runners(m, k, n, device, group_name, recipe) -> tu
         dist.all_gather_into_tensor(gathered_scale, shard_scale)
     dist.all_gather_into_tensor(full, shard.view(torch.uint8))
     full = full.view(FP8)
-    bf16 = torch.bfloat16
-    args = (shard, shard_scale, [b], [b_scale], [None], 0, world, group_name, bf16, True)
+    bf16, count = torch.bfloat16, len(bs)
+    args = (shard, shard_scale, bs, b_scales, [None] * count, 0, world, group_name, bf16, True)
+
+    def mm():
+        return [
+            torch._scaled_mm(full, b, gathered_scale, s, out_dtype=bf16, use_fast_accum=True)
+            for b, s in zip(bs, b_scales)
+        ]
+
     runners = {
-        "mm": lambda: torch._scaled_mm(full, b, gathered_scale, b_scale, out_dtype=bf16, use_fast_accum=True),
+        "mm": mm,
         "collective": lambda: dist.all_gather_into_tensor(full.view(torch.uint8), shard.view(torch.uint8)),
-        "nccl_cublas": lambda: scaled.all_gather_nccl_scaled_mm(*args)[1][0],
+        "nccl_cublas": lambda: scaled.all_gather_nccl_scaled_mm(*args)[1],
         "torch_async_tp": lambda: torch.ops.symm_mem.fused_all_gather_scaled_matmul(
-            shard, [b], shard_scale, [b_scale], 0, group_name, [None], [None], [bf16], [True]
-        )[1][0],
-        "overlap": lambda: torch.ops.overlap.all_gather_scaled_matmul(*args)[1][0],
+            shard, bs, shard_scale, b_scales, 0, group_name, [None] * count, [None] * count, [bf16] * count,
+            [True] * count,
+        )[1],
+        "overlap": lambda: torch.ops.overlap.all_gather_scaled_matmul(*args)[1],
     }
     for vname, fn in scaled.variants(scaled.AG_KIND).items():
         if vname != "nccl_cublas":
-            runners[f"overlap[{vname}]"] = lambda fn=fn: fn(*args)[1][0]
-    shapes = dispatch.all_gather_scaled_matmul_shapes(shard, shard_scale, [b], [b_scale], [None], 0, bf16, True)
+            runners[f"overlap[{vname}]"] = lambda fn=fn: fn(*args)[1]
+    shapes = dispatch.all_gather_scaled_matmul_shapes(
+        shard, shard_scale, bs, b_scales, [None] * count, 0, bf16, True
+    )
     return runners, choose.shape_key(scaled.AG_KIND, world, shapes, shard.dtype)
 
 
@@ -219,7 +249,7 @@ def _scaled_matmul_reduce_scatter_runners(m, k, n, device, group_name, recipe) -
 
     world = dist.get_world_size()
     gen = torch.Generator(device=device).manual_seed(dist.get_rank())
-    a, b, a_scale, b_scale = _float8_operands(m, k, n, device, recipe, gen)
+    a, (b,), a_scale, (b_scale,) = _float8_operands(m, k, [n], device, recipe, gen)
     bf16 = torch.bfloat16
     product = torch._scaled_mm(a, b, a_scale, b_scale, out_dtype=bf16, use_fast_accum=True)
     scattered = product.new_empty(m // world, n)
@@ -242,24 +272,32 @@ def _scaled_matmul_reduce_scatter_runners(m, k, n, device, group_name, recipe) -
     return runners, choose.shape_key(scaled.RS_KIND, world, shapes, a.dtype)
 
 
-def _weight(n, k, device) -> torch.Tensor:
+def _weight(n, k, device, seed=7) -> torch.Tensor:
     """A linear's N x K weight, the same on every rank, scaled to keep outputs O(1)."""
-    gen = torch.Generator(device=device).manual_seed(7)
+    gen = torch.Generator(device=device).manual_seed(seed)
     return torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) / k**0.5
+
+
+def _side_by_side(out) -> torch.Tensor:
+    """A runner's output, its weights' outputs side by side (checked only, never timed)."""
+    return torch.cat(out, dim=1) if isinstance(out, (list, tuple)) else out
 
 
 def bench_shape(op, name, m, k, n, args, device, group_name) -> dict:
     from overlap_pass.lowering import choose
 
+    gather = op == "all_gather_matmul"
+    ns = weight_columns(name, n, args.split) if gather else [n]
+    width = ns if gather else n  # the all-gather runners take the weights' columns
     if args.float8:
-        setup = _all_gather_scaled_matmul_runners if op == "all_gather_matmul" else _scaled_matmul_reduce_scatter_runners
-        runners, key = setup(m, k, n, device, group_name, args.float8)
+        setup = _all_gather_scaled_matmul_runners if gather else _scaled_matmul_reduce_scatter_runners
+        runners, key = setup(m, k, width, device, group_name, args.float8)
     else:
-        setup = _all_gather_matmul_runners if op == "all_gather_matmul" else _matmul_reduce_scatter_runners
-        runners, key = setup(m, k, n, device, group_name)
-    reference = runners["nccl_cublas"]()
+        setup = _all_gather_matmul_runners if gather else _matmul_reduce_scatter_runners
+        runners, key = setup(m, k, width, device, group_name)
+    reference = _side_by_side(runners["nccl_cublas"]())
     errors = {  # overlap's first call: the per-shape choice happens here
-        v: relative_error(runners[v](), reference) for v in ("torch_async_tp", "overlap")
+        v: relative_error(_side_by_side(runners[v]()), reference) for v in ("torch_async_tp", "overlap")
     }
     us = _time(runners, args, device)
     us_graph = _time(_captured(runners, args.calls), args, device, per_round=1) if args.graph else None
@@ -270,7 +308,7 @@ def bench_shape(op, name, m, k, n, args, device, group_name) -> dict:
         return (us["nccl_cublas"] - t) / saveable if saveable > 0 else float("nan")
 
     return {
-        "op": op, "shape": name, "M": m, "K": k, "N": n, "world": dist.get_world_size(), "us": us,
+        "op": op, "shape": name, "M": m, "K": k, "N": n, "weights": ns, "world": dist.get_world_size(), "us": us,
         "dtype": f"float8 {args.float8}" if args.float8 else "bf16",
         "us_graph": us_graph, "ideal": ideal, "chosen": choose.CHOICES.get(key, {}).get("choice"),
         "hidden_overlap": hidden(us["overlap"]), "hidden_torch_async_tp": hidden(us["torch_async_tp"]),
@@ -352,6 +390,10 @@ def main() -> None:
     parser.add_argument("--extra-ms", action="store_true", help="also M=2048 and M=16384 per shape")
     parser.add_argument("--only", default=None, help="shapes whose name contains one of these (comma-separated)")
     parser.add_argument("--graph", action="store_true", help="also time each variant replayed from a CUDA graph")
+    parser.add_argument(
+        "--split", action="store_true",
+        help="all-gather shapes over the models' separate weights (WEIGHTS: Q, K, V; up, gate), one call",
+    )  # fmt: skip
     parser.add_argument("--render", default=None, help="print the tables of an earlier run's JSON and exit")
     parser.add_argument(
         "--float8", choices=("tensorwise", "rowwise"), default=None,
@@ -379,6 +421,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(), "world": dist.get_world_size(),
         "torch": torch.__version__, "triton": __import__("triton").__version__,
         "rounds": args.rounds, "calls": args.calls, "dtype": f"float8 {args.float8}" if args.float8 else "bf16",
+        "split": args.split,
     }  # fmt: skip
     rows = []
     meta["op"] = args.op
