@@ -20,7 +20,8 @@ A sum of matmuls (an input gradient of Q, K and V, or of gate and up) runs one c
 input and chunk, each after the first a read-modify-write of the partial; for small K (K and V's
 256 columns at W=4) those cost more than their arithmetic. ``copy_engine_cublas:joined`` joins
 the operands once instead (inputs along K, mat2s along their rows): one matmul per chunk over the
-summed K, for the price of copying the operands.
+summed K, for the price of copying the operands; ``fused:joined:<config>`` runs the fused
+producer over that one matmul.
 
 Chunks follow row_layout.py's row layout: a [batch, seq, dim] input scattered along seq is read in
 place (strided views, a batched matmul per chunk, or the producer's row remap), and a partial
@@ -193,12 +194,22 @@ def cublas_push(*args, outputs=None):
     return _overlapped(_produce_cublas_push, *args, outputs=outputs)
 
 
+def _joined(inputs, mat2s) -> tuple[list, list]:
+    """sum_i inputs[i] @ mat2s[i] as one matmul, [inputs...] @ [mat2s...] (the contracted dim
+    is the inputs' last, never the scattered one). Joined before the barrier, so the copies
+    overlap the peers' arrival."""
+    return [torch.cat(inputs, dim=-1)], [torch.cat(mat2s, dim=0)]
+
+
 def joined_copy_engine_cublas(inputs, mat2s, *args, outputs=None):
-    """copy_engine_cublas over one matmul: sum_i inputs[i] @ mat2s[i] as [inputs...] @ [mat2s...]
-    (the contracted dim is the inputs' last, never the scattered one). Joined before the
-    barrier, so the copies overlap the peers' arrival."""
-    joined = [torch.cat(inputs, dim=-1)], [torch.cat(mat2s, dim=0)]
-    return _overlapped(_produce_copy_engine, *joined, *args, outputs=outputs)
+    """copy_engine_cublas over the joined matmul."""
+    return _overlapped(_produce_copy_engine, *_joined(inputs, mat2s), *args, outputs=outputs)
+
+
+def joined_fused(inputs, mat2s, *args, gemm_config, outputs=None):
+    """The fused producer over the joined matmul: a sum's tiles hidden behind the GEMM as one
+    matmul's are, for the copies' cost (the inputs' bytes and the weights')."""
+    return fused(*_joined(inputs, mat2s), *args, gemm_config=gemm_config, outputs=outputs)
 
 
 def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None):
@@ -225,6 +236,8 @@ def variants(num_inputs: int = 1) -> dict:
     table["copy_engine_cublas"] = copy_engine_cublas
     if num_inputs > 1:
         table["copy_engine_cublas:joined"] = joined_copy_engine_cublas
+        joinable = [c for c in gemm.CONFIGS if c.tma]  # the joined operands are contiguous
+        table.update({f"fused:joined:{c}": functools.partial(joined_fused, gemm_config=c) for c in joinable})
     table["cublas_push"] = cublas_push
     table["nccl_cublas"] = nccl_cublas
     return table

@@ -46,7 +46,7 @@ def _weights(count, rowwise, gen):
 def test_bf16_variants(world, batch):
     """Every symmetric-memory variant of the bf16 ops (fused Triton kernels included); the
     all-gather also carries two passengers (a norm's fp32 rsqrt, a bf16 residual), which must
-    arrive bit for bit."""
+    arrive bit for bit; the reduce-scatter also takes a sum of two matmuls."""
     gen = torch.Generator(device="cuda").manual_seed(batch)
     W = world.size
     full = torch.randn(batch, SEQ * W, K, generator=gen, device="cuda", dtype=torch.bfloat16)
@@ -76,6 +76,19 @@ def test_bf16_variants(world, batch):
         if name == "nccl_cublas":
             continue
         outs = world.run(prepare=world.poison, call=lambda r, g: variant([inputs[r]], [weight], None, "sum", 1, W, g))
+        assert all(error(o, total.chunk(W, dim=1)[r]) < 2e-2 for r, o in enumerate(outs)), name
+
+    # a sum of two matmuls (an input gradient of gate and up): the joined variants too
+    others = [torch.randn(batch, SEQ * W, 48, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(W)]
+    other_weight = torch.randn(N, 48, generator=gen, device="cuda", dtype=torch.bfloat16).t()
+    total = total + sum(x.float() @ other_weight.float() for x in others)
+    for name, variant in mrs.variants(2).items():
+        if name == "nccl_cublas":
+            continue
+        outs = world.run(
+            prepare=world.poison,
+            call=lambda r, g: variant([inputs[r], others[r]], [weight, other_weight], None, "sum", 1, W, g),
+        )
         assert all(error(o, total.chunk(W, dim=1)[r]) < 2e-2 for r, o in enumerate(outs)), name
 
 
