@@ -212,6 +212,15 @@ def _scale_kind(scale: torch.Tensor) -> int:
     return 1 if scale.numel() == 1 else 2
 
 
+def check_protocol_args(dest_ptrs, flag_ptrs, counters, world_size: int) -> None:
+    """The producers' destinations, flags and counters: one per chunk, of the kernels' types."""
+    for name, t in (("dest_ptrs", dest_ptrs), ("flag_ptrs", flag_ptrs)):
+        if t.dtype != torch.int64 or t.numel() != world_size:
+            raise ValueError(f"{name} must hold {world_size} int64 addresses")
+    if counters.dtype != torch.int32 or counters.numel() != world_size:
+        raise ValueError(f"counters must be {world_size} int32 words")
+
+
 def matmul_reduce_scatter_producer(
     a: torch.Tensor,
     mat2: torch.Tensor,
@@ -254,11 +263,7 @@ def matmul_reduce_scatter_producer(
         )
     if float8 != (scales is not None):
         raise ValueError("float8 operands take scales, and only they")
-    for name, t in (("dest_ptrs", dest_ptrs), ("flag_ptrs", flag_ptrs)):
-        if t.dtype != torch.int64 or t.numel() != world_size:
-            raise ValueError(f"{name} must hold {world_size} int64 addresses")
-    if counters.dtype != torch.int32 or counters.numel() != world_size:
-        raise ValueError(f"counters must be {world_size} int32 words")
+    check_protocol_args(dest_ptrs, flag_ptrs, counters, world_size)
     outer, n = m // (world_size * inner), mat2.shape[1]
     out_dtype = out_dtype or a.dtype
     use_tma = config.tma and tile_log is None and tma_fits(a, mat2)

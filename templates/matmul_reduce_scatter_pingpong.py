@@ -46,6 +46,7 @@ from .all_gather_matmul_pingpong import CONFIGS as CONFIGS  # the same configs s
 from .all_gather_matmul_pingpong import PingpongConfig as PingpongConfig
 from .all_gather_matmul_pingpong import usable as usable
 from .gemm import sm_count
+from .matmul_reduce_scatter import check_protocol_args
 
 _OUT_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
@@ -172,6 +173,7 @@ def matmul_reduce_scatter_pingpong(
         raise ValueError("the pingpong producer takes aligned float8 operands, an [N, K] weight, fast accumulation")
     if m % (world_size * inner) or mat2.shape[0] != k:
         raise ValueError(f"A {list(a.shape)}, B {list(mat2.shape)}, world {world_size}, inner {inner}")
+    check_protocol_args(dest_ptrs, flag_ptrs, counters, world_size)
     outer = m // (world_size * inner)
     tiles = world_size * outer * triton.cdiv(inner, TILE) * triton.cdiv(n, TILE)
     a_desc = TensorDescriptor.from_tensor(

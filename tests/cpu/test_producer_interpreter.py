@@ -161,3 +161,29 @@ def test_reduction_names_a_peer_whose_partial_never_came():
     flags = torch.tensor([0, EPOCH, EPOCH - 1, EPOCH], dtype=torch.int32)  # rank 2 is a call behind
     _, timeouts = _reduce(partials, flags, world, rank, 1.0, spin_limit=50)
     assert timeouts.tolist() == [0, 0, EPOCH, 0]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(fast_accum=False), "fast accumulation"),
+        (dict(dest_ptrs=torch.zeros(3, dtype=torch.int64)), "dest_ptrs must hold 2 int64 addresses"),
+        (dict(counters=torch.zeros(2, dtype=torch.int64)), "counters must be 2 int32 words"),
+        (dict(scales=(torch.ones(5), torch.ones(1))), "aligned float8 operands"),
+    ],
+)
+def test_gluon_producer_refuses_what_it_cannot_take(change, message):
+    """The Gluon float8 producer's host checks, before any launch (so on any machine): exact
+    accumulation, the protocol's address and counter words, scales of other sizes."""
+    from overlap_pass.templates import matmul_reduce_scatter_pingpong as pingpong
+
+    fp8 = torch.float8_e4m3fn
+    args = dict(
+        a=torch.zeros(256, 128).to(fp8), mat2=torch.zeros(64, 128).to(fp8).t(), bias=None,
+        dest_ptrs=torch.zeros(2, dtype=torch.int64), flag_ptrs=torch.zeros(2, dtype=torch.int64),
+        counters=torch.zeros(2, dtype=torch.int32), epoch=torch.ones(1, dtype=torch.int32), rank=0, world_size=2,
+        config=pingpong.CONFIGS[0], scales=(torch.ones(1), torch.ones(1)), out_dtype=torch.bfloat16,
+        fast_accum=True,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        pingpong.matmul_reduce_scatter_pingpong(**{**args, **change})
