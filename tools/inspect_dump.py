@@ -34,7 +34,8 @@ def _shapes(candidate: dict) -> str:
         return _shape(candidate.get("collective"))
     if candidate["kind"] == "all_gather_matmul":
         outs = ",".join(_shape(m["mm"]) for m in nodes["matmuls"] + nodes.get("contractions", []))
-        return f"{_shape(nodes['shard'])} -> {outs}"
+        riders = f" (+{candidate['passengers']} passengers)" if candidate.get("passengers") else ""
+        return f"{_shape(nodes['shard'])} -> {outs}{riders}"
     terms = " + ".join(f"{_shape(m['input'])} @ {_shape(m['mat2'])}" for m in nodes["matmuls"])
     return f"{terms} -> {_shape(candidate['collective'])}"
 

@@ -16,6 +16,7 @@ from tests.plain_tp_cases import (
     rank_local_operand,
     row_then_column,
 )
+from tools import inspect_dump
 from tools.tp_models import TransformerBlock, parallelize_block_plain
 
 from .fake_world import compile_and_dump, fake_world
@@ -78,6 +79,8 @@ def test_plain_tp_block(tmp_path, latency_free, world_size, bias, batch):
     assert riders[2]["reason"].startswith("its shard is computed from")  # the block output
     (host,) = [c for c in dump.candidates("forward") if c["kind"] == AGM and c["rewritten"]]
     assert (host["op"], host["passengers"]) == (riders[0]["op"], 2), host
+    shown = [row for row in inspect_dump.rows(str(tmp_path)) if row[2] == host["collective"]["name"]]
+    assert any(row[4].endswith("(+2 passengers)") for row in shown), shown
     assert collectives(dump.graphs["backward"]["before"]) == [full] * 5
     norm_weight_grads = [("all_reduce", "f32", f"{DIM}")] * (3 if bias else 2)  # + O's bias grad
     assert collectives(dump.after("backward")) == sorted(
