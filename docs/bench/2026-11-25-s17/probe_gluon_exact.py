@@ -53,10 +53,26 @@ _loader, _tile_coords = _ws._loader, _ws._tile_coords
 
 
 @gluon.jit
+def _partial(a_bufs, b_bufs, ready, pos, ROW0: gl.constexpr, BM_WG: gl.constexpr, mma_layout: gl.constexpr):
+    """K block ``pos`` of the ring, once loaded, into a fresh partial (async wgmma)."""
+    NUM_STAGES: gl.constexpr = a_bufs.shape[0]
+    BN: gl.constexpr = b_bufs.shape[1]
+    s = pos % NUM_STAGES
+    mbarrier.wait(ready.index(s), (pos // NUM_STAGES) & 1)
+    return warpgroup_mma(
+        a_bufs.index(s).slice(ROW0, BM_WG, dim=0), b_bufs.index(s).permute((1, 0)),
+        gl.zeros([BM_WG, BN], gl.float32, mma_layout), use_acc=False, is_async=True,
+    )  # fmt: skip
+
+
+@gluon.jit
 def _consumer(a_bufs, b_bufs, ready, empty, c_ptr, a_scale_ptr, b_scale_ptr, M, N, K, stride_cm,
-              WG: gl.constexpr, GROUP_M: gl.constexpr):  # fmt: skip
+              WG: gl.constexpr, GROUP_M: gl.constexpr, PAIRS: gl.constexpr):  # fmt: skip
     """Warpgroup WG's 64 rows of every tile of the program: each K block's product into a fresh
-    partial (async), the previous block's partial added into the fp32 accumulator while it runs."""
+    partial (async), the previous block's partial added into the fp32 accumulator while it runs.
+    PAIRS: two partials of their own, alternating (an even number of K blocks); else one
+    loop-carried partial, whose consecutive values the register allocator may put in the same
+    registers (ptxas then serializes the wgmmas)."""
     TILE_M: gl.constexpr = a_bufs.shape[1]
     BN: gl.constexpr = b_bufs.shape[1]
     NUM_STAGES: gl.constexpr = a_bufs.shape[0]
@@ -74,29 +90,35 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_ptr, a_scale_ptr, b_scale_ptr, M, 
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         acc = gl.zeros([BM_WG, BN], gl.float32, mma_layout)
-        s = pos % NUM_STAGES
-        mbarrier.wait(ready.index(s), (pos // NUM_STAGES) & 1)
-        part = warpgroup_mma(
-            a_bufs.index(s).slice(ROW0, BM_WG, dim=0), b_bufs.index(s).permute((1, 0)),
-            gl.zeros([BM_WG, BN], gl.float32, mma_layout), use_acc=False, is_async=True,
-        )  # fmt: skip
-        part = warpgroup_mma_wait(num_outstanding=1, deps=(part,))  # as a tensor: waits for nothing
-        pos += 1
-        for kb in range(1, k_tiles):
-            s = pos % NUM_STAGES
-            mbarrier.wait(ready.index(s), (pos // NUM_STAGES) & 1)
-            nxt = warpgroup_mma(
-                a_bufs.index(s).slice(ROW0, BM_WG, dim=0), b_bufs.index(s).permute((1, 0)),
-                gl.zeros([BM_WG, BN], gl.float32, mma_layout), use_acc=False, is_async=True,
-            )  # fmt: skip
-            # the previous block's partial is done (this one may still run): add it, free its stage
-            nxt, part = warpgroup_mma_wait(num_outstanding=1, deps=(nxt, part))
-            acc = acc + part
-            mbarrier.arrive(empty.index((pos + NUM_STAGES - 1) % NUM_STAGES))
-            part = nxt
+        if PAIRS:
+            odd = gl.zeros([BM_WG, BN], gl.float32, mma_layout)
+            for kb in range(0, k_tiles, 2):
+                even = _partial(a_bufs, b_bufs, ready, pos, ROW0, BM_WG, mma_layout)
+                even, odd = warpgroup_mma_wait(num_outstanding=1, deps=(even, odd))
+                acc = acc + odd
+                mbarrier.arrive(empty.index((pos + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
+                pos += 1
+                odd = _partial(a_bufs, b_bufs, ready, pos, ROW0, BM_WG, mma_layout)
+                odd, even = warpgroup_mma_wait(num_outstanding=1, deps=(odd, even))
+                acc = acc + even
+                mbarrier.arrive(empty.index((pos + NUM_STAGES - 1) % NUM_STAGES))
+                pos += 1
+            odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
+            acc = acc + odd
+        else:
+            part = _partial(a_bufs, b_bufs, ready, pos, ROW0, BM_WG, mma_layout)
+            part = warpgroup_mma_wait(num_outstanding=1, deps=(part,))  # as a tensor: waits for nothing
             pos += 1
-        part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-        acc = acc + part
+            for kb in range(1, k_tiles):
+                nxt = _partial(a_bufs, b_bufs, ready, pos, ROW0, BM_WG, mma_layout)
+                # the previous block's partial is done (this one may still run): add it, free its stage
+                nxt, part = warpgroup_mma_wait(num_outstanding=1, deps=(nxt, part))
+                acc = acc + part
+                mbarrier.arrive(empty.index((pos + NUM_STAGES - 1) % NUM_STAGES))
+                part = nxt
+                pos += 1
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+            acc = acc + part
         mbarrier.arrive(empty.index((pos + NUM_STAGES - 1) % NUM_STAGES))
 
         offs_m = tile_m * TILE_M + ROW0 + gl.arange(0, BM_WG, layout=rows_layout)
@@ -112,7 +134,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_ptr, a_scale_ptr, b_scale_ptr, M, 
 
 @gluon.jit
 def exact_gemm_kernel(a_desc, b_desc, c_ptr, a_scale_ptr, b_scale_ptr, M, N, K, stride_cm,
-                      NUM_STAGES: gl.constexpr, GROUP_M: gl.constexpr):  # fmt: skip
+                      NUM_STAGES: gl.constexpr, GROUP_M: gl.constexpr, PAIRS: gl.constexpr):  # fmt: skip
     """C = (A * a_scale[:, None]) @ (B * b_scale[None, :])^T, bf16, exact accumulation; a_desc:
     [128, BK] blocks of A, b_desc: [BN, BK] blocks of B ([N, K]). 4 + 4 + 1 warps."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -125,21 +147,22 @@ def exact_gemm_kernel(a_desc, b_desc, c_ptr, a_scale_ptr, b_scale_ptr, M, N, K, 
     fence_async_shared()
     gl.warp_specialize([
         (_consumer, (a_bufs, b_bufs, ready, empty, c_ptr, a_scale_ptr, b_scale_ptr, M, N, K, stride_cm,
-                     gl.constexpr(0), GROUP_M)),
+                     gl.constexpr(0), GROUP_M, PAIRS)),
         (_consumer, (a_bufs, b_bufs, ready, empty, c_ptr, a_scale_ptr, b_scale_ptr, M, N, K, stride_cm,
-                     gl.constexpr(1), GROUP_M)),
+                     gl.constexpr(1), GROUP_M, PAIRS)),
         (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M)),
     ], [4, 1], [232, 40])  # fmt: skip
 
 
-VARIANTS = {  # name -> (BN, stages, GROUP_M); BK 128 (128-byte float8 rows)
-    "coop exact 128x128 s6": (128, 6, 8),
-    "coop exact 128x128 s4": (128, 4, 8),
-    "coop exact 128x128 s6 g4": (128, 6, 4),
+VARIANTS = {  # name -> (BN, stages, GROUP_M, pairs); BK 128 (128-byte float8 rows)
+    "coop exact 128x128 s6": (128, 6, 8, False),
+    "coop exact 128x128 s6 pairs": (128, 6, 8, True),
+    "coop exact 128x128 s4 pairs": (128, 4, 8, True),
+    "coop exact 128x128 s6 g4 pairs": (128, 6, 4, True),
 }
 
 
-def runner(a, w_nk, sa, sb, out, sms, bn, stages, group_m):
+def runner(a, w_nk, sa, sb, out, sms, bn, stages, group_m, pairs):
     lay = functools.partial(gl.NVMMASharedLayout.get_default_for, dtype=gl.float8e4nv)
     a_desc = TensorDescriptor.from_tensor(a, [128, 128], gl.NVMMASharedLayout.get_default_for([128, 128], gl.float8e4nv))
     b_desc = TensorDescriptor.from_tensor(w_nk, [bn, 128], lay([bn, 128]))
@@ -149,7 +172,10 @@ def runner(a, w_nk, sa, sb, out, sms, bn, stages, group_m):
 
     def run():
         exact_gemm_kernel[grid](a_desc, b_desc, out, sa, sb, m, n, k, out.stride(0), NUM_STAGES=stages,
-                                GROUP_M=group_m, num_warps=4, maxnreg=MAXNREG)  # fmt: skip
+                                GROUP_M=group_m, PAIRS=pairs, num_warps=4, maxnreg=MAXNREG)  # fmt: skip
+
+    if pairs and triton.cdiv(k, 128) % 2:
+        raise ValueError("the pairs loop takes an even number of K blocks")
 
     return run
 
@@ -158,17 +184,17 @@ def compile_only() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    for name, (bn, stages, group_m) in VARIANTS.items():
+    for name, (bn, stages, group_m, pairs) in VARIANTS.items():
         a_lay = gl.NVMMASharedLayout.get_default_for([128, 128], gl.float8e4nv)
         b_lay = gl.NVMMASharedLayout.get_default_for([bn, 128], gl.float8e4nv)
         signature = {
             "a_desc": f"tensordesc<fp8e4nv[128, 128],{a_lay!r}>", "b_desc": f"tensordesc<fp8e4nv[{bn}, 128],{b_lay!r}>",
             "c_ptr": "*bf16", "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
-            "stride_cm": "i32", "NUM_STAGES": "constexpr", "GROUP_M": "constexpr",
+            "stride_cm": "i32", "NUM_STAGES": "constexpr", "GROUP_M": "constexpr", "PAIRS": "constexpr",
         }  # fmt: skip
         names = list(signature)
         attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("c_ptr", "M", "N", "K", "stride_cm")}
-        source = GluonASTSource(exact_gemm_kernel, signature, {"NUM_STAGES": stages, "GROUP_M": group_m}, attrs)
+        source = GluonASTSource(exact_gemm_kernel, signature, {"NUM_STAGES": stages, "GROUP_M": group_m, "PAIRS": pairs}, attrs)
         kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": MAXNREG})
         ptx = kernel.asm["ptx"]
         print(f"{name}: shared {kernel.metadata.shared} B, wgmma {len(re.findall(r'wgmma.mma_async', ptx))}, "
@@ -187,7 +213,7 @@ def main() -> None:
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name(device)} torch {torch.__version__} triton {triton.__version__}", flush=True)
     rows = []
-    for name, m, k, n in [(f"check {m}x{k}x{n}", m, k, n) for m, k, n in ((1000, 1040, 1200),)] + plain.SHAPES:
+    for name, m, k, n in [(f"check {m}x{k}x{n}", m, k, n) for m, k, n in ((1000, 1024, 1200),)] + plain.SHAPES:
         a, w, sa, sb, _ = plain.operands(m, k, n, True, device)
         scale_a, scale_b = sa.view(-1, 1), sb.view(1, -1)
         runners = {
