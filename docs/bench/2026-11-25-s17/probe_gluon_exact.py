@@ -67,12 +67,14 @@ def _partial(a_bufs, b_bufs, ready, pos, ROW0: gl.constexpr, BM_WG: gl.constexpr
 
 @gluon.jit
 def _consumer(a_bufs, b_bufs, ready, empty, c_ptr, a_scale_ptr, b_scale_ptr, M, N, K, stride_cm,
-              WG: gl.constexpr, GROUP_M: gl.constexpr, PAIRS: gl.constexpr):  # fmt: skip
+              WG: gl.constexpr, GROUP_M: gl.constexpr, PAIRS: gl.constexpr, WAIT_EACH: gl.constexpr):  # fmt: skip
     """Warpgroup WG's 64 rows of every tile of the program: each K block's product into a fresh
     partial (async), the previous block's partial added into the fp32 accumulator while it runs.
     PAIRS: two partials of their own, alternating (an even number of K blocks); else one
     loop-carried partial, whose consecutive values the register allocator may put in the same
-    registers (ptxas then serializes the wgmmas)."""
+    registers. WAIT_EACH: each partial waited for before it is added (the other warpgroup's
+    wgmmas keep the tensor cores busy meanwhile). ptxas serializes the first two forms (C7514:
+    a non-wgmma instruction reads an accumulator while a wgmma is in flight)."""
     TILE_M: gl.constexpr = a_bufs.shape[1]
     BN: gl.constexpr = b_bufs.shape[1]
     NUM_STAGES: gl.constexpr = a_bufs.shape[0]
@@ -90,7 +92,14 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_ptr, a_scale_ptr, b_scale_ptr, M, 
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         tile_m, tile_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         acc = gl.zeros([BM_WG, BN], gl.float32, mma_layout)
-        if PAIRS:
+        if WAIT_EACH:  # each block's partial waited for before it is added: no wgmma in flight then
+            for kb in range(0, k_tiles):
+                part = _partial(a_bufs, b_bufs, ready, pos, ROW0, BM_WG, mma_layout)
+                part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+                mbarrier.arrive(empty.index(pos % NUM_STAGES))
+                acc = acc + part
+                pos += 1
+        elif PAIRS:
             odd = gl.zeros([BM_WG, BN], gl.float32, mma_layout)
             for kb in range(0, k_tiles, 2):
                 even = _partial(a_bufs, b_bufs, ready, pos, ROW0, BM_WG, mma_layout)
@@ -105,7 +114,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_ptr, a_scale_ptr, b_scale_ptr, M, 
                 pos += 1
             odd = warpgroup_mma_wait(num_outstanding=0, deps=(odd,))
             acc = acc + odd
-        else:
+        if not WAIT_EACH and not PAIRS:
             part = _partial(a_bufs, b_bufs, ready, pos, ROW0, BM_WG, mma_layout)
             part = warpgroup_mma_wait(num_outstanding=1, deps=(part,))  # as a tensor: waits for nothing
             pos += 1
@@ -119,7 +128,8 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_ptr, a_scale_ptr, b_scale_ptr, M, 
                 pos += 1
             part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
             acc = acc + part
-        mbarrier.arrive(empty.index((pos + NUM_STAGES - 1) % NUM_STAGES))
+        if not WAIT_EACH:
+            mbarrier.arrive(empty.index((pos + NUM_STAGES - 1) % NUM_STAGES))
 
         offs_m = tile_m * TILE_M + ROW0 + gl.arange(0, BM_WG, layout=rows_layout)
         offs_n = tile_n * BN + gl.arange(0, BN, layout=cols_layout)
@@ -134,7 +144,8 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_ptr, a_scale_ptr, b_scale_ptr, M, 
 
 @gluon.jit
 def exact_gemm_kernel(a_desc, b_desc, c_ptr, a_scale_ptr, b_scale_ptr, M, N, K, stride_cm,
-                      NUM_STAGES: gl.constexpr, GROUP_M: gl.constexpr, PAIRS: gl.constexpr):  # fmt: skip
+                      NUM_STAGES: gl.constexpr, GROUP_M: gl.constexpr, PAIRS: gl.constexpr,
+                      WAIT_EACH: gl.constexpr):  # fmt: skip
     """C = (A * a_scale[:, None]) @ (B * b_scale[None, :])^T, bf16, exact accumulation; a_desc:
     [128, BK] blocks of A, b_desc: [BN, BK] blocks of B ([N, K]). 4 + 4 + 1 warps."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -147,22 +158,24 @@ def exact_gemm_kernel(a_desc, b_desc, c_ptr, a_scale_ptr, b_scale_ptr, M, N, K, 
     fence_async_shared()
     gl.warp_specialize([
         (_consumer, (a_bufs, b_bufs, ready, empty, c_ptr, a_scale_ptr, b_scale_ptr, M, N, K, stride_cm,
-                     gl.constexpr(0), GROUP_M, PAIRS)),
+                     gl.constexpr(0), GROUP_M, PAIRS, WAIT_EACH)),
         (_consumer, (a_bufs, b_bufs, ready, empty, c_ptr, a_scale_ptr, b_scale_ptr, M, N, K, stride_cm,
-                     gl.constexpr(1), GROUP_M, PAIRS)),
+                     gl.constexpr(1), GROUP_M, PAIRS, WAIT_EACH)),
         (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M)),
     ], [4, 1], [232, 40])  # fmt: skip
 
 
-VARIANTS = {  # name -> (BN, stages, GROUP_M, pairs); BK 128 (128-byte float8 rows)
-    "coop exact 128x128 s6": (128, 6, 8, False),
-    "coop exact 128x128 s6 pairs": (128, 6, 8, True),
-    "coop exact 128x128 s4 pairs": (128, 4, 8, True),
-    "coop exact 128x128 s6 g4 pairs": (128, 6, 4, True),
+VARIANTS = {  # name -> (BN, stages, GROUP_M, form); BK 128 (128-byte float8 rows)
+    "coop exact 128x128 s6": (128, 6, 8, "one partial"),
+    "coop exact 128x128 s6 pairs": (128, 6, 8, "pairs"),
+    "coop exact 128x128 s6 wait each": (128, 6, 8, "wait each"),
+    "coop exact 128x256 s4 wait each": (256, 4, 8, "wait each"),
+    "coop exact 128x128 s4 wait each": (128, 4, 8, "wait each"),
 }
 
 
-def runner(a, w_nk, sa, sb, out, sms, bn, stages, group_m, pairs):
+def runner(a, w_nk, sa, sb, out, sms, bn, stages, group_m, form):
+    pairs, wait_each = form == "pairs", form == "wait each"
     lay = functools.partial(gl.NVMMASharedLayout.get_default_for, dtype=gl.float8e4nv)
     a_desc = TensorDescriptor.from_tensor(a, [128, 128], gl.NVMMASharedLayout.get_default_for([128, 128], gl.float8e4nv))
     b_desc = TensorDescriptor.from_tensor(w_nk, [bn, 128], lay([bn, 128]))
@@ -172,7 +185,8 @@ def runner(a, w_nk, sa, sb, out, sms, bn, stages, group_m, pairs):
 
     def run():
         exact_gemm_kernel[grid](a_desc, b_desc, out, sa, sb, m, n, k, out.stride(0), NUM_STAGES=stages,
-                                GROUP_M=group_m, PAIRS=pairs, num_warps=4, maxnreg=MAXNREG)  # fmt: skip
+                                GROUP_M=group_m, PAIRS=pairs, WAIT_EACH=wait_each, num_warps=4,
+                                maxnreg=MAXNREG)  # fmt: skip
 
     if pairs and triton.cdiv(k, 128) % 2:
         raise ValueError("the pairs loop takes an even number of K blocks")
@@ -184,17 +198,18 @@ def compile_only() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    for name, (bn, stages, group_m, pairs) in VARIANTS.items():
+    for name, (bn, stages, group_m, form) in VARIANTS.items():
         a_lay = gl.NVMMASharedLayout.get_default_for([128, 128], gl.float8e4nv)
         b_lay = gl.NVMMASharedLayout.get_default_for([bn, 128], gl.float8e4nv)
         signature = {
             "a_desc": f"tensordesc<fp8e4nv[128, 128],{a_lay!r}>", "b_desc": f"tensordesc<fp8e4nv[{bn}, 128],{b_lay!r}>",
             "c_ptr": "*bf16", "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
             "stride_cm": "i32", "NUM_STAGES": "constexpr", "GROUP_M": "constexpr", "PAIRS": "constexpr",
+            "WAIT_EACH": "constexpr",
         }  # fmt: skip
         names = list(signature)
         attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("c_ptr", "M", "N", "K", "stride_cm")}
-        source = GluonASTSource(exact_gemm_kernel, signature, {"NUM_STAGES": stages, "GROUP_M": group_m, "PAIRS": pairs}, attrs)
+        source = GluonASTSource(exact_gemm_kernel, signature, {"NUM_STAGES": stages, "GROUP_M": group_m, "PAIRS": form == "pairs", "WAIT_EACH": form == "wait each"}, attrs)
         kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": MAXNREG})
         ptx = kernel.asm["ptx"]
         print(f"{name}: shared {kernel.metadata.shared} B, wgmma {len(re.findall(r'wgmma.mma_async', ptx))}, "
