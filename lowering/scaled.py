@@ -8,9 +8,9 @@ variants that choose.py picks from, as for the bf16 ops.
   sum's the op's out_dtype (the terms are summed widened, scaled_ops.py).
 - fused (one per gemm.FLOAT8_CONFIGS entry): for the all-gather, the same pushes and flags,
   consumed by the persistent Triton float8 GEMM of templates/all_gather_matmul.py, the scales
-  in its epilogue (the row scales of each chunk read once its flag is set), or on Hopper with
-  fast accumulation by the warp-specialized Gluon one of templates/all_gather_matmul_pingpong.py
-  (one per pingpong.CONFIGS entry); for the
+  in its epilogue (the row scales of each chunk read once its flag is set), or on Hopper by
+  the warp-specialized Gluon one of templates/all_gather_matmul_pingpong.py (one per
+  pingpong.CONFIGS entry; exact accumulation in its cooperative form); for the
   reduce-scatter (one matmul, not a sum), the Triton float8 producer of
   templates/matmul_reduce_scatter.py, which stores each tile's dequantized partial (bf16) in
   its owner's slot and flags each chunk, or on Hopper with fast accumulation the Gluon one of
@@ -160,8 +160,8 @@ def all_gather_fused_scaled_mm(
     if not _fused_fits(shard, mat2s):  # before the barrier: every rank refuses alike
         raise NotImplementedError("the fused float8 consumer needs TMA-aligned operands and [N, K] weights")
     gluon = isinstance(gemm_config, pingpong.PingpongConfig)
-    if gluon and not (use_fast_accum and pingpong.usable(shard.device)):
-        raise NotImplementedError("the Gluon pingpong consumer runs on Hopper, with fast accumulation")
+    if gluon and not pingpong.usable(shard.device):
+        raise NotImplementedError("the Gluon pingpong consumer runs on Hopper")
     # the kernel reads a weight's rowwise scale as N consecutive words
     column_scales = tuple(s if scaled_ops.is_tensorwise(s) else scaled_ops._standard_strides(s) for s in mat2_scales)
     call, outs = _start_gather(

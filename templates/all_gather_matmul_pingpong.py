@@ -14,8 +14,13 @@ consumer computes it, with its warps split as CUTLASS's "pingpong" kernels split
   one to the other: the ring is shared, and without the turn one warpgroup can wait on a stage
   two uses ahead, which a parity wait cannot tell from one use behind.
 
-Float8 only, fast accumulation (use_fast_accum=True), mat2s as linear weights ([N, K] transposed),
-up to MAX_B of them in one launch: inside a chunk, B 0's tiles, then B 1's, and so on, as the
+Exact accumulation (use_fast_accum=False, torchao's backward) runs a cooperative form instead:
+both warpgroups on every tile, 64 rows each, each K block's product into a partial that is
+waited for and then added into the fp32 accumulator (_exact_tile; a plain-GEMM probe,
+docs/bench/2026-11-25-s17/probe_gluon_exact.py, ran it 1.14-1.32x cuBLAS's exact _scaled_mm,
+the Triton kernels 1.37-1.66x).
+
+Float8 only, mat2s as linear weights ([N, K] transposed), up to MAX_B of them in one launch: inside a chunk, B 0's tiles, then B 1's, and so on, as the
 Triton consumer orders them. Replayed on one H100 (docs/bench/2026-11-25-s17), Llama 3 8B's Q,
 K and V ran 0.99x cuBLAS on each weight in one launch, 1.11x in a launch each (K's and V's few
 tiles leave most SMs idle); over the bench_ops shapes 0.98-1.04x, the Triton consumer 1.05-1.19x.
@@ -206,11 +211,11 @@ STORE_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0]))
 
 @gluon.jit
 def store_tile(base, first_row, row_stride, start, inner, first_col, N, values):
-    """values ([BLOCK_M, BLOCK_N], the wgmma layout) at base[(first_row + i) * row_stride +
+    """values ([rows, BLOCK_N], the wgmma layout) at base[(first_row + i) * row_stride +
     first_col + j], the rows past the block's end (start + i >= inner) and the columns past N
     masked."""
     values = gl.convert_layout(values, STORE_LAYOUT)
-    offs = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, STORE_LAYOUT))
+    offs = gl.arange(0, values.shape[0], layout=gl.SliceLayout(1, STORE_LAYOUT))
     cols = first_col + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, STORE_LAYOUT))
     rows = (first_row + offs).to(gl.int64)
     ptrs = base + gl.expand_dims(rows * row_stride, 1) + gl.expand_dims(cols, 0)
@@ -218,58 +223,105 @@ def store_tile(base, first_row, row_stride, start, inner, first_col, N, values):
 
 
 @gluon.jit
+def _epilogue(acc, b, chunk, tile_n, first_own, first_full, start, rank, inner, c_ptrs, strides_cm, bias_ptrs,
+              a_scale_ptr, a_local_scale_ptr, b_scale_ptrs, Ns, A_SCALE: gl.constexpr, B_ROWWISE_MASK: gl.constexpr,
+              BIAS_MASK: gl.constexpr):  # fmt: skip
+    """acc (rows first_own / first_full on, the wgmma layout) of B ``b``: A_SCALE 1, one value;
+    2, one per row; B b's scale one value, or one per column where bit b of B_ROWWISE_MASK is
+    set; B b's bias where bit b of BIAS_MASK is; the store at A's rows (rows past the chunk's
+    block masked)."""
+    rows_layout: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    cols_layout: gl.constexpr = gl.SliceLayout(0, acc.type.layout)
+    c_ptr, stride_cm, N, b_scale_ptr, bias_ptr = c_ptrs[0], strides_cm[0], Ns[0], b_scale_ptrs[0], bias_ptrs[0]
+    col_step = B_ROWWISE_MASK & 1  # 0: the one value, read by every column
+    has_bias = (BIAS_MASK & 1) != 0
+    for i in gl.static_range(1, len(Ns)):
+        if b == i:
+            c_ptr, stride_cm, N, b_scale_ptr, bias_ptr = c_ptrs[i], strides_cm[i], Ns[i], b_scale_ptrs[i], bias_ptrs[i]
+            col_step = (B_ROWWISE_MASK >> i) & 1
+            has_bias = ((BIAS_MASK >> i) & 1) != 0
+    offs = gl.arange(0, acc.shape[0], layout=rows_layout)
+    m_mask = start + offs < inner
+    offs_n = tile_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_layout)
+    n_mask = offs_n < N
+    if A_SCALE == 1:
+        acc = acc * gl.load(a_scale_ptr)
+    if A_SCALE == 2:  # the own chunk's row scales are where its rows are
+        if chunk == rank:
+            row_scale = gl.load(a_local_scale_ptr + first_own + offs, mask=m_mask, other=0.0)
+        else:
+            row_scale = gl.load(a_scale_ptr + first_full + offs, mask=m_mask, other=0.0)
+        acc = acc * gl.expand_dims(row_scale, 1)
+    acc = acc * gl.expand_dims(gl.load(b_scale_ptr + offs_n * col_step, mask=n_mask, other=0.0), 0)
+    if BIAS_MASK != 0:
+        if has_bias:
+            acc = acc + gl.expand_dims(gl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 0)
+    store_tile(c_ptr, first_full, stride_cm, start, inner, tile_n * BLOCK_N, N, acc.to(c_ptr.dtype.element_ty))
+
+
+@gluon.jit
+def _exact_tile(a_bufs, b_bufs, ready, empty, pos, k_tiles, ROW0: gl.constexpr, mma_layout: gl.constexpr):
+    """Exact accumulation (use_fast_accum=False) of warpgroup rows ROW0..ROW0 + 64 of one tile:
+    each K block's product into a fresh partial, waited for, then added into the fp32
+    accumulator (as cuBLAS's exact _scaled_mm promotes). Adding a partial while another wgmma
+    is in flight makes ptxas serialize every wgmma (C7514); here the other warpgroup's wgmmas
+    fill the gap. Both warpgroups release each stage (empty counts 2)."""
+    NUM_STAGES: gl.constexpr = a_bufs.shape[0]
+    acc = gl.zeros([BLOCK_M // 2, BLOCK_N], gl.float32, mma_layout)
+    for kb in range(k_tiles):
+        s = pos % NUM_STAGES
+        mbarrier.wait(ready.index(s), (pos // NUM_STAGES) & 1)
+        part = warpgroup_mma(
+            a_bufs.index(s).slice(ROW0, BLOCK_M // 2, dim=0), b_bufs.index(s).permute((1, 0)),
+            gl.zeros([BLOCK_M // 2, BLOCK_N], gl.float32, mma_layout), use_acc=False, is_async=True,
+        )  # fmt: skip
+        part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+        mbarrier.arrive(empty.index(s))
+        acc = acc + part
+        pos += 1
+    return acc
+
+
+@gluon.jit
 def _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptrs, strides_cm, bias_ptrs, a_scale_ptr, a_local_scale_ptr,
               b_scale_ptrs, outer, inner, Ns, K, rank, world_size, WG: gl.constexpr, A_SCALE: gl.constexpr,
-              B_ROWWISE_MASK: gl.constexpr, BIAS_MASK: gl.constexpr, GROUP_M: gl.constexpr):  # fmt: skip
+              B_ROWWISE_MASK: gl.constexpr, BIAS_MASK: gl.constexpr, GROUP_M: gl.constexpr,
+              EXACT: gl.constexpr):  # fmt: skip
     """Warpgroup WG (4 warps): its alternate tiles, main loop of async wgmma over K, then the
-    epilogue: A_SCALE 1, one value; 2, one per row; B i's scale one value, or one per column
-    where bit i of B_ROWWISE_MASK is set; then B i's bias where bit i of BIAS_MASK is."""
+    epilogue (_epilogue). EXACT (exact accumulation): cooperative instead, both warpgroups on
+    every tile of the program, WG's 64 rows each (_exact_tile)."""
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 256 // a_bufs.dtype.primitive_bitwidth]
     )
-    rows_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-    cols_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
     tiles_m = outer * gl.cdiv(inner, BLOCK_M)
     tiles_per_chunk = _chunk_tiles(tiles_m, Ns)
     k_tiles = gl.cdiv(K, BLOCK_K)
     nprog = gl.num_programs(0)
-    j = WG  # the program's local tile number: its K blocks start at ring position j * k_tiles
-    turn = 0
-    for tile in range(gl.program_id(0) + WG * nprog, tiles_per_chunk * world_size, 2 * nprog):
-        chunk, b, tile_n, first_own, first_full, start = _tile(
-            tile, tiles_m, Ns, tiles_per_chunk, rank, world_size, inner, GROUP_M
-        )
-        acc = mma_tile(a_bufs, b_bufs, ready, empty, turns, j * k_tiles, turn, k_tiles, WG, mma_layout)
-        turn += 1
-        j += 2
-
-        # epilogue: B b's output, N, scale and bias -> scales -> bias -> store at A's rows
-        # (rows past the chunk's block masked)
-        c_ptr, stride_cm, N, b_scale_ptr, bias_ptr = c_ptrs[0], strides_cm[0], Ns[0], b_scale_ptrs[0], bias_ptrs[0]
-        col_step = B_ROWWISE_MASK & 1  # 0: the one value, read by every column
-        has_bias = (BIAS_MASK & 1) != 0
-        for i in gl.static_range(1, len(Ns)):
-            if b == i:
-                c_ptr, stride_cm, N, b_scale_ptr, bias_ptr = c_ptrs[i], strides_cm[i], Ns[i], b_scale_ptrs[i], bias_ptrs[i]
-                col_step = (B_ROWWISE_MASK >> i) & 1
-                has_bias = ((BIAS_MASK >> i) & 1) != 0
-        offs = gl.arange(0, BLOCK_M, layout=rows_layout)
-        m_mask = start + offs < inner
-        offs_n = tile_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_layout)
-        n_mask = offs_n < N
-        if A_SCALE == 1:
-            acc = acc * gl.load(a_scale_ptr)
-        if A_SCALE == 2:  # the own chunk's row scales are where its rows are
-            if chunk == rank:
-                row_scale = gl.load(a_local_scale_ptr + first_own + offs, mask=m_mask, other=0.0)
-            else:
-                row_scale = gl.load(a_scale_ptr + first_full + offs, mask=m_mask, other=0.0)
-            acc = acc * gl.expand_dims(row_scale, 1)
-        acc = acc * gl.expand_dims(gl.load(b_scale_ptr + offs_n * col_step, mask=n_mask, other=0.0), 0)
-        if BIAS_MASK != 0:
-            if has_bias:
-                acc = acc + gl.expand_dims(gl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32), 0)
-        store_tile(c_ptr, first_full, stride_cm, start, inner, tile_n * BLOCK_N, N, acc.to(c_ptr.dtype.element_ty))
+    if EXACT:
+        row0: gl.constexpr = WG * (BLOCK_M // 2)
+        pos = 0
+        for tile in range(gl.program_id(0), tiles_per_chunk * world_size, nprog):
+            chunk, b, tile_n, first_own, first_full, start = _tile(
+                tile, tiles_m, Ns, tiles_per_chunk, rank, world_size, inner, GROUP_M
+            )
+            acc = _exact_tile(a_bufs, b_bufs, ready, empty, pos, k_tiles, row0, mma_layout)
+            pos += k_tiles
+            _epilogue(acc, b, chunk, tile_n, first_own + row0, first_full + row0, start + row0, rank, inner, c_ptrs,
+                      strides_cm, bias_ptrs, a_scale_ptr, a_local_scale_ptr, b_scale_ptrs, Ns, A_SCALE,
+                      B_ROWWISE_MASK, BIAS_MASK)  # fmt: skip
+    else:
+        j = WG  # the program's local tile number: its K blocks start at ring position j * k_tiles
+        turn = 0
+        for tile in range(gl.program_id(0) + WG * nprog, tiles_per_chunk * world_size, 2 * nprog):
+            chunk, b, tile_n, first_own, first_full, start = _tile(
+                tile, tiles_m, Ns, tiles_per_chunk, rank, world_size, inner, GROUP_M
+            )
+            acc = mma_tile(a_bufs, b_bufs, ready, empty, turns, j * k_tiles, turn, k_tiles, WG, mma_layout)
+            turn += 1
+            j += 2
+            _epilogue(acc, b, chunk, tile_n, first_own, first_full, start, rank, inner, c_ptrs, strides_cm,
+                      bias_ptrs, a_scale_ptr, a_local_scale_ptr, b_scale_ptrs, Ns, A_SCALE, B_ROWWISE_MASK,
+                      BIAS_MASK)  # fmt: skip
 
 
 @gluon.jit
@@ -277,13 +329,14 @@ def all_gather_matmul_pingpong_kernel(
     a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, c_ptrs, strides_cm, bias_ptrs, a_scale_ptr,
     a_local_scale_ptr, b_scale_ptrs, flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, Ns, K, rank, world_size,
     A_SCALE: gl.constexpr, B_ROWWISE_MASK: gl.constexpr, BIAS_MASK: gl.constexpr, NUM_STAGES: gl.constexpr,
-    GROUP_M: gl.constexpr, SPIN_LIMIT: gl.constexpr,
+    GROUP_M: gl.constexpr, SPIN_LIMIT: gl.constexpr, EXACT: gl.constexpr = False,
 ):  # fmt: skip
     """outs[i][rows of A, Ns[i]] = (gathered A * its scale) @ (B i * its scale) (+ bias i); a_desc,
     a_local_desc: [BLOCK_M, BLOCK_K] blocks of the gathered rows and of the own chunk's; b_desc
     i: [BLOCK_N, BLOCK_K] blocks of B i as [N, K] rows (b_desc0 stands in for those past
-    len(Ns)); c_ptrs, strides_cm, bias_ptrs, b_scale_ptrs, Ns: tuples, one entry per B. 4 warps
-    (the first consumer), + 4 + 1."""
+    len(Ns)); c_ptrs, strides_cm, bias_ptrs, b_scale_ptrs, Ns: tuples, one entry per B. EXACT:
+    exact accumulation, the consumers cooperative (_consumer). 4 warps (the first consumer), + 4
+    + 1."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc0.dtype, [NUM_STAGES] + b_desc0.block_type.shape, b_desc0.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -291,7 +344,7 @@ def all_gather_matmul_pingpong_kernel(
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2 if EXACT else 1)  # cooperative: both release a stage
     for i in gl.static_range(2):
         mbarrier.init(turns.index(i), count=1)
     fence_async_shared()  # the inits seen by the async proxy (TMA) before the partitions start
@@ -300,10 +353,10 @@ def all_gather_matmul_pingpong_kernel(
     gl.warp_specialize([
         (_consumer, (a_bufs, b_bufs, ready, empty, turns, c_ptrs, strides_cm, bias_ptrs, a_scale_ptr,
                      a_local_scale_ptr, b_scale_ptrs, outer, inner, Ns, K, rank, world_size, gl.constexpr(0),
-                     A_SCALE, B_ROWWISE_MASK, BIAS_MASK, GROUP_M)),
+                     A_SCALE, B_ROWWISE_MASK, BIAS_MASK, GROUP_M, EXACT)),
         (_consumer, (a_bufs, b_bufs, ready, empty, turns, c_ptrs, strides_cm, bias_ptrs, a_scale_ptr,
                      a_local_scale_ptr, b_scale_ptrs, outer, inner, Ns, K, rank, world_size, gl.constexpr(1),
-                     A_SCALE, B_ROWWISE_MASK, BIAS_MASK, GROUP_M)),
+                     A_SCALE, B_ROWWISE_MASK, BIAS_MASK, GROUP_M, EXACT)),
         (_loader, (a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, a_bufs, b_bufs, ready, empty, flags_ptr,
                    epoch_ptr, timeouts_ptr, outer, inner, Ns, K, rank, world_size, GROUP_M, SPIN_LIMIT)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])  # fmt: skip
@@ -314,25 +367,20 @@ def usable(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
-def fits_float8(a: torch.Tensor, mat2s, fast_accum: bool) -> bool:
+def fits_float8(a: torch.Tensor, mat2s) -> bool:
     """Whether the pingpong kernels take these operands: float8 A and weights ([N, K]
-    transposed), aligned for TMA, fast accumulation."""
+    transposed), aligned for TMA."""
     return (
-        fast_accum
-        and a.dtype in FLOAT8
+        a.dtype in FLOAT8
         and tma_operand(a)
         and all(m.dtype in FLOAT8 and m.stride(0) == 1 and tma_operand(m.t()) for m in mat2s)
     )
 
 
-def fits(a_gathered: torch.Tensor, a_local: torch.Tensor, mat2s, outs, fast_accum: bool) -> bool:
+def fits(a_gathered: torch.Tensor, a_local: torch.Tensor, mat2s, outs) -> bool:
     """Whether this kernel takes the call: fits_float8, the own rows aligned too, outputs with
-    unit column stride."""
-    return (
-        fits_float8(a_gathered, mat2s, fast_accum)
-        and tma_operand(a_local)
-        and all(o.stride(-1) == 1 for o in outs)
-    )
+    unit column stride. Fast or exact accumulation alike."""
+    return fits_float8(a_gathered, mat2s) and tma_operand(a_local) and all(o.stride(-1) == 1 for o in outs)
 
 
 def all_gather_matmul_pingpong(
@@ -340,11 +388,12 @@ def all_gather_matmul_pingpong(
     spin_limit=1 << 30, a_local=None, num_programs=None,
 ):  # fmt: skip
     """all_gather_matmul.all_gather_matmul_consumer's float8 path on this kernel, same arguments
-    (``scales``: its Scales; ``config``: a PingpongConfig); one launch per MAX_B mat2s."""
+    (``scales``: its Scales; ``config``: a PingpongConfig); one launch per MAX_B mat2s. Exact
+    accumulation (not scales.fast_accum) runs the cooperative form (_exact_tile)."""
     if a_local is None:
         a_local = own_rows(a_gathered, rank, world_size, inner)
-    if not fits(a_gathered, a_local, mat2s, outs, scales.fast_accum):
-        raise ValueError("the pingpong consumer takes aligned float8 operands, [N, K] weights, fast accumulation")
+    if not fits(a_gathered, a_local, mat2s, outs):
+        raise ValueError("the pingpong consumer takes aligned float8 operands and [N, K] weights")
     rows, k = a_gathered.shape
     outer = rows // (world_size * inner)
     programs = num_programs or sm_count(a_gathered.device)
@@ -370,7 +419,8 @@ def all_gather_matmul_pingpong(
             world_size, A_SCALE=1 if scales.a.numel() == 1 else 2,
             B_ROWWISE_MASK=sum(1 << i for i, (_, _, _, b_scale) in enumerate(group) if b_scale.numel() > 1),
             BIAS_MASK=sum(1 << i for i, (_, bias, _, _) in enumerate(group) if bias is not None),
-            NUM_STAGES=config.stages, GROUP_M=config.group_m, SPIN_LIMIT=spin_limit, num_warps=4, maxnreg=MAXNREG,
+            NUM_STAGES=config.stages, GROUP_M=config.group_m, SPIN_LIMIT=spin_limit, EXACT=not scales.fast_accum,
+            num_warps=4, maxnreg=MAXNREG,
         )  # fmt: skip
     return outs
 

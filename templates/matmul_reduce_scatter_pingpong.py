@@ -169,7 +169,7 @@ def matmul_reduce_scatter_pingpong(
     inner = inner or m // world_size
     n = mat2.shape[1]
     a_scale, b_scale = scales
-    if not (fits_float8(a, [mat2], fast_accum) and a_scale.numel() in (1, m) and b_scale.numel() in (1, n)):
+    if not (fast_accum and fits_float8(a, [mat2]) and a_scale.numel() in (1, m) and b_scale.numel() in (1, n)):
         raise ValueError("the pingpong producer takes aligned float8 operands, an [N, K] weight, fast accumulation")
     if m % (world_size * inner) or mat2.shape[0] != k:
         raise ValueError(f"A {list(a.shape)}, B {list(mat2.shape)}, world {world_size}, inner {inner}")

@@ -127,9 +127,10 @@ def producer_ir(float8: bool, exact: bool = False, config=None) -> KernelIR:
     return summarize(f"producer {dt}{' exact' if exact else ''} {config}", kernel)
 
 
-def pingpong_ir(config, rowwise: bool, num_b: int = 1) -> dict:
+def pingpong_ir(config, rowwise: bool, num_b: int = 1, exact: bool = False) -> dict:
     """The Gluon float8 consumer (templates/all_gather_matmul_pingpong.py) over ``num_b``
-    weights, compiled for sm_90a: what its waits and speed rest on, as counts in its PTX."""
+    weights (``exact``: its cooperative exact-accumulation form), compiled for sm_90a: what its
+    waits and speed rest on, as counts in its PTX."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -149,12 +150,13 @@ def pingpong_ir(config, rowwise: bool, num_b: int = 1) -> dict:
     })  # fmt: skip
     constexprs = dict(
         A_SCALE=2 if rowwise else 1, B_ROWWISE_MASK=(1 << num_b) - 1 if rowwise else 0, BIAS_MASK=0,
-        NUM_STAGES=config.stages, GROUP_M=config.group_m, SPIN_LIMIT=1 << 30,
+        NUM_STAGES=config.stages, GROUP_M=config.group_m, SPIN_LIMIT=1 << 30, EXACT=exact,
     )  # fmt: skip
     signature.update({k: "constexpr" for k in constexprs})
     source = GluonASTSource(pingpong.all_gather_matmul_pingpong_kernel, signature, constexprs, _aligned_attrs(signature))
     kernel = triton.compile(source, target=HOPPER, options={"num_warps": 4, "maxnreg": pingpong.MAXNREG})
-    return _gluon_counts(f"pingpong {config} {'rowwise' if rowwise else 'tensorwise'} B={num_b}", kernel)
+    what = f"pingpong {config} {'rowwise' if rowwise else 'tensorwise'}{' exact' if exact else ''} B={num_b}"
+    return _gluon_counts(what, kernel)
 
 
 def pingpong_producer_ir(config, rowwise: bool) -> dict:
@@ -225,6 +227,7 @@ def main() -> None:
         from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
 
         runs = [(c, rowwise, 1) for c in pingpong.CONFIGS for rowwise in (False, True)] + [(pingpong.CONFIGS[0], True, 3)]
+        runs += [(c, True, 2, True) for c in pingpong.CONFIGS]  # exact accumulation
         print(json.dumps([pingpong_ir(*run) for run in runs]))
         return
     if "--pingpong-producer" in sys.argv:

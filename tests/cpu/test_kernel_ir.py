@@ -42,8 +42,8 @@ def test_kernel_keeps_its_pipeline(compiled, what):
 
 
 def test_gluon_pingpong_consumer_compiles_with_its_waits_and_partitions():
-    """The Gluon float8 consumer, each config, tensorwise and rowwise, and over three weights
-    in one launch (Q, K, V): warp groups resized
+    """The Gluon float8 consumer, each config, tensorwise and rowwise, over three weights in
+    one launch (Q, K, V), and in its exact-accumulation form: warp groups resized
     (setmaxnreg: the loader's few registers, the consumers' many), wgmma, the loader's flag poll
     as system-scope acquire loads (twice: before and inside the bounded loop) and the fence
     that lets TMA see what they made visible, within Hopper's shared memory."""
@@ -54,7 +54,8 @@ def test_gluon_pingpong_consumer_compiles_with_its_waits_and_partitions():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(done.stdout.splitlines()[-1])
-    assert [ir["what"].split(" B=")[1] for ir in rows] == ["1"] * 4 + ["3"], rows
+    assert [ir["what"].split(" B=")[1] for ir in rows] == ["1"] * 4 + ["3"] + ["2"] * 2, rows
+    assert [" exact " in ir["what"] for ir in rows] == [False] * 5 + [True] * 2, rows
     for ir in rows:
         assert ir["wgmma"] > 0 and ir["flag_polls"] == 2 and ir["async_fences"] == 1, ir
         assert set(ir["stores"]) == {"st.global.v4.b32"}, ir  # 16 bytes, not the wgmma layout's 4

@@ -98,12 +98,12 @@ def test_bf16_variants(world, batch):
 def test_all_gather_scaled_variants(world, batch, rowwise, fast_accum):
     """Every variant but NCCL's: the copy engine's _scaled_mm per chunk, the fused Triton
     consumer per config (fast_accum passed on as the kernel's FP8_EXACT), the Gluon pingpong one
-    per config (fast accumulation only). The first call of each
+    per config (exact accumulation in its cooperative form). The first call of each
     also gathers two passengers (a float8 copy of other rows' values, and bf16 of another
     width), which must arrive bit for bit."""
     W = world.size
     for name, variant in scaled.variants(scaled.AG_KIND).items():
-        if name == "nccl_cublas" or ("gluon" in name and not fast_accum):  # the Gluon one refuses exact
+        if name == "nccl_cublas":
             continue
         for call in range(2):  # back to back, new values each
             gen = torch.Generator(device="cuda").manual_seed(100 * call + 10 * batch + rowwise)
