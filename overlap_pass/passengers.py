@@ -144,6 +144,7 @@ def attach_all(graph: Graph, all_gathers: list[Node]) -> tuple[list[dict], dict[
         else:
             record["reason"] = reason
         records.append(record)
+
     def final(op: Node) -> Node:
         while op.name in replaced:
             op = replaced[op.name]
