@@ -325,6 +325,25 @@ def _consumer(a_bufs, b_bufs, ready, empty, turns, c_ptrs, strides_cm, bias_ptrs
 
 
 @gluon.jit
+def allocate_ring(a_desc, b_desc, NUM_STAGES: gl.constexpr, RELEASES: gl.constexpr):
+    """The kernels' shared memory: NUM_STAGES stages of A and B blocks, their ready and empty
+    mbarriers (empty completing after RELEASES arrivals), the warpgroups' turn pair; the inits
+    fenced so the async proxy (TMA) sees them before the partitions start."""
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=RELEASES)
+    for i in gl.static_range(2):
+        mbarrier.init(turns.index(i), count=1)
+    fence_async_shared()
+    return a_bufs, b_bufs, ready, empty, turns
+
+
+@gluon.jit
 def all_gather_matmul_pingpong_kernel(
     a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, c_ptrs, strides_cm, bias_ptrs, a_scale_ptr,
     a_local_scale_ptr, b_scale_ptrs, flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, Ns, K, rank, world_size,
@@ -337,17 +356,8 @@ def all_gather_matmul_pingpong_kernel(
     len(Ns)); c_ptrs, strides_cm, bias_ptrs, b_scale_ptrs, Ns: tuples, one entry per B. EXACT:
     exact accumulation, the consumers cooperative (_consumer). 4 warps (the first consumer), + 4
     + 1."""
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc0.dtype, [NUM_STAGES] + b_desc0.block_type.shape, b_desc0.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2 if EXACT else 1)  # cooperative: both release a stage
-    for i in gl.static_range(2):
-        mbarrier.init(turns.index(i), count=1)
-    fence_async_shared()  # the inits seen by the async proxy (TMA) before the partitions start
+    # cooperative (EXACT): both warpgroups release each stage
+    a_bufs, b_bufs, ready, empty, turns = allocate_ring(a_desc, b_desc0, NUM_STAGES, 2 if EXACT else 1)
     # (argument tuples written out in the call: a tuple assigned to a name first turns its
     # constexprs into tensors in Gluon 3.6; the warpgroup's number as a constexpr of its own)
     gl.warp_specialize([

@@ -23,7 +23,6 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .all_gather_matmul_pingpong import (
@@ -38,6 +37,7 @@ from .all_gather_matmul_pingpong import (
     _loader,
     _tile,
     _weight_descriptor,
+    allocate_ring,
     fits_float8,
     mma_tile,
     store_tile,
@@ -132,17 +132,7 @@ def matmul_reduce_scatter_pingpong_kernel(
     rows of this rank's slot, then flag_ptrs[j] = epoch once the chunk is whole (module
     docstring). a_desc: [BLOCK_M, BLOCK_K] blocks of A's rows; b_desc: [BLOCK_N, BLOCK_K] blocks
     of B as [N, K] rows. 4 warps (the first warpgroup), + 4 + 1."""
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(turns.index(i), count=1)
-    fence_async_shared()  # the inits seen by the async proxy (TMA) before the partitions start
+    a_bufs, b_bufs, ready, empty, turns = allocate_ring(a_desc, b_desc, NUM_STAGES, 1)
     # (argument tuples written out in the call, as in all_gather_matmul_pingpong_kernel; the
     # loader's flag, epoch-for-waits and timeouts arguments unused: GATHER off)
     gl.warp_specialize([

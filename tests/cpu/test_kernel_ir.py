@@ -41,19 +41,25 @@ def test_kernel_keeps_its_pipeline(compiled, what):
     assert ir["shared_bytes"] <= kernel_ir.SMEM_LIMIT, f"{what}: {ir['shared_bytes']} bytes of shared memory"
 
 
+def _gluon_rows(flag: str) -> list[dict]:
+    """tools.kernel_ir's JSON for the Gluon kernels, from a process of its own (not under
+    TRITON_INTERPRET=1, which makes kernels uncompilable)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.kernel_ir", flag], env=env, capture_output=True, text=True,
+        timeout=900, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 def test_gluon_pingpong_consumer_compiles_with_its_waits_and_partitions():
     """The Gluon float8 consumer, each config, tensorwise and rowwise, over three weights in
     one launch (Q, K, V), and in its exact-accumulation form: warp groups resized
     (setmaxnreg: the loader's few registers, the consumers' many), wgmma, the loader's flag poll
     as system-scope acquire loads (twice: before and inside the bounded loop) and the fence
     that lets TMA see what they made visible, within Hopper's shared memory."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-m", "tools.kernel_ir", "--pingpong"], env=env, capture_output=True, text=True,
-        timeout=900, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(done.stdout.splitlines()[-1])
+    rows = _gluon_rows("--pingpong")
     assert [ir["what"].split(" B=")[1] for ir in rows] == ["1"] * 4 + ["3"] + ["2"] * 2, rows
     assert [" exact " in ir["what"] for ir in rows] == [False] * 5 + [True] * 2, rows
     for ir in rows:
@@ -68,13 +74,7 @@ def test_gluon_pingpong_producer_compiles_with_its_publishing():
     each warpgroup's publishing (a counter add, acq_rel at system scope, and a flag write,
     release at system scope: one of each per warpgroup) behind barriers of 128 threads only (a
     CTA-wide bar.sync in a partition would wait for the other partitions forever)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-m", "tools.kernel_ir", "--pingpong-producer"], env=env, capture_output=True, text=True,
-        timeout=900, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(done.stdout.splitlines()[-1])
+    rows = _gluon_rows("--pingpong-producer")
     assert len(rows) == 4, rows
     for ir in rows:
         assert ir["wgmma"] > 0 and ir["counter_adds"] == 2 and ir["flag_writes"] == 2, ir
