@@ -121,6 +121,7 @@ def _graphed(run):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
+
     def replay():
         graph.replay()
 
@@ -134,16 +135,19 @@ def bench_shape(op, name, m, k, n, args, device) -> dict:
     columns = columns if len(columns) > 1 else None
     a, w, a_scale, w_scale = _operands(m, k, n, float8, args.float8 == "rowwise", device, columns)
     ws, w_scales = (w, w_scale) if columns else ([w], [w_scale])
-    # cuBLAS on each weight, as NCCL + cuBLAS runs them; their outputs side by side: the reference
-    if float8:
-        baseline = [lambda w=w, s=s: torch._scaled_mm(a, w, a_scale, s, out_dtype=torch.bfloat16, use_fast_accum=True) for w, s in zip(ws, w_scales)]
-    else:
-        baseline = [lambda w=w: torch.mm(a, w) for w in ws]
-    ref = torch.cat([run() for run in baseline], dim=1)
-    runners = {"cublas": lambda: [run() for run in baseline]}
-    if float8:  # cuBLAS with exact accumulation: what the fused kernels' exact runs compare with
-        exact = [lambda w=w, s=s: torch._scaled_mm(a, w, a_scale, s, out_dtype=torch.bfloat16) for w, s in zip(ws, w_scales)]
-        runners["cublas_exact"] = lambda: [run() for run in exact]
+    def cublas(fast_accum=True):
+        """cuBLAS on each weight, as NCCL + cuBLAS runs them."""
+        if not float8:
+            return lambda: [torch.mm(a, w1) for w1 in ws]
+        return lambda: [
+            torch._scaled_mm(a, w1, a_scale, s1, out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
+            for w1, s1 in zip(ws, w_scales)
+        ]
+
+    runners = {"cublas": cublas()}
+    ref = torch.cat(runners["cublas"](), dim=1)  # the outputs side by side
+    if float8:  # exact accumulation: what the fused kernels' exact runs compare with
+        runners["cublas_exact"] = cublas(fast_accum=False)
     make = _consumer_run if op == "all_gather_matmul" else _producer_run
     configs = gemm.FLOAT8_CONFIGS if float8 else [c for c in gemm.CONFIGS if c.tma]
     errors = {}
