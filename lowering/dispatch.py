@@ -294,6 +294,6 @@ def scaled_matmul_reduce_scatter(
     shapes = scaled_matmul_reduce_scatter_shapes(
         inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, args[6], mm_dtype, out_dtype, use_fast_accum
     )
-    variants = scaled.variants(scaled.RS_KIND)
+    variants = scaled.variants(scaled.RS_KIND, len(inputs))
     run = _resolve(scaled.RS_KIND, fast_key, group_name, world_size, variants, shapes, inputs[0].dtype, inputs[0].device, args)
     return scaled_ops.scaled_matmul_reduce_scatter_reference(*args) if run is None else run(*args)

@@ -133,18 +133,20 @@ def reduce_produced(call: Call, produce, reduce_op: str, out: torch.Tensor) -> t
 
 
 def produce_fused(call, flats, mat2s, bias, *, gemm_config, scales=None, fast_accum=False):
-    """The Triton producer (or, for a pingpong config, the Gluon float8 one) stores every tile
-    into its owner's slot (in the call's dtype) and flags each chunk. ``scales``,
-    ``fast_accum``: float8 operands' (the producer's)."""
+    """The Triton producer (one matmul), or for a pingpong config the Gluon float8 one (a sum of
+    matmuls too), stores every tile into its owner's slot (in the call's dtype) and flags each
+    chunk. ``scales``: float8 operands', (A's, B's) per matmul; ``fast_accum``: theirs."""
     ws = call.ws
-    launch = producer.matmul_reduce_scatter_producer
+    launch, terms = producer.matmul_reduce_scatter_producer, {}
     if isinstance(gemm_config, producer_pingpong.PingpongConfig):
         launch = producer_pingpong.matmul_reduce_scatter_pingpong
+        terms = {"terms": list(zip(flats[1:], mat2s[1:], scales[1:]))}
     launch(
         flats[0], mat2s[0], None if bias is None else bias.contiguous(),
         ws.peer_data_addresses(call.slots_shape, call.dtype), ws.peer_flag_addresses(),
         ws.counters, ws.epoch, rank=call.rank, world_size=call.world, config=gemm_config,
-        inner=call.layout.inner, scales=scales, out_dtype=call.dtype, fast_accum=fast_accum,
+        inner=call.layout.inner, scales=scales[0] if scales else None, out_dtype=call.dtype, fast_accum=fast_accum,
+        **terms,
     )  # fmt: skip
 
 

@@ -35,6 +35,7 @@ from overlap_pass import config, ops, scaled_ops, schedule
 from overlap_pass.templates import all_gather_matmul as consumer
 from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
 from overlap_pass.templates import gemm
+from overlap_pass.templates import matmul_reduce_scatter_pingpong as producer_pingpong
 
 from . import all_gather_matmul as agm
 from . import matmul_reduce_scatter as mrs
@@ -240,23 +241,30 @@ def fused_scaled_mm_reduce_scatter(
     mm_dtype, out_dtype=None, use_fast_accum=False, *, gemm_config, outputs=None,
 ):  # fmt: skip
     """The persistent Triton float8 producer (templates/matmul_reduce_scatter.py, scales in its
-    epilogue), or the Gluon one (matmul_reduce_scatter_pingpong.py) if ``gemm_config`` is a
-    pingpong.PingpongConfig, stores each partial into its owner's slot; the owner's reduction
-    as the other variants'."""
+    epilogue; one matmul), or the Gluon one (matmul_reduce_scatter_pingpong.py; a sum of up to
+    MAX_TERMS too) if ``gemm_config`` is a pingpong.PingpongConfig, stores each partial into its
+    owner's slot; the owner's reduction as the other variants'."""
     flats, layout = mrs._input_rows(inputs, scatter_dim, world_size)
-    if len(inputs) != 1 or not _fused_fits(flats[0], mat2s):  # before the barrier: every rank refuses alike
-        raise NotImplementedError("the fused float8 producer takes one matmul of TMA-aligned operands, [N, K] weights")
-    if isinstance(gemm_config, pingpong.PingpongConfig) and not (use_fast_accum and pingpong.usable(flats[0].device)):
-        raise NotImplementedError("the Gluon pingpong producer runs on Hopper, with fast accumulation")
-    # one word, or one per row of A / column of B, consecutive, as the kernel reads them
-    scales = tuple(s.reshape(-1).contiguous() for s in (input_scales[0], mat2_scales[0]))
+    gluon = isinstance(gemm_config, pingpong.PingpongConfig)
+    terms = producer_pingpong.MAX_TERMS if gluon else 1
+    # before the barrier: every rank refuses alike
+    if len(inputs) > terms or not all(_fused_fits(a, [m]) for a, m in zip(flats, mat2s)):
+        raise NotImplementedError(
+            f"the fused float8 producer takes up to {terms} matmul(s) of TMA-aligned operands, [N, K] weights"
+        )
+    if gluon and not pingpong.usable(flats[0].device):
+        raise NotImplementedError("the Gluon pingpong producer runs on Hopper")
+    # one word, or one per row of A / column of B, consecutive, as the kernels read them
+    scales = [tuple(s.reshape(-1).contiguous() for s in pair) for pair in zip(input_scales, mat2_scales)]
     produce = functools.partial(
         mrs.produce_fused, flats=flats, mat2s=mat2s, bias=bias, gemm_config=gemm_config, scales=scales,
         fast_accum=use_fast_accum,
     )  # fmt: skip
+    # a sum's partials in out_dtype, as the copy engine's (the terms summed widened)
+    partial_dtype = (out_dtype or mm_dtype) if len(inputs) > 1 else mm_dtype
     return _reduce_scatter(
         inputs, flats, layout, mat2s[0].shape[1], scatter_dim, world_size, group_name, reduce_op,
-        (mm_dtype, out_dtype or mm_dtype), produce, outputs,
+        (partial_dtype, out_dtype or mm_dtype), produce, outputs,
     )  # fmt: skip
 
 
@@ -295,8 +303,9 @@ def nccl_scaled_mm_reduce_scatter(
     return out.movedim(0, scatter_dim).contiguous()
 
 
-def variants(kind: str) -> dict:
-    """Name -> implementation, every variant choose.py may pick for a scaled op of ``kind``."""
+def variants(kind: str, num_inputs: int = 1) -> dict:
+    """Name -> implementation, every variant choose.py may pick for a scaled op of ``kind``
+    (a reduce-scatter: of a sum of ``num_inputs`` matmuls; the Triton producer takes one)."""
     if kind == AG_KIND:
         fused, copy_engine, nccl = (
             all_gather_fused_scaled_mm, all_gather_copy_engine_scaled_mm, all_gather_nccl_scaled_mm
@@ -305,7 +314,7 @@ def variants(kind: str) -> dict:
         fused, copy_engine, nccl = (
             fused_scaled_mm_reduce_scatter, copy_engine_scaled_mm_reduce_scatter, nccl_scaled_mm_reduce_scatter
         )
-    configs = gemm.FLOAT8_CONFIGS + pingpong.CONFIGS
+    configs = (gemm.FLOAT8_CONFIGS if num_inputs == 1 else []) + pingpong.CONFIGS
     table = {f"fused:{cfg}": functools.partial(fused, gemm_config=cfg) for cfg in configs}
     table["copy_engine_cublas"] = copy_engine
     table["nccl_cublas"] = nccl

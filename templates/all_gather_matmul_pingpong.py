@@ -124,36 +124,37 @@ def _wait_chunk(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT: gl.constexpr)
 
 
 @gluon.jit
-def _load_b(b, b_desc0, b_desc1, b_desc2, b_desc3, row, col, bar, buf, NB: gl.constexpr):
-    """B ``b``'s block at (row, col): a branch per descriptor (each is a kernel parameter of
-    its own)."""
-    if b == 0:
-        tma.async_copy_global_to_shared(b_desc0, [row, col], bar, buf)
-    if NB > 1:
-        if b == 1:
-            tma.async_copy_global_to_shared(b_desc1, [row, col], bar, buf)
-    if NB > 2:
-        if b == 2:
-            tma.async_copy_global_to_shared(b_desc2, [row, col], bar, buf)
-    if NB > 3:
-        if b == 3:
-            tma.async_copy_global_to_shared(b_desc3, [row, col], bar, buf)
+def _load_block(i, desc0, desc1, desc2, desc3, row, col, bar, buf, COUNT: gl.constexpr):
+    """Descriptor ``i``'s block at (row, col), of the first COUNT: a branch per descriptor
+    (each is a kernel parameter of its own); a constexpr ``i`` leaves one."""
+    if i == 0:
+        tma.async_copy_global_to_shared(desc0, [row, col], bar, buf)
+    if COUNT > 1:
+        if i == 1:
+            tma.async_copy_global_to_shared(desc1, [row, col], bar, buf)
+    if COUNT > 2:
+        if i == 2:
+            tma.async_copy_global_to_shared(desc2, [row, col], bar, buf)
+    if COUNT > 3:
+        if i == 3:
+            tma.async_copy_global_to_shared(desc3, [row, col], bar, buf)
 
 
 @gluon.jit
-def _loader(a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, a_bufs, b_bufs, ready, empty, flags_ptr,
-            epoch_ptr, timeouts_ptr, outer, inner, Ns, K, rank, world_size, GROUP_M: gl.constexpr,
+def _loader(a_desc0, a_desc1, a_desc2, a_desc3, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, a_bufs, b_bufs, ready, empty, flags_ptr,
+            epoch_ptr, timeouts_ptr, outer, inner, Ns, Ks, rank, world_size, GROUP_M: gl.constexpr,
             SPIN_LIMIT: gl.constexpr, GATHER: gl.constexpr = True):  # fmt: skip
     """1 warp: every tile of this program in order, every K block, into the ring. GATHER (the
     all-gather consumer): chunks from the own one on, the own one's rows from a_local_desc, a
     peer's after its flag; else (the reduce-scatter producer, matmul_reduce_scatter_pingpong.py)
-    chunks from rank + 1 on, every row from a_desc, no waits."""
+    chunks from rank + 1 on, every row from a_desc t, no waits. ``Ks``: a tile's terms (the
+    producer's sums of matmuls), each term's K blocks in turn, term t's from a_desc t and B t
+    (the unused descriptors repeat the first); the consumer has one, its B the tile's."""
     NUM_STAGES: gl.constexpr = a_bufs.shape[0]
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc0.block_type.nbytes
+    nbytes: gl.constexpr = a_desc0.block_type.nbytes + b_desc0.block_type.nbytes
     epoch = gl.load(epoch_ptr)
     tiles_m = outer * gl.cdiv(inner, BLOCK_M)
     tiles_per_chunk = _chunk_tiles(tiles_m, Ns)
-    k_tiles = gl.cdiv(K, BLOCK_K)
     ready_chunk = rank  # the last chunk waited for (the own one needs no wait; chunks come in order)
     first_chunk = rank if GATHER else rank + 1
     pos = 0  # ring position: stage pos % NUM_STAGES, its use number pos // NUM_STAGES
@@ -165,19 +166,26 @@ def _loader(a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, a_bufs, b_
             if chunk != ready_chunk:
                 _wait_chunk(flags_ptr, timeouts_ptr, chunk, epoch, SPIN_LIMIT)
                 ready_chunk = chunk
-        for kb in range(k_tiles):
-            s = pos % NUM_STAGES
-            # a fresh mbarrier counts as having completed the phase before phase 0: the first
-            # pass over the ring does not wait
-            mbarrier.wait(empty.index(s), ((pos // NUM_STAGES) & 1) ^ 1)
-            bar = ready.index(s)
-            mbarrier.expect(bar, nbytes)
-            if GATHER and chunk == rank:
-                tma.async_copy_global_to_shared(a_local_desc, [first_own, kb * BLOCK_K], bar, a_bufs.index(s))
-            else:
-                tma.async_copy_global_to_shared(a_desc, [first_full, kb * BLOCK_K], bar, a_bufs.index(s))
-            _load_b(b, b_desc0, b_desc1, b_desc2, b_desc3, tile_n * BLOCK_N, kb * BLOCK_K, bar, b_bufs.index(s), len(Ns))
-            pos += 1
+        for t in gl.static_range(len(Ks)):
+            for kb in range(gl.cdiv(Ks[t], BLOCK_K)):
+                s = pos % NUM_STAGES
+                # a fresh mbarrier counts as having completed the phase before phase 0: the
+                # first pass over the ring does not wait
+                mbarrier.wait(empty.index(s), ((pos // NUM_STAGES) & 1) ^ 1)
+                bar = ready.index(s)
+                mbarrier.expect(bar, nbytes)
+                if GATHER and chunk == rank:
+                    tma.async_copy_global_to_shared(a_local_desc, [first_own, kb * BLOCK_K], bar, a_bufs.index(s))
+                else:
+                    _load_block(
+                        t, a_desc0, a_desc1, a_desc2, a_desc3, first_full, kb * BLOCK_K, bar,
+                        a_bufs.index(s), len(Ks),
+                    )  # fmt: skip
+                _load_block(
+                    b + t, b_desc0, b_desc1, b_desc2, b_desc3, tile_n * BLOCK_N, kb * BLOCK_K, bar, b_bufs.index(s),
+                    len(Ns) + len(Ks) - 1,
+                )  # fmt: skip
+                pos += 1
 
 
 @gluon.jit
@@ -367,8 +375,9 @@ def all_gather_matmul_pingpong_kernel(
         (_consumer, (a_bufs, b_bufs, ready, empty, turns, c_ptrs, strides_cm, bias_ptrs, a_scale_ptr,
                      a_local_scale_ptr, b_scale_ptrs, outer, inner, Ns, K, rank, world_size, gl.constexpr(1),
                      A_SCALE, B_ROWWISE_MASK, BIAS_MASK, GROUP_M, EXACT)),
-        (_loader, (a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, a_bufs, b_bufs, ready, empty, flags_ptr,
-                   epoch_ptr, timeouts_ptr, outer, inner, Ns, K, rank, world_size, GROUP_M, SPIN_LIMIT)),
+        (_loader, (a_desc, a_desc, a_desc, a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, a_bufs, b_bufs,
+                   ready, empty, flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, Ns, (K,), rank, world_size,
+                   GROUP_M, SPIN_LIMIT)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])  # fmt: skip
 
 

@@ -30,7 +30,7 @@ from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
 from overlap_pass.templates import gemm
 from overlap_pass.templates import matmul_reduce_scatter as producer
 from overlap_pass.templates import matmul_reduce_scatter_pingpong as producer_pingpong
-from tools.bench_ops import SHAPES, weight_columns
+from tools.bench_ops import SHAPES, WEIGHTS, weight_columns
 from tools.measure import relative_error, time_interleaved
 
 EPOCH = 1
@@ -88,7 +88,14 @@ def _consumer_run(a, w, a_scale, w_scale, world, config, fast_accum, module=cons
 
 
 def _producer_run(a, w, a_scale, w_scale, world, config, fast_accum, module=producer):
-    """As _consumer_run, for the producer (``module``: the matmul_reduce_scatter module)."""
+    """As _consumer_run, for the producer (``module``: the matmul_reduce_scatter module); where
+    ``a``, ``w`` and their scales are lists, over their sum (the Gluon producer's terms)."""
+    terms = {}
+    if isinstance(a, list):
+        flat = lambda s: s.reshape(-1).contiguous()  # noqa: E731
+        rest = zip(a[1:], w[1:], a_scale[1:], w_scale[1:])
+        terms = {"terms": [(a1, w1, (flat(s1), flat(t1))) for a1, w1, s1, t1 in rest]}
+        a, w, a_scale, w_scale = a[0], w[0], a_scale[0], w_scale[0]
     m, n = a.shape[0], w.shape[1]
     dests = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=a.device) for _ in range(world)]
     flags = torch.zeros(world, dtype=torch.int32, device=a.device)
@@ -101,7 +108,7 @@ def _producer_run(a, w, a_scale, w_scale, world, config, fast_accum, module=prod
     def run():
         module.matmul_reduce_scatter_producer(
             a, w, None, dest_ptrs, flag_ptrs, counters, epoch, rank=0, world_size=world, config=config,
-            scales=scales, out_dtype=torch.bfloat16, fast_accum=fast_accum,
+            scales=scales, out_dtype=torch.bfloat16, fast_accum=fast_accum, **terms,
         )  # fmt: skip
 
     # the kernel writes through the addresses in dest_ptrs and flag_ptrs on every call: their
@@ -157,8 +164,7 @@ def bench_shape(op, name, m, k, n, args, device) -> dict:
     if float8 and pingpong.usable(device):  # the Gluon consumer or producer
         gluon = _PINGPONG if op == "all_gather_matmul" else _PINGPONG_PRODUCER
         runs += [(str(c), c, True, gluon) for c in pingpong.CONFIGS]
-        if op == "all_gather_matmul":  # the consumer's exact (cooperative) form
-            runs += [(f"{c}:exact", c, False, gluon) for c in pingpong.CONFIGS]
+        runs += [(f"{c}:exact", c, False, gluon) for c in pingpong.CONFIGS]  # the cooperative form
     for key, config, fast, module in runs:
         run, result = make(a, w, a_scale, w_scale, args.world, config, fast, *([module] if module else []))
         run()
@@ -184,6 +190,52 @@ def bench_shape(op, name, m, k, n, args, device) -> dict:
     }
 
 
+def bench_sum(name, m, ks, n, args, device) -> dict:
+    """The backward's input gradient of separate weights (Q, K, V; gate, up): a sum of
+    _scaled_mm over ``ks``, reduce-scattered. cuBLAS runs a matmul per term and adds (what the
+    copy engine's variant runs per chunk); the Gluon producer sums them in one launch (its
+    cooperative form)."""
+    rowwise = args.float8 == "rowwise"
+    operands = [_operands(m, k, n, True, rowwise, device) for k in ks]
+    a_s, w_s, a_scales, w_scales = (list(part) for part in zip(*operands))
+
+    def cublas(fast_accum):
+        def run():
+            out = None
+            for a, w, sa, sw in operands:
+                term = torch._scaled_mm(a, w, sa, sw, out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
+                out = term if out is None else out.add_(term)
+            return out
+
+        return run
+
+    runners = {"cublas": cublas(True), "cublas_exact": cublas(False)}
+    ref = runners["cublas_exact"]()
+    errors = {}
+    for config in pingpong.CONFIGS:
+        for key, fast in ((str(config), True), (f"{config}:exact", False)):
+            run, result = _producer_run(a_s, w_s, a_scales, w_scales, args.world, config, fast, _PINGPONG_PRODUCER)
+            run()
+            errors[key] = relative_error(result(), ref)
+            runners[key] = run
+    if args.graphs:
+        runners = {key: _graphed(run) for key, run in runners.items()}
+    times, _ = time_interleaved(runners, device, args.rounds, args.calls, args.warmup)
+    best = min((key for key in times if not key.startswith("cublas") and ":" not in key), key=times.get)
+    return {
+        "op": "matmul_reduce_scatter sum", "shape": name, "M": m, "K": sum(ks), "N": n, "weights": list(ks),
+        "times_us": {key: round(t, 1) for key, t in times.items()},
+        "errors": {key: float(f"{e:.2e}") for key, e in errors.items()}, "best": best,
+    }  # fmt: skip
+
+
+def sum_shapes(world: int) -> list[tuple]:
+    """(name, M, the terms' K, N): the input gradients of the all-gather shapes' separate
+    weights (WEIGHTS), each weight's columns a term's K, the all-gather's K the sum's N."""
+    shapes = SHAPES["all_gather_matmul"].get(world, SHAPES["all_gather_matmul"][4])
+    return [(f"{name} input grad", m, weight_columns(name, n, True), k) for name, m, k, n in shapes if name in WEIGHTS]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--float8", choices=("tensorwise", "rowwise"), default=None)
@@ -194,12 +246,23 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--split", action="store_true", help="Q, K, V (up, gate) as weights of their own, one call")
     parser.add_argument("--graphs", action="store_true", help="time CUDA graph replays (no host launch cost)")
+    parser.add_argument(
+        "--sums", action="store_true",
+        help="float8 on Hopper: the reduce-scatter of the backward's input-gradient sums (Q+K+V, gate+up) instead",
+    )  # fmt: skip
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     device = torch.device("cuda", 0)
     torch.manual_seed(0)
     ops = list(SHAPES) if args.op == "both" else [args.op]
     rows = []
+    if args.sums:
+        if not (args.float8 and pingpong.usable(device)):
+            parser.error("--sums times the Gluon float8 producer: needs --float8 and a Hopper GPU")
+        for name, m, ks, n in sum_shapes(args.world):
+            rows.append(bench_sum(name, m, ks, n, args, device))
+            print(json.dumps(rows[-1]), flush=True)
+        ops = []
     for op in ops:
         for name, m, k, n in SHAPES[op].get(args.world, SHAPES[op][4]):
             rows.append(bench_shape(op, name, m, k, n, args, device))
@@ -209,7 +272,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
         "triton": triton.__version__, "world_chunking": args.world,
         "dtype": f"float8 {args.float8} (fast accumulation)" if args.float8 else "bf16",
-        "rounds": args.rounds, "calls": args.calls, "split": args.split, "graphs": args.graphs,
+        "rounds": args.rounds, "calls": args.calls, "split": args.split, "graphs": args.graphs, "sums": args.sums,
     }  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:

@@ -159,11 +159,12 @@ def pingpong_ir(config, rowwise: bool, num_b: int = 1, exact: bool = False) -> d
     return _gluon_counts(what, kernel)
 
 
-def pingpong_producer_ir(config, rowwise: bool) -> dict:
+def pingpong_producer_ir(config, rowwise: bool, terms: int = 1, exact: bool = False) -> dict:
     """The Gluon float8 reduce-scatter producer (templates/matmul_reduce_scatter_pingpong.py)
-    compiled for sm_90a, as pingpong_ir counts it, with its publishing: the warpgroups'
-    barriers (named, 128 threads each: a CTA-wide one would wait for the other partitions) and
-    the system-scope counter adds and flag writes."""
+    over a sum of ``terms`` matmuls (``exact``, or a sum: its cooperative form), compiled for
+    sm_90a, as pingpong_ir counts it, with its publishing: the warpgroups' barriers (named, 128
+    threads each: a CTA-wide one would wait for the other partitions) and the system-scope
+    counter adds and flag writes."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -172,21 +173,25 @@ def pingpong_producer_ir(config, rowwise: bool) -> dict:
     tile = producer_pp.TILE
     layout = gl.NVMMASharedLayout.get_default_for([tile, tile], gl.float8e4nv)
     desc = f"tensordesc<fp8e4nv[{tile}, {tile}],{layout!r}>"
-    signature = {
-        "a_desc": desc, "b_desc": desc, "dest_ptrs_ptr": "*i64", "flag_ptrs_ptr": "*i64", "counters_ptr": "*i32",
-        "epoch_ptr": "*i32", "bias_ptr": "*bf16", "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32", "outer": "i32",
-        "inner": "i32", "N": "i32", "K": "i32", "rank": "i32", "world_size": "i32",
-    }  # fmt: skip
+    many = lambda t: tuple([t] * terms)  # noqa: E731
+    signature = {f"{ab}_desc{i}": desc for ab in "ab" for i in range(producer_pp.MAX_TERMS)}
+    signature.update({
+        "dest_ptrs_ptr": "*i64", "flag_ptrs_ptr": "*i64", "counters_ptr": "*i32", "epoch_ptr": "*i32",
+        "bias_ptr": "*bf16", "a_scale_ptrs": many("*fp32"), "b_scale_ptrs": many("*fp32"), "outer": "i32",
+        "inner": "i32", "N": "i32", "Ks": many("i32"), "rank": "i32", "world_size": "i32",
+    })  # fmt: skip
+    mask = (1 << terms) - 1 if rowwise else 0
     constexprs = dict(
-        A_SCALE=2 if rowwise else 1, B_ROWWISE=rowwise, HAS_BIAS=False, OUT_DTYPE=gl.bfloat16,
-        NUM_STAGES=config.stages, GROUP_M=config.group_m,
+        A_ROWWISE_MASK=mask, B_ROWWISE_MASK=mask, HAS_BIAS=False, OUT_DTYPE=gl.bfloat16,
+        NUM_STAGES=config.stages, GROUP_M=config.group_m, COOPERATIVE=exact or terms > 1,
     )  # fmt: skip
     signature.update({k: "constexpr" for k in constexprs})
     source = GluonASTSource(producer_pp.matmul_reduce_scatter_pingpong_kernel, signature, constexprs, _aligned_attrs(signature))
     kernel = triton.compile(source, target=HOPPER, options={"num_warps": 4, "maxnreg": producer_pp.MAXNREG})
     ptx = kernel.asm["ptx"]
+    what = f"pingpong producer {config} {'rowwise' if rowwise else 'tensorwise'}{' exact' if exact else ''} terms={terms}"
     return {
-        **_gluon_counts(f"pingpong producer {config} {'rowwise' if rowwise else 'tensorwise'}", kernel),
+        **_gluon_counts(what, kernel),
         "barriers": sorted(set(re.findall(r"bar\.sync\s+[^;]*;", ptx))),
         "counter_adds": len(re.findall(r"atom\.global\.sys\.acq_rel\.add", ptx)),
         "flag_writes": len(re.findall(r"atom\.global\.sys\.release\.exch", ptx)),
@@ -233,7 +238,9 @@ def main() -> None:
     if "--pingpong-producer" in sys.argv:
         from overlap_pass.templates import matmul_reduce_scatter_pingpong as producer_pp
 
-        print(json.dumps([pingpong_producer_ir(c, rowwise) for c in producer_pp.CONFIGS for rowwise in (False, True)]))
+        runs = [(c, rowwise) for c in producer_pp.CONFIGS for rowwise in (False, True)]
+        runs += [(producer_pp.CONFIGS[0], True, 1, True), (producer_pp.CONFIGS[0], True, 3, True)]  # exact; Q+K+V
+        print(json.dumps([pingpong_producer_ir(*run) for run in runs]))
         return
     runs = variants()
     rows = [run() for _, run in runs]

@@ -70,12 +70,17 @@ def test_gluon_pingpong_consumer_compiles_with_its_waits_and_partitions():
 
 
 def test_gluon_pingpong_producer_compiles_with_its_publishing():
-    """The Gluon float8 producer, each config, tensorwise and rowwise: warp groups resized, wgmma,
-    each warpgroup's publishing (a counter add, acq_rel at system scope, and a flag write,
-    release at system scope: one of each per warpgroup) behind barriers of 128 threads only (a
-    CTA-wide bar.sync in a partition would wait for the other partitions forever)."""
+    """The Gluon float8 producer, each config, tensorwise and rowwise, then its cooperative form
+    (exact accumulation; a sum of three matmuls, Q, K and V's input gradient): warp groups
+    resized, wgmma, each warpgroup's publishing (a counter add, acq_rel at system scope, and a
+    flag write, release at system scope: one of each per warpgroup) behind barriers of 128
+    threads only (a CTA-wide bar.sync in a partition would wait for the other partitions
+    forever)."""
     rows = _gluon_rows("--pingpong-producer")
-    assert len(rows) == 4, rows
+    assert [ir["what"].split("terms=")[1] for ir in rows] == ["1"] * 5 + ["3"], rows
+    assert [" exact " in ir["what"] for ir in rows] == [False] * 4 + [True] * 2, rows
+    # the cooperative form: half a tile's wgmma per warpgroup, one per K block; three terms, three loops
+    assert rows[5]["wgmma"] == 3 * rows[4]["wgmma"], rows
     for ir in rows:
         assert ir["wgmma"] > 0 and ir["counter_adds"] == 2 and ir["flag_writes"] == 2, ir
         assert set(ir["stores"]) == {"st.global.v4.b32"}, ir

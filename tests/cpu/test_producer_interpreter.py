@@ -163,18 +163,27 @@ def test_reduction_names_a_peer_whose_partial_never_came():
     assert timeouts.tolist() == [0, 0, EPOCH, 0]
 
 
+def _term(rows, k, n, dtype=torch.float8_e4m3fn):
+    """A further matmul of a sum: (A, its [N, K] weight transposed, one scale each)."""
+    return torch.zeros(rows, k).to(dtype), torch.zeros(n, k).to(torch.float8_e4m3fn).t(), (torch.ones(1), torch.ones(1))
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(fast_accum=False), "fast accumulation"),
         (dict(dest_ptrs=torch.zeros(3, dtype=torch.int64)), "dest_ptrs must hold 2 int64 addresses"),
         (dict(counters=torch.zeros(2, dtype=torch.int64)), "counters must be 2 int32 words"),
-        (dict(scales=(torch.ones(5), torch.ones(1))), "aligned float8 operands"),
+        (dict(scales=(torch.ones(5), torch.ones(1))), "scales of their sizes"),
+        (dict(terms=[_term(256, 64, 64)] * 4), "at most 4 matmuls, not 5"),
+        (dict(terms=[_term(128, 64, 64)]), "do not join the sum"),  # other rows
+        (dict(terms=[_term(256, 64, 32)]), "do not join the sum"),  # other columns
+        (dict(terms=[_term(256, 64, 64, torch.float8_e5m2)]), "do not join the sum"),  # another float8 type
     ],
 )
 def test_gluon_producer_refuses_what_it_cannot_take(change, message):
-    """The Gluon float8 producer's host checks, before any launch (so on any machine): exact
-    accumulation, the protocol's address and counter words, scales of other sizes."""
+    """The Gluon float8 producer's host checks, before any launch (so on any machine): the
+    protocol's address and counter words, scales of other sizes, sums of more matmuls than a
+    launch takes or of terms that do not line up."""
     from overlap_pass.templates import matmul_reduce_scatter_pingpong as pingpong
 
     fp8 = torch.float8_e4m3fn

@@ -146,25 +146,29 @@ def test_all_gather_scaled_variants(world, batch, rowwise, fast_accum):
 
 @pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
 @pytest.mark.parametrize("batch", [1, 2])
-@pytest.mark.parametrize("terms", [1, 2])
+@pytest.mark.parametrize("terms", [1, 2, 3])
 def test_scaled_reduce_scatter_variants(world, batch, rowwise, terms):
-    """Every variant but NCCL's: the copy engine's _scaled_mm per chunk, the fused Triton
-    producer per config and the Gluon pingpong one per config (one matmul only: they refuse a
-    sum before entering the protocol; the Gluon one refuses exact accumulation too). The second
-    call of each: an average, fast accumulation, and for tensorwise scales e5m2 inputs (a
-    gradient's) against e4m3 weights."""
+    """Every variant of a sum of ``terms`` matmuls but NCCL's: the copy engine's _scaled_mm per
+    chunk, the fused Triton producer per config (one matmul: a sum's table leaves it out) and
+    the Gluon pingpong one per config (on Hopper; sums and exact accumulation in its
+    cooperative form). Per variant, two calls: exact accumulation, a sum; then an average, fast
+    accumulation, and for tensorwise scales e5m2 inputs (a gradient's) against e4m3 weights."""
     W = world.size
-    for name, variant in scaled.variants(scaled.RS_KIND).items():
-        if name == "nccl_cublas":
+    table = scaled.variants(scaled.RS_KIND, terms)
+    assert terms == 1 or not any(n.startswith("fused:tma") for n in table), list(table)
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    for name, variant in table.items():
+        if name == "nccl_cublas" or ("gluon" in name and not hopper):
             continue
-        fused = name.startswith("fused")
         for call in range(2):
             gen = torch.Generator(device="cuda").manual_seed(100 * call + 10 * batch + 2 * rowwise + terms)
             # tensorwise recipes cast gradients to e5m2 (rowwise ones keep e4m3)
             dtype = torch.float8_e5m2 if call == 1 and not rowwise else FP8
-            inputs = [[_float8((batch, SEQ * W, K), gen).to(dtype) for _ in range(terms)] for _ in range(W)]
-            scales = [[_scale((batch, SEQ * W, 1) if rowwise else (), gen) for _ in range(terms)] for _ in range(W)]
-            mat2s, mat2_scales = _weights(terms, rowwise, gen)
+            ks = [K + 64 * t for t in range(terms)]  # as Q's, K's and V's widths differ (320: a partial K block)
+            inputs = [[_float8((batch, SEQ * W, k), gen).to(dtype) for k in ks] for _ in range(W)]
+            scales = [[_scale((batch, SEQ * W, 1) if rowwise else (), gen) for _ in ks] for _ in range(W)]
+            mat2s = [_float8((N, k), gen).t() for k in ks]
+            mat2_scales = [_scale((1, N) if rowwise else (), gen) for _ in ks]
             bias = torch.randn(N, generator=gen, device="cuda").to(torch.bfloat16)
             reduce_op, fast = ("sum", False) if call == 0 else ("avg", True)
 
@@ -174,14 +178,6 @@ def test_scaled_reduce_scatter_variants(world, batch, rowwise, terms):
                     torch.float32, fast,
                 )  # fmt: skip
 
-            if fused and terms > 1:
-                with pytest.raises(NotImplementedError):
-                    run(0, world.group_names[0])
-                break
-            if "gluon" in name and not fast:  # the Gluon producer refuses exact accumulation
-                with pytest.raises(NotImplementedError, match="fast accumulation"):
-                    run(0, world.group_names[0])
-                continue
             outs = world.run(prepare=world.poison, call=run)
             total = 0
             for r in range(W):
