@@ -10,7 +10,8 @@ reduce-scatter producer storing each chunk's partial into buffers of this GPU, e
 variants take (gemm.CONFIGS' TMA ones, or gemm.FLOAT8_CONFIGS, one exact-accumulation run and,
 on Hopper, the Gluon consumer's and producer's pingpong.CONFIGS),
 against torch.mm (bf16) or torch._scaled_mm (float8: e4m3, bf16 out, the same scales and
-accumulation). What a fused variant's GEMM costs before any communication: at W ranks it can
+accumulation; rowwise exact accumulation as torchao and the ops' cuBLAS variants run it:
+scaled_ops.scaled_mm_rows, the tensorwise kernel with the scales applied after). What a fused variant's GEMM costs before any communication: at W ranks it can
 beat NCCL + cuBLAS only if the collective it hides is longer than this GEMM's lag behind cuBLAS.
 A time is the median over interleaved rounds (in shuffled order) of the mean per call
 (tools/measure.time_interleaved). ``--split``: the all-gather shapes as the models' separate
@@ -24,6 +25,8 @@ import types
 
 import torch
 import triton
+
+from overlap_pass.scaled_ops import scaled_mm_rows
 
 from overlap_pass.templates import all_gather_matmul as consumer
 from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
@@ -143,18 +146,20 @@ def bench_shape(op, name, m, k, n, args, device) -> dict:
     a, w, a_scale, w_scale = _operands(m, k, n, float8, args.float8 == "rowwise", device, columns)
     ws, w_scales = (w, w_scale) if columns else ([w], [w_scale])
     def cublas(fast_accum=True):
-        """cuBLAS on each weight, as NCCL + cuBLAS runs them."""
+        """cuBLAS on each weight, as NCCL + cuBLAS runs them (scaled_mm_rows: rowwise exact
+        accumulation as torchao runs it, the tensorwise kernel and the scales applied after)."""
         if not float8:
             return lambda: [torch.mm(a, w1) for w1 in ws]
-        return lambda: [
-            torch._scaled_mm(a, w1, a_scale, s1, out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
-            for w1, s1 in zip(ws, w_scales)
-        ]
+        return lambda: [scaled_mm_rows(a, a_scale, w1, s1, None, torch.bfloat16, fast_accum) for w1, s1 in zip(ws, w_scales)]
 
     runners = {"cublas": cublas()}
     ref = torch.cat(runners["cublas"](), dim=1)  # the outputs side by side
     if float8:  # exact accumulation: what the fused kernels' exact runs compare with
         runners["cublas_exact"] = cublas(fast_accum=False)
+    if args.float8 == "rowwise":  # and _scaled_mm's own rowwise exact kernel (session 17's baseline)
+        runners["cublas_exact_rowwise_kernel"] = lambda: [
+            torch._scaled_mm(a, w1, a_scale, s1, out_dtype=torch.bfloat16) for w1, s1 in zip(ws, w_scales)
+        ]
     make = _consumer_run if op == "all_gather_matmul" else _producer_run
     configs = gemm.FLOAT8_CONFIGS if float8 else [c for c in gemm.CONFIGS if c.tma]
     errors = {}
@@ -193,8 +198,8 @@ def bench_shape(op, name, m, k, n, args, device) -> dict:
 def bench_sum(name, m, ks, n, args, device) -> dict:
     """The backward's input gradient of separate weights (Q, K, V; gate, up): a sum of
     _scaled_mm over ``ks``, reduce-scattered. cuBLAS runs a matmul per term and adds (what the
-    copy engine's variant runs per chunk); the Gluon producer sums them in one launch (its
-    cooperative form)."""
+    copy engine's variant runs per chunk, scaled_mm_rows); the Gluon producer sums them in one
+    launch (its cooperative form)."""
     rowwise = args.float8 == "rowwise"
     operands = [_operands(m, k, n, True, rowwise, device) for k in ks]
     a_s, w_s, a_scales, w_scales = (list(part) for part in zip(*operands))
@@ -203,7 +208,7 @@ def bench_sum(name, m, ks, n, args, device) -> dict:
         def run():
             out = None
             for a, w, sa, sw in operands:
-                term = torch._scaled_mm(a, w, sa, sw, out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
+                term = scaled_mm_rows(a, sa, w, sw, None, torch.bfloat16, fast_accum)
                 out = term if out is None else out.add_(term)
             return out
 
