@@ -27,4 +27,10 @@ bench)
     step rs_rowwise 200 python3 -m tools.bench_gemm --float8 rowwise --op matmul_reduce_scatter --graphs --rounds 10 --out "$OUT/rs_rowwise.json"
     for f in sums_rowwise sums_tensorwise rs_rowwise; do echo "== $f"; grep '^|' "$OUT/$f.log"; done
     ;;
+bench2)  # after bench_gemm's exact baseline became scaled_mm_rows (torchao's form)
+    step rowwise_split 300 python3 -m tools.bench_gemm --float8 rowwise --split --graphs --rounds 10 --out "$OUT/rowwise_split.json"
+    step sums_rowwise2 120 python3 -m tools.bench_gemm --float8 rowwise --sums --graphs --rounds 10 --out "$OUT/sums_rowwise2.json"
+    step rs_tensorwise 120 python3 -m tools.bench_gemm --float8 tensorwise --op matmul_reduce_scatter --graphs --rounds 10 --out "$OUT/rs_tensorwise.json"
+    for f in rowwise_split sums_rowwise2 rs_tensorwise; do echo "== $f"; grep '^|' "$OUT/$f.log"; done
+    ;;
 esac
