@@ -192,19 +192,14 @@ def scaled_mm_rows(a, a_scale, mat2, mat2_scale, bias, out_dtype, use_fast_accum
         a_scale = _standard_strides(a_scale.reshape(-1, 1))
     if not is_tensorwise(mat2_scale):
         mat2_scale = _standard_strides(mat2_scale)
-    if a.is_cuda and not use_fast_accum and not (is_tensorwise(a_scale) and is_tensorwise(mat2_scale)):
-        # as torchao does: CUDA's rowwise kernel is slow without fast accumulation, so the
-        # tensorwise one runs with scales of 1 and the scales multiply its rounded result
-        one = a_scale.new_ones(())
-        product = torch._scaled_mm(rows, mat2, one, one, None, None, out_dtype=torch.bfloat16)
-        result = (product * (a_scale * mat2_scale)).to(out_dtype)
-        result = result if bias is None else result + bias
-        if target is not None:
-            target.copy_(result)
-    else:
-        result = torch._scaled_mm(
-            rows, mat2, a_scale, mat2_scale, bias, None, out_dtype=out_dtype, use_fast_accum=use_fast_accum, out=target
-        )
+    # rowwise without fast accumulation too: torchao avoids that kernel ("so slow without
+    # fast-accum") and runs the tensorwise one with the scales applied after, but on torch 2.11
+    # (CUDA 13, H100) it ran 1.04-1.17x the fast one, and the after-scaling, unfused as a
+    # variant runs it, 1.5-4.2x (docs/bench/2026-11-25-s18); it also rounds once, as the fused
+    # kernels do
+    result = torch._scaled_mm(
+        rows, mat2, a_scale, mat2_scale, bias, None, out_dtype=out_dtype, use_fast_accum=use_fast_accum, out=target
+    )
     return (result if out is None else out).view(*a.shape[:-1], n)
 
 

@@ -10,8 +10,7 @@ reduce-scatter producer storing each chunk's partial into buffers of this GPU, e
 variants take (gemm.CONFIGS' TMA ones, or gemm.FLOAT8_CONFIGS, one exact-accumulation run and,
 on Hopper, the Gluon consumer's and producer's pingpong.CONFIGS),
 against torch.mm (bf16) or torch._scaled_mm (float8: e4m3, bf16 out, the same scales and
-accumulation; rowwise exact accumulation as torchao and the ops' cuBLAS variants run it:
-scaled_ops.scaled_mm_rows, the tensorwise kernel with the scales applied after). What a fused variant's GEMM costs before any communication: at W ranks it can
+accumulation, as the ops' cuBLAS variants run it: scaled_ops.scaled_mm_rows). What a fused variant's GEMM costs before any communication: at W ranks it can
 beat NCCL + cuBLAS only if the collective it hides is longer than this GEMM's lag behind cuBLAS.
 A time is the median over interleaved rounds (in shuffled order) of the mean per call
 (tools/measure.time_interleaved). ``--split``: the all-gather shapes as the models' separate
@@ -146,8 +145,7 @@ def bench_shape(op, name, m, k, n, args, device) -> dict:
     a, w, a_scale, w_scale = _operands(m, k, n, float8, args.float8 == "rowwise", device, columns)
     ws, w_scales = (w, w_scale) if columns else ([w], [w_scale])
     def cublas(fast_accum=True):
-        """cuBLAS on each weight, as NCCL + cuBLAS runs them (scaled_mm_rows: rowwise exact
-        accumulation as torchao runs it, the tensorwise kernel and the scales applied after)."""
+        """cuBLAS on each weight, as the ops' NCCL + cuBLAS variant runs them."""
         if not float8:
             return lambda: [torch.mm(a, w1) for w1 in ws]
         return lambda: [scaled_mm_rows(a, a_scale, w1, s1, None, torch.bfloat16, fast_accum) for w1, s1 in zip(ws, w_scales)]
@@ -156,10 +154,6 @@ def bench_shape(op, name, m, k, n, args, device) -> dict:
     ref = torch.cat(runners["cublas"](), dim=1)  # the outputs side by side
     if float8:  # exact accumulation: what the fused kernels' exact runs compare with
         runners["cublas_exact"] = cublas(fast_accum=False)
-    if args.float8 == "rowwise":  # and _scaled_mm's own rowwise exact kernel (session 17's baseline)
-        runners["cublas_exact_rowwise_kernel"] = lambda: [
-            torch._scaled_mm(a, w1, a_scale, s1, out_dtype=torch.bfloat16) for w1, s1 in zip(ws, w_scales)
-        ]
     make = _consumer_run if op == "all_gather_matmul" else _producer_run
     configs = gemm.FLOAT8_CONFIGS if float8 else [c for c in gemm.CONFIGS if c.tma]
     errors = {}
