@@ -13,10 +13,19 @@ its tiles there to the chunk's counter (acq_rel, system scope); the one that com
 count resets it for the next call and writes the chunk's flag (release, system scope). One
 atomic per warpgroup and chunk, as the Triton producer has one per program and chunk.
 
-Float8 only, fast accumulation, mat2 a linear weight ([N, K] transposed). Replayed on one H100
-against cuBLAS's _scaled_mm on the bench_ops shapes (docs/bench/2026-11-25-s17): rowwise
-1.02-1.11x (the Triton producer 1.06-1.23x), tensorwise 0.96-1.00x; the 16-byte stores of
-all_gather_matmul_pingpong.store_tile took 8B's o from 1.27x to 1.11x.
+Exact accumulation (use_fast_accum=False, torchao's backward) and sums of matmuls (the
+backward's input gradients of separate Q, K, V or gate, up weights: sum_t A_t @ B_t, each term
+with its own scales and K) run the consumer's cooperative form instead: both warpgroups on every
+tile, 64 rows each, each term's K blocks in turn (the loader loads them one after another into
+the ring), each block's product waited for and added into fp32, the terms' dequantized products
+summed in fp32 (not rounded one by one, as the op's reference rounds them) before one store.
+Each warpgroup then counts its half of every tile, the chunk complete at twice its tiles.
+
+Float8 only, mat2s linear weights ([N, K] transposed). Replayed on one H100 against cuBLAS's
+_scaled_mm on the bench_ops shapes: fast accumulation, rowwise 1.02-1.11x (the Triton producer
+1.06-1.23x), tensorwise 0.96-1.00x (docs/bench/2026-11-25-s17); exact 1.11-1.22x cuBLAS exact
+(the Triton producer 1.55-1.75x); the input-gradient sums 0.57-0.73x cuBLAS's matmul per term and
+adds for Q+K+V, 0.92-1.11x for gate+up (docs/bench/2026-11-25-s18).
 """
 
 import torch
