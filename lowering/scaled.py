@@ -252,6 +252,8 @@ def fused_scaled_mm_reduce_scatter(
         raise NotImplementedError(
             f"the fused float8 producer takes up to {terms} matmul(s) of TMA-aligned operands, [N, K] weights"
         )
+    if len({a.dtype for a in flats}) > 1 or len({m.dtype for m in mat2s}) > 1:
+        raise NotImplementedError("the Gluon producer sums matmuls of one float8 type on each side")
     if gluon and not pingpong.usable(flats[0].device):
         raise NotImplementedError("the Gluon pingpong producer runs on Hopper")
     # one word, or one per row of A / column of B, consecutive, as the kernels read them

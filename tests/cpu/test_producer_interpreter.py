@@ -196,3 +196,30 @@ def test_gluon_producer_refuses_what_it_cannot_take(change, message):
     )  # fmt: skip
     with pytest.raises(ValueError, match=message):
         pingpong.matmul_reduce_scatter_pingpong(**{**args, **change})
+
+
+@pytest.mark.parametrize(
+    "config_kind, terms, mixed, message",
+    [
+        ("triton", 2, False, "up to 1 matmul"),
+        ("gluon", 5, False, "up to 4 matmul"),
+        ("gluon", 2, True, "one float8 type on each side"),
+    ],
+)
+def test_fused_float8_reduce_scatter_refuses_before_the_protocol(config_kind, terms, mixed, message):
+    """lowering/scaled.py's fused reduce-scatter refuses what its kernel cannot take before it
+    enters the protocol (so every rank refuses alike and nobody waits; the choice then logs a
+    refusal, not a failure): a sum for the Triton producer, more matmuls than the Gluon one
+    sums, a sum mixing float8 types."""
+    from overlap_pass.lowering import scaled
+    from overlap_pass.templates import matmul_reduce_scatter_pingpong as pingpong
+
+    config = gemm.FLOAT8_CONFIGS[0] if config_kind == "triton" else pingpong.CONFIGS[0]
+    dtypes = [torch.float8_e5m2 if mixed and t else torch.float8_e4m3fn for t in range(terms)]
+    inputs = [torch.zeros(2, 64, 32).to(d) for d in dtypes]
+    mat2s = [torch.zeros(48, 32).to(torch.float8_e4m3fn).t() for _ in range(terms)]
+    ones = [torch.ones(()) for _ in range(terms)]
+    with pytest.raises(NotImplementedError, match=message):
+        scaled.fused_scaled_mm_reduce_scatter(
+            inputs, ones, mat2s, ones, None, "sum", 1, 2, "unused", torch.bfloat16, None, False, gemm_config=config
+        )  # fmt: skip
