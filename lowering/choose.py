@@ -11,7 +11,8 @@ baseline is always a candidate, so the pick is never slower than it, as measured
 The choice is written to ``config.choice_cache`` (rank 0), read back by later runs (rank 0 reads
 and broadcasts), and shown in decisions.json by the pass when the cache already knows the shape.
 An entry counts only where its times name exactly the variants of this run: an overlap that has
-added or dropped a variant since measures the shape again.
+added or dropped a variant since measures the shape again, as does one whose VARIANTS_REVISION
+(in every key) differs: a variant that now takes calls it refused, or runs a new kernel.
 
 Samples run the calls as the model will: through dispatch's wrappers, so calls that replay
 per-call CUDA graphs (replay.py) are timed replaying them. A first call made while CUDA graph
@@ -36,6 +37,9 @@ from overlap_pass import config
 log = logging.getLogger("overlap_pass")
 
 BASELINE = "nccl_cublas"
+# bumped where the same variant names run anew (session 18: the Gluon producer takes exact
+# accumulation and sums; the cuBLAS variants' rowwise exact kernel), so cached choices measure again
+VARIANTS_REVISION = 18
 GRAPHS_KEY = " | cudagraphs"  # appended to the key of a choice timed as CUDA graph replays
 ROUNDS = 10
 WARMUP = 2
@@ -62,7 +66,7 @@ def _platform() -> list[str]:
 
 def shape_key(kind: str, world_size: int, shapes: dict, dtype: torch.dtype) -> str:
     """The cache key of a call: the op kind, device, versions, world size, shapes and dtype."""
-    parts = [kind, *_platform(), f"W{world_size}"]
+    parts = [kind, *_platform(), f"variants r{VARIANTS_REVISION}", f"W{world_size}"]
     parts += [f"{name}={value}" for name, value in sorted(shapes.items())]
     parts.append(str(dtype).replace("torch.", ""))
     return " | ".join(parts)
