@@ -11,10 +11,11 @@ variants that choose.py picks from, as for the bf16 ops.
   in its epilogue (the row scales of each chunk read once its flag is set), or on Hopper by
   the warp-specialized Gluon one of templates/all_gather_matmul_pingpong.py (one per
   pingpong.CONFIGS entry; exact accumulation in its cooperative form); for the
-  reduce-scatter (one matmul, not a sum), the Triton float8 producer of
-  templates/matmul_reduce_scatter.py, which stores each tile's dequantized partial (bf16) in
-  its owner's slot and flags each chunk, or on Hopper with fast accumulation the Gluon one of
-  templates/matmul_reduce_scatter_pingpong.py (one per pingpong.CONFIGS entry).
+  reduce-scatter, the Triton float8 producer of templates/matmul_reduce_scatter.py (one
+  matmul), which stores each tile's dequantized partial (bf16) in its owner's slot and flags
+  each chunk, or on Hopper the Gluon one of templates/matmul_reduce_scatter_pingpong.py (one
+  per pingpong.CONFIGS entry; a sum of matmuls too, summed in fp32, and exact accumulation, in
+  its cooperative form).
 - nccl_cublas: the NCCL collective (float8 moved as bytes), then _scaled_mm on the whole
   tensor: what Inductor runs for these graphs without overlap. The baseline, and the fallback.
 
