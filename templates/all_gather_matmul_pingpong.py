@@ -141,9 +141,9 @@ def _load_block(i, desc0, desc1, desc2, desc3, row, col, bar, buf, COUNT: gl.con
 
 
 @gluon.jit
-def _loader(a_desc0, a_desc1, a_desc2, a_desc3, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, a_bufs, b_bufs, ready, empty, flags_ptr,
-            epoch_ptr, timeouts_ptr, outer, inner, Ns, Ks, rank, world_size, GROUP_M: gl.constexpr,
-            SPIN_LIMIT: gl.constexpr, GATHER: gl.constexpr = True):  # fmt: skip
+def _loader(a_desc0, a_desc1, a_desc2, a_desc3, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, a_bufs, b_bufs,
+            ready, empty, flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, Ns, Ks, rank, world_size,
+            GROUP_M: gl.constexpr, SPIN_LIMIT: gl.constexpr, GATHER: gl.constexpr = True):  # fmt: skip
     """1 warp: every tile of this program in order, every K block, into the ring. GATHER (the
     all-gather consumer): chunks from the own one on, the own one's rows from a_local_desc, a
     peer's after its flag; else (the reduce-scatter producer, matmul_reduce_scatter_pingpong.py)

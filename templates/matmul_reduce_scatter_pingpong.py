@@ -220,8 +220,10 @@ def matmul_reduce_scatter_pingpong(
     for a_t, mat2_t, (a_scale, b_scale) in operands:
         if not (fits_float8(a_t, [mat2_t]) and a_scale.numel() in (1, m) and b_scale.numel() in (1, n)):
             raise ValueError("the pingpong producer takes aligned float8 operands, [N, K] weights, scales of their sizes")
-        if a_t.shape[0] != m or mat2_t.shape != (a_t.shape[1], n) or (a_t.dtype, mat2_t.dtype) != (a.dtype, mat2.dtype):
-            raise ValueError(f"A {list(a_t.shape)} {a_t.dtype}, B {list(mat2_t.shape)} {mat2_t.dtype} do not join the sum")
+        same_types = (a_t.dtype, mat2_t.dtype) == (a.dtype, mat2.dtype)
+        if a_t.shape[0] != m or mat2_t.shape != (a_t.shape[1], n) or not same_types:
+            shapes = f"A {list(a_t.shape)} {a_t.dtype}, B {list(mat2_t.shape)} {mat2_t.dtype}"
+            raise ValueError(f"{shapes} do not join the sum")
     if m % (world_size * inner):
         raise ValueError(f"A {list(a.shape)}, world {world_size}, inner {inner}")
     check_protocol_args(dest_ptrs, flag_ptrs, counters, world_size)

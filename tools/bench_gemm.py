@@ -3,19 +3,22 @@
     python3 -m tools.bench_gemm --out gemm.json                     # bf16
     python3 -m tools.bench_gemm --float8 rowwise --out gemm8.json   # float8, fast accumulation
     python3 -m tools.bench_gemm --float8 rowwise --split --graphs    # Q, K, V apart; graph replays
+    python3 -m tools.bench_gemm --float8 rowwise --sums --graphs     # their input gradients' sums
 
 Per bench_ops shape at world size ``--world`` (its chunking; one GPU, no peers): the all-gather
 consumer with every chunk already arrived (all flags set, so it never waits) and the
 reduce-scatter producer storing each chunk's partial into buffers of this GPU, each config the
 variants take (gemm.CONFIGS' TMA ones, or gemm.FLOAT8_CONFIGS, one exact-accumulation run and,
-on Hopper, the Gluon consumer's and producer's pingpong.CONFIGS),
-against torch.mm (bf16) or torch._scaled_mm (float8: e4m3, bf16 out, the same scales and
-accumulation, as the ops' cuBLAS variants run it: scaled_ops.scaled_mm_rows). What a fused variant's GEMM costs before any communication: at W ranks it can
-beat NCCL + cuBLAS only if the collective it hides is longer than this GEMM's lag behind cuBLAS.
-A time is the median over interleaved rounds (in shuffled order) of the mean per call
-(tools/measure.time_interleaved). ``--split``: the all-gather shapes as the models' separate
-weights (bench_ops.WEIGHTS) in one consumer call, against cuBLAS on each weight; ``--graphs``: every
-runner timed as a CUDA graph replay, as the ops run inside compiled models.
+on Hopper, the Gluon consumer's and producer's pingpong.CONFIGS, fast and exact), against
+torch.mm (bf16) or _scaled_mm (float8: e4m3, bf16 out, the same scales and accumulation, as the
+ops' cuBLAS variants run it: scaled_ops.scaled_mm_rows). What a fused variant's GEMM costs
+before any communication: at W ranks it can beat NCCL + cuBLAS only if the collective it hides
+is longer than this GEMM's lag behind cuBLAS. A time is the median over interleaved rounds (in
+shuffled order) of the mean per call (tools/measure.time_interleaved). ``--split``: the
+all-gather shapes as the models' separate weights (bench_ops.WEIGHTS) in one consumer call,
+against cuBLAS on each weight; ``--graphs``: every runner timed as a CUDA graph replay, as the
+ops run inside compiled models; ``--sums``: instead, the backward's input gradients of those
+separate weights, one Gluon producer launch summing them against cuBLAS per weight plus adds.
 """
 
 import argparse
@@ -148,7 +151,8 @@ def bench_shape(op, name, m, k, n, args, device) -> dict:
         """cuBLAS on each weight, as the ops' NCCL + cuBLAS variant runs them."""
         if not float8:
             return lambda: [torch.mm(a, w1) for w1 in ws]
-        return lambda: [scaled_mm_rows(a, a_scale, w1, s1, None, torch.bfloat16, fast_accum) for w1, s1 in zip(ws, w_scales)]
+        bf16 = torch.bfloat16
+        return lambda: [scaled_mm_rows(a, a_scale, w1, s1, None, bf16, fast_accum) for w1, s1 in zip(ws, w_scales)]
 
     runners = {"cublas": cublas()}
     ref = torch.cat(runners["cublas"](), dim=1)  # the outputs side by side

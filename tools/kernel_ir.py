@@ -189,7 +189,8 @@ def pingpong_producer_ir(config, rowwise: bool, terms: int = 1, exact: bool = Fa
     source = GluonASTSource(producer_pp.matmul_reduce_scatter_pingpong_kernel, signature, constexprs, _aligned_attrs(signature))
     kernel = triton.compile(source, target=HOPPER, options={"num_warps": 4, "maxnreg": producer_pp.MAXNREG})
     ptx = kernel.asm["ptx"]
-    what = f"pingpong producer {config} {'rowwise' if rowwise else 'tensorwise'}{' exact' if exact else ''} terms={terms}"
+    scales = "rowwise" if rowwise else "tensorwise"
+    what = f"pingpong producer {config} {scales}{' exact' if exact else ''} terms={terms}"
     return {
         **_gluon_counts(what, kernel),
         "barriers": sorted(set(re.findall(r"bar\.sync\s+[^;]*;", ptx))),
