@@ -11,6 +11,8 @@
 #   D: bench_ops --float8 tensorwise, both ops (as B)
 #   F: the float8 tensorwise 8B block
 #   G: bench_ops bf16 all-gather over separate weights (--split), eager and replayed
+#   T: (session 18) the GPU tests on real NCCL ranks, all but the one-GPU simulated world: the
+#      float8 ops' replays, the compiled blocks, the ops against NCCL (first, if time allows)
 # (each item is cut at 280 s: two a round fit a call)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -61,5 +63,9 @@ F)
     ;;
 G)
     ops bf16_ag_split --op all_gather_matmul --split --graph --rounds 10
+    ;;
+T)
+    timeout 540 python3 -m pytest -q tests/gpu --ignore=tests/gpu/test_sim_world_gpu.py > "$OUT/gpu_tests_w2.log" 2>&1
+    echo "== GPU tests at W=2 (rc $?)"; tail -n 5 "$OUT/gpu_tests_w2.log"
     ;;
 esac
