@@ -180,16 +180,25 @@ def bench_shape(op, name, m, k, n, args, device) -> dict:
         runners[key] = lambda: [run() for run, _ in singles]
         runners[key]()
         errors[key] = relative_error(torch.cat([result() for _, result in singles], dim=1), ref)
+    times, timed = _timed(runners, errors, args, device)
+    flops = 2 * m * k * n
+    return {
+        "op": op, "shape": name, "M": m, "K": k, "N": n, "weights": [w1.shape[1] for w1 in ws], **timed,
+        "cublas_tflops": round(flops / times["cublas"] / 1e6, 1),
+        "best_tflops": round(flops / times[timed["best"]] / 1e6, 1),
+    }
+
+
+def _timed(runners, errors, args, device) -> tuple[dict, dict]:
+    """Every runner timed (as a CUDA graph replay with --graphs): the times (µs), and the row's
+    rounded times, errors and best (the fastest fused run with fast accumulation)."""
     if args.graphs:
         runners = {key: _graphed(run) for key, run in runners.items()}
     times, _ = time_interleaved(runners, device, args.rounds, args.calls, args.warmup)
     best = min((key for key in times if not key.startswith("cublas") and ":" not in key), key=times.get)
-    flops = 2 * m * k * n
-    return {
-        "op": op, "shape": name, "M": m, "K": k, "N": n, "weights": [w1.shape[1] for w1 in ws],
+    return times, {
         "times_us": {key: round(t, 1) for key, t in times.items()},
         "errors": {key: float(f"{e:.2e}") for key, e in errors.items()}, "best": best,
-        "cublas_tflops": round(flops / times["cublas"] / 1e6, 1), "best_tflops": round(flops / times[best] / 1e6, 1),
     }
 
 
@@ -221,15 +230,8 @@ def bench_sum(name, m, ks, n, args, device) -> dict:
             run()
             errors[key] = relative_error(result(), ref)
             runners[key] = run
-    if args.graphs:
-        runners = {key: _graphed(run) for key, run in runners.items()}
-    times, _ = time_interleaved(runners, device, args.rounds, args.calls, args.warmup)
-    best = min((key for key in times if not key.startswith("cublas") and ":" not in key), key=times.get)
-    return {
-        "op": "matmul_reduce_scatter sum", "shape": name, "M": m, "K": sum(ks), "N": n, "weights": list(ks),
-        "times_us": {key: round(t, 1) for key, t in times.items()},
-        "errors": {key: float(f"{e:.2e}") for key, e in errors.items()}, "best": best,
-    }  # fmt: skip
+    _, timed = _timed(runners, errors, args, device)
+    return {"op": "matmul_reduce_scatter sum", "shape": name, "M": m, "K": sum(ks), "N": n, "weights": list(ks), **timed}
 
 
 def sum_shapes(world: int) -> list[tuple]:
