@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The CPU tests on the newest torch and triton, in a virtual environment of their own.
+#
+#   bash tools/test_newest.sh                 # the whole CPU suite
+#   bash tools/test_newest.sh -k torchtitan   # arguments go to pytest
+#
+# The environment lives outside the checkout (OVERLAP_NEWEST_VENV, default
+# ~/.cache/overlap/venv-torch<version>) and is reused by later runs. It takes torch's default
+# wheel from the package index, which brings CUDA libraries (about 5 GB) and runs on the CPU:
+# that is why it never touches the interpreter tools/install.sh installs into.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TORCH=${OVERLAP_NEWEST_TORCH:-2.15.0}
+TRITON=${OVERLAP_NEWEST_TRITON:-3.9.0}
+BASE_PYTHON=${PYTHON:-python3}
+VENV=${OVERLAP_NEWEST_VENV:-$HOME/.cache/overlap/venv-torch$TORCH}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$BASE_PYTHON" -m venv "$VENV"
+fi
+# A pip-wide constraint file (some machines cap torch below the newest release) must not hold
+# this environment back: it exists to run the newest.
+if ! "$VENV/bin/python" -c "import torch, triton, sys
+sys.exit(torch.__version__.split('+')[0] != '$TORCH' or triton.__version__ != '$TRITON')" 2>/dev/null; then
+  PIP_CONSTRAINT=/dev/null "$VENV/bin/python" -m pip install --quiet "torch==$TORCH" "triton==$TRITON"
+fi
+PIP_CONSTRAINT=/dev/null PYTHON="$VENV/bin/python" bash tools/install.sh --test
+"$VENV/bin/python" -m pytest tests/cpu -q "$@"
