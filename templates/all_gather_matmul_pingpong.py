@@ -37,7 +37,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -45,6 +44,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .all_gather_matmul import own_rows
 from .gemm import FLOAT8, sm_count, tma_operand
+from .gluon_hopper import async_tma_load
 
 TILE = 128  # a warpgroup's tile is TILE x TILE, in TILE-deep K blocks (128-byte float8 rows)
 BLOCK_M = BLOCK_N = BLOCK_K = gl.constexpr(TILE)  # (what the kernels read)
@@ -128,16 +128,16 @@ def _load_block(i, desc0, desc1, desc2, desc3, row, col, bar, buf, COUNT: gl.con
     """Descriptor ``i``'s block at (row, col), of the first COUNT: a branch per descriptor
     (each is a kernel parameter of its own); a constexpr ``i`` leaves one."""
     if i == 0:
-        tma.async_copy_global_to_shared(desc0, [row, col], bar, buf)
+        async_tma_load(desc0, [row, col], bar, buf)
     if COUNT > 1:
         if i == 1:
-            tma.async_copy_global_to_shared(desc1, [row, col], bar, buf)
+            async_tma_load(desc1, [row, col], bar, buf)
     if COUNT > 2:
         if i == 2:
-            tma.async_copy_global_to_shared(desc2, [row, col], bar, buf)
+            async_tma_load(desc2, [row, col], bar, buf)
     if COUNT > 3:
         if i == 3:
-            tma.async_copy_global_to_shared(desc3, [row, col], bar, buf)
+            async_tma_load(desc3, [row, col], bar, buf)
 
 
 @gluon.jit
@@ -175,7 +175,7 @@ def _loader(a_desc0, a_desc1, a_desc2, a_desc3, a_local_desc, b_desc0, b_desc1, 
                 bar = ready.index(s)
                 mbarrier.expect(bar, nbytes)
                 if GATHER and chunk == rank:
-                    tma.async_copy_global_to_shared(a_local_desc, [first_own, kb * BLOCK_K], bar, a_bufs.index(s))
+                    async_tma_load(a_local_desc, [first_own, kb * BLOCK_K], bar, a_bufs.index(s))
                 else:
                     _load_block(
                         t, a_desc0, a_desc1, a_desc2, a_desc3, first_full, kb * BLOCK_K, bar,

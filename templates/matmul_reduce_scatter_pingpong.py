@@ -57,6 +57,7 @@ from .all_gather_matmul_pingpong import CONFIGS as CONFIGS  # the same configs s
 from .all_gather_matmul_pingpong import PingpongConfig as PingpongConfig
 from .all_gather_matmul_pingpong import usable as usable
 from .gemm import sm_count
+from .gluon_hopper import thread_barrier
 from .matmul_reduce_scatter import check_protocol_args
 
 MAX_TERMS = MAX_B  # matmuls one launch sums (the loader's descriptors): Q, K, V's input gradient
@@ -68,7 +69,7 @@ def _publish(counters_ptr, flag_ptrs_ptr, chunk, count, target, epoch):
     """After a warpgroup's last tile of ``chunk`` (its ``count`` tiles there): the warpgroup's
     threads meet (their stores before the release), then one add to the chunk's counter; the
     add that brings it to ``target`` resets the counter and flags the chunk."""
-    gl.thread_barrier()  # in a warp_specialize partition: a barrier of its warps alone
+    thread_barrier()  # in a warp_specialize partition: a barrier of its warps alone
     total = gl.atomic_add(counters_ptr + chunk, count, sem="acq_rel", scope="sys") + count
     if total == target:
         gl.atomic_xchg(counters_ptr + chunk, 0, sem="relaxed", scope="gpu")
