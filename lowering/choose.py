@@ -10,6 +10,10 @@ rank 0 picks the fastest and broadcasts its name, so every rank runs the same va
 baseline is always a candidate, so the pick is never slower than it, as measured.
 The choice is written to ``config.choice_cache`` (rank 0), read back by later runs (rank 0 reads
 and broadcasts), and shown in decisions.json by the pass when the cache already knows the shape.
+A choice that is not measured now (one config.implementation forces, or one read from the cache)
+runs this call once first: where it raises on any rank (a kernel this triton cannot compile) it
+is out on every rank and the shape is measured among the rest, the baseline always among them.
+Why a variant is out is logged once per variant and reason, not at every shape.
 An entry counts only where its times name exactly the variants of this run: an overlap that has
 added or dropped a variant since measures the shape again, as does one whose VARIANTS_REVISION
 (in every key) differs: a variant that now takes calls it refused, or runs a new kernel.
@@ -54,6 +58,9 @@ CHOICES: dict[str, dict] = {}
 # (group name, key) -> name: what each group decided, collectively (a rank in two groups with the
 # same shapes must not skip a measurement its peers in the other group run)
 _DECIDED: dict[tuple[str, str], str] = {}
+# (variant, reason) pairs logged: a variant out for one reason at every shape (a kernel this
+# triton cannot compile) is told once, not at each shape's first call
+_TOLD: set[tuple[str, str]] = set()
 
 
 @functools.cache
@@ -168,39 +175,83 @@ def _captured(variant, args: tuple):
     return graph.replay
 
 
+def failure(error: BaseException) -> str:
+    """An exception as one line: its type and its message's last line (a Triton compile error
+    ends in what went wrong, after an excerpt of the kernel's source)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[-1] if lines else ''}"
+
+
+def tell_once(level: int, message: str, name: str, reason: str) -> None:
+    """``message % (name, reason)`` in the log, once per variant and reason."""
+    if (name, reason) not in _TOLD:
+        _TOLD.add((name, reason))
+        log.log(level, message, name, reason)
+
+
+def _first_call(name: str, variant, args: tuple, reference=None) -> bool:
+    """Whether ``variant`` runs this call (and matches the ``reference`` outputs, if given);
+    why not is logged once."""
+    try:
+        outs = _outputs(variant(*args))
+    except NotImplementedError as e:  # refused before it started (these operands): expected
+        tell_once(logging.INFO, "overlap: variant %s does not take this call: %s", name, failure(e))
+        return False
+    except Exception as e:  # a kernel that does not compile or fit: not a candidate
+        tell_once(logging.WARNING, "overlap: variant %s failed: %s", name, failure(e))
+        return False
+    if reference is not None and not all(_close(o, r) for o, r in zip(outs, reference)):
+        tell_once(logging.WARNING, "overlap: variant %s is out: %s", name, f"its outputs differ from {BASELINE}'s")
+        return False
+    return True
+
+
+def _on_every_rank(ok: dict[str, bool], group, device) -> dict[str, bool]:
+    """Each name's flag and-ed over the group's ranks, so that every rank keeps the same
+    variants; one that ran here and failed on a peer is logged as such."""
+    names = list(ok)
+    agreed = torch.tensor([float(ok[n]) for n in names], device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=group)
+    everywhere = {n: bool(v) for n, v in zip(names, agreed.tolist())}
+    for name in names:
+        if ok[name] and not everywhere[name]:
+            tell_once(logging.WARNING, "overlap: variant %s is out: %s", name, "it failed on another rank")
+    return everywhere
+
+
+def runs_everywhere(name: str, variants: dict, args: tuple, group, device) -> bool:
+    """Whether ``name``'s first call on ``args`` runs on every rank of the group (collective):
+    a choice that is not measured (forced, or from the cache file) is tried once before calls
+    depend on it."""
+    return _on_every_rank({name: _first_call(name, variants[name], args)}, group, device)[name]
+
+
 def _measure(variants: dict, args: tuple, group, device, graphs: bool = False) -> dict[str, float]:
     """Per variant: the slowest rank's median time of one call, in µs (inf when out); with
     ``graphs``, of one call replayed in a CUDA graph (no host time)."""
     names = list(variants)
     reference = _outputs(variants[BASELINE](*args))
-    usable = {}
-    for name in names:
-        try:
-            outs = _outputs(variants[name](*args))
-            usable[name] = all(_close(o, r) for o, r in zip(outs, reference))
-        except NotImplementedError as e:  # refused before it started (these operands): expected
-            log.info("overlap: variant %s does not take this call: %s", name, e)
-            usable[name] = False
-        except Exception as e:  # a config that does not compile or fit: not a candidate
-            log.warning("overlap: variant %s failed: %s", name, e)
-            usable[name] = False
     # a variant is out for every rank if it is out for one, so that all time the same ones
-    agreed = torch.tensor([float(usable[n]) for n in names], device=device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=group)
-    usable = {n: bool(v) for n, v in zip(names, agreed.tolist())}
+    usable = _on_every_rank({n: _first_call(n, variants[n], args, reference) for n in names}, group, device)
     runs = {n: functools.partial(_calls, variants[n], args) for n in names if usable[n]}
     captured = _capture_all(variants, runs, args, group, device) if graphs else {}
     if BASELINE in captured:  # (the same on every rank) else eager times, the baseline among them
-        runs, usable = captured, {n: n in captured for n in names}
+        runs = captured
     elif graphs:
         log.warning("overlap: %s cannot be captured in a CUDA graph here; timing eager calls", BASELINE)
-    samples = {name: [] for name in names}
+    return _time(runs, names, group, device)
+
+
+def _time(runs: dict, names: list[str], group, device) -> dict[str, float]:
+    """Per name: the slowest rank's median time of one call of its sample ``runs[name]`` (inf
+    for a name not in ``runs``), in µs, over interleaved rounds."""
+    samples = {name: [] for name in runs}
     order = list(names)
     shuffle = random.Random(0)  # the same order on every rank
     for round_ in range(WARMUP + ROUNDS):
         shuffle.shuffle(order)  # no variant always runs right after the same one
         for name in order:
-            if not usable[name]:
+            if name not in runs:
                 continue
             torch.cuda.synchronize(device)  # idle, on every rank: host time is not hidden
             dist.barrier(group=group, device_ids=[device.index])
@@ -213,7 +264,7 @@ def _measure(variants: dict, args: tuple, group, device, graphs: bool = False) -
     torch.cuda.synchronize(device)
     local = torch.tensor(
         [
-            statistics.median(s.elapsed_time(e) * 1e3 / SAMPLE_CALLS for s, e in samples[n]) if usable[n] else float("inf")
+            statistics.median(s.elapsed_time(e) * 1e3 / SAMPLE_CALLS for s, e in samples[n]) if n in runs else float("inf")
             for n in names
         ],
         dtype=torch.float64,
@@ -231,10 +282,9 @@ def _capture_all(variants: dict, runs: dict, args: tuple, group, device) -> dict
         try:
             graphs[name] = _captured(variants[name], args)
         except Exception as e:  # e.g. a variant whose first use of a shape allocates
-            log.warning("overlap: variant %s cannot be captured in a CUDA graph: %s", name, e)
-    agreed = torch.tensor([float(n in graphs) for n in runs], device=device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=group)
-    return {n: graphs[n] for n, ok in zip(runs, agreed.tolist()) if ok}
+            tell_once(logging.WARNING, "overlap: variant %s cannot be captured in a CUDA graph: %s", name, failure(e))
+    captured = _on_every_rank({n: n in graphs for n in runs}, group, device)
+    return {n: graphs[n] for n in runs if captured[n]}
 
 
 def choose(key: str, variants: dict, args: tuple, group, device) -> str:
@@ -245,7 +295,7 @@ def choose(key: str, variants: dict, args: tuple, group, device) -> str:
     if forced != "auto":
         matches = [n for n in variants if n == forced or n.split(":")[0] == forced]
         if matches:
-            return matches[0]
+            return _forced(key, matches[0], variants, args, group, device)
         # e.g. cublas_push for an all-gather, or fused for a sum of matmuls: measure instead
         log.warning("overlap: implementation %r is not one of %s here; choosing by measurement", forced, sorted(variants))
     decided = _DECIDED.get((group.group_name, key))
@@ -262,22 +312,57 @@ def choose(key: str, variants: dict, args: tuple, group, device) -> str:
     return outside_graph_pool(device, _choose_collectively, key, variants, args, group, device, graphs)
 
 
-def _choose_collectively(key: str, variants: dict, args: tuple, group, device, graphs: bool) -> str:
+def _forced(key: str, name: str, variants: dict, args: tuple, group, device) -> str:
+    """The variant config.implementation names, once its first call has run on every rank;
+    where it fails on one, it is out and the choice is measured among the rest (every rank
+    alike). Collective on first use of a key, as choose."""
+    if name == BASELINE:  # the fallback itself: nothing to fall back to
+        return name
+    decided_key = (group.group_name, f"{key} | forced {name}")
+    decided = _DECIDED.get(decided_key)
+    if decided is not None:
+        return decided
+    if torch.cuda.is_current_stream_capturing():  # as choose: nothing can be tried in a capture
+        log.warning("overlap: first call of %s inside a CUDA graph capture: %s, not %s", key, BASELINE, name)
+        return BASELINE
+    from .symm import outside_graph_pool
+
+    graphs = replays_graphs(device)  # (asked on the calling thread, as in choose)
+
+    def tried() -> str:
+        if runs_everywhere(name, variants, args, group, device):
+            return name
+        reason = "it does not run here; choosing by measurement"
+        tell_once(logging.WARNING, "overlap: forced variant %s is out: %s", name, reason)
+        return _choose_collectively(key, variants, args, group, device, graphs, out=(name,))
+
+    decided = _DECIDED[decided_key] = outside_graph_pool(device, tried)
+    return decided
+
+
+def _choose_collectively(key: str, variants: dict, args: tuple, group, device, graphs: bool, out=()) -> str:
     """choose's collective part: the cached choice, rank 0's, or a measurement now (timing
-    replayed CUDA graphs if ``graphs``)."""
+    replayed CUDA graphs if ``graphs``). ``out``: variants known not to run (the same on
+    every rank), timed as inf without running. A cached choice other than the baseline is
+    tried once on this call; where it fails on a rank, it is out and the shape measured again."""
     decided_key = key
     if graphs:  # timed apart and cached apart: host time does not count
         key += GRAPHS_KEY
     names = list(variants)
     rank = group.rank()
     found = _chosen_among(load_cache().get(key), names) if rank == 0 else None
+    found = None if found in out else found
     found = _broadcast_name(found, names, group, device)
-    if found is not None:
+    if found is not None and (found == BASELINE or runs_everywhere(found, variants, args, group, device)):
         CHOICES[key] = {"choice": found, "source": "cache"}
         _DECIDED[(group.group_name, decided_key)] = found
         return found
+    if found is not None:
+        log.warning("overlap: the cached choice %s for %s does not run here; measuring again", found, key)
+        out = (*out, found)
     begin = time.perf_counter()
-    times = _measure(variants, args, group, device, graphs)
+    candidates = {n: v for n, v in variants.items() if n not in out}
+    times = {n: float("inf") for n in names} | _measure(candidates, args, group, device, graphs)
     best = min(names, key=lambda n: times[n]) if rank == 0 else None
     best = _broadcast_name(best, names, group, device)
     entry = {"choice": best, "times_us": {n: round(t, 1) for n, t in times.items()}}

@@ -44,9 +44,8 @@ from torch.distributed.distributed_c10d import _resolve_process_group
 from overlap_pass import config, ops, schedule
 from overlap_pass.templates import gemm
 from overlap_pass.templates import matmul_reduce_scatter as producer
-from overlap_pass.templates import matmul_reduce_scatter_pingpong as producer_pingpong
 
-from . import symm
+from . import gluon_kernels, symm
 from .row_layout import RowLayout, matmul_into
 
 KIND = "matmul_reduce_scatter"
@@ -138,8 +137,8 @@ def produce_fused(call, flats, mat2s, bias, *, gemm_config, scales=None, fast_ac
     chunk. ``scales``: float8 operands', (A's, B's) per matmul; ``fast_accum``: theirs."""
     ws = call.ws
     launch, terms = producer.matmul_reduce_scatter_producer, {}
-    if isinstance(gemm_config, producer_pingpong.PingpongConfig):
-        launch = producer_pingpong.matmul_reduce_scatter_pingpong
+    if gluon_kernels.is_pingpong(gemm_config):
+        launch = gluon_kernels.load().producer.matmul_reduce_scatter_pingpong
         terms = {"terms": list(zip(flats[1:], mat2s[1:], scales[1:]))}
     launch(
         flats[0], mat2s[0], None if bias is None else bias.contiguous(),

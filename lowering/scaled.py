@@ -34,12 +34,11 @@ from torch.distributed.distributed_c10d import _resolve_process_group
 
 from overlap_pass import config, ops, scaled_ops, schedule
 from overlap_pass.templates import all_gather_matmul as consumer
-from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
 from overlap_pass.templates import gemm
-from overlap_pass.templates import matmul_reduce_scatter_pingpong as producer_pingpong
 
 from . import all_gather_matmul as agm
 from . import matmul_reduce_scatter as mrs
+from . import gluon_kernels
 from .row_layout import RowLayout
 
 AG_KIND, RS_KIND = "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter"
@@ -161,8 +160,8 @@ def all_gather_fused_scaled_mm(
     is a pingpong.PingpongConfig."""
     if not _fused_fits(shard, mat2s):  # before the barrier: every rank refuses alike
         raise NotImplementedError("the fused float8 consumer needs TMA-aligned operands and [N, K] weights")
-    gluon = isinstance(gemm_config, pingpong.PingpongConfig)
-    if gluon and not pingpong.usable(shard.device):
+    gluon = gluon_kernels.is_pingpong(gemm_config)
+    if gluon and not gluon_kernels.load().consumer.usable(shard.device):
         raise NotImplementedError("the Gluon pingpong consumer runs on Hopper")
     # the kernel reads a weight's rowwise scale as N consecutive words
     column_scales = tuple(s if scaled_ops.is_tensorwise(s) else scaled_ops._standard_strides(s) for s in mat2_scales)
@@ -174,7 +173,7 @@ def all_gather_fused_scaled_mm(
         scales = consumer.Scales(data[1].view(-1), parts[1].view(-1), column_scales, use_fast_accum)
     else:
         scales = consumer.Scales(shard_scale.reshape(1), None, column_scales, use_fast_accum)
-    launch = pingpong.all_gather_matmul_pingpong if gluon else consumer.all_gather_matmul_consumer
+    launch = gluon_kernels.load().consumer.all_gather_matmul_pingpong if gluon else consumer.all_gather_matmul_consumer
     with call.consuming():
         launch(
             data[0], list(mat2s), [None if b is None else b.contiguous() for b in biases],
@@ -246,8 +245,8 @@ def fused_scaled_mm_reduce_scatter(
     MAX_TERMS too) if ``gemm_config`` is a pingpong.PingpongConfig, stores each partial into its
     owner's slot; the owner's reduction as the other variants'."""
     flats, layout = mrs._input_rows(inputs, scatter_dim, world_size)
-    gluon = isinstance(gemm_config, pingpong.PingpongConfig)
-    terms = producer_pingpong.MAX_TERMS if gluon else 1
+    gluon = gluon_kernels.is_pingpong(gemm_config)
+    terms = gluon_kernels.load().producer.MAX_TERMS if gluon else 1
     # before the barrier: every rank refuses alike
     if len(inputs) > terms or not all(_fused_fits(a, [m]) for a, m in zip(flats, mat2s)):
         raise NotImplementedError(
@@ -255,7 +254,7 @@ def fused_scaled_mm_reduce_scatter(
         )
     if len({a.dtype for a in flats}) > 1 or len({m.dtype for m in mat2s}) > 1:
         raise NotImplementedError("the Gluon producer sums matmuls of one float8 type on each side")
-    if gluon and not pingpong.usable(flats[0].device):
+    if gluon and not gluon_kernels.load().producer.usable(flats[0].device):
         raise NotImplementedError("the Gluon pingpong producer runs on Hopper")
     # one word, or one per row of A / column of B, consecutive, as the kernels read them
     scales = [tuple(s.reshape(-1).contiguous() for s in pair) for pair in zip(input_scales, mat2_scales)]
@@ -317,7 +316,7 @@ def variants(kind: str, num_inputs: int = 1) -> dict:
         fused, copy_engine, nccl = (
             fused_scaled_mm_reduce_scatter, copy_engine_scaled_mm_reduce_scatter, nccl_scaled_mm_reduce_scatter
         )
-    configs = (gemm.FLOAT8_CONFIGS if num_inputs == 1 else []) + pingpong.CONFIGS
+    configs = (gemm.FLOAT8_CONFIGS if num_inputs == 1 else []) + gluon_kernels.configs()  # none without Gluon
     table = {f"fused:{cfg}": functools.partial(fused, gemm_config=cfg) for cfg in configs}
     table["copy_engine_cublas"] = copy_engine
     table["nccl_cublas"] = nccl

@@ -10,11 +10,28 @@ from overlap_pass.lowering import choose
 VARIANTS = {"fused:tma128x256x64w8s3": None, "fused:ptr64x128x64w4s4": None, "copy_engine_cublas": None, "nccl_cublas": None}
 
 
-def test_a_forced_implementation_needs_no_measurement():
-    with config.patch(implementation="fused"):
-        assert choose.choose("k", VARIANTS, (), group=None, device=None) == "fused:tma128x256x64w8s3"
-    with config.patch(implementation="copy_engine_cublas"):
-        assert choose.choose("k", VARIANTS, (), group=None, device=None) == "copy_engine_cublas"
+def test_a_forced_implementation_needs_no_measurement(monkeypatch):
+    """Its first call runs once on every rank (here the one), before calls depend on it; then
+    the key is decided."""
+    calls = []
+
+    class Group:
+        group_name = "g"
+
+    def measure(*args, **kwargs):
+        raise AssertionError("a forced implementation is not measured")
+
+    variants = {name: lambda *args, name=name: calls.append(name) or torch.ones(2) for name in VARIANTS}
+    monkeypatch.setattr(choose, "_measure", measure)
+    monkeypatch.setattr(choose, "_on_every_rank", lambda ok, group, device: dict(ok))  # a world of one
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(choose, "_DECIDED", {})
+    for forced, name in (("fused", "fused:tma128x256x64w8s3"), ("copy_engine_cublas", "copy_engine_cublas")):
+        with config.patch(implementation=forced):
+            for _ in range(2):
+                assert choose.choose("k", variants, (), group=Group(), device=None) == name
+        assert calls == [name], calls
+        calls.clear()
 
 
 

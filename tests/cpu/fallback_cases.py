@@ -1,0 +1,167 @@
+"""Bodies of the variant fallback tests; each runs on every rank of a gloo RankPool.
+
+The float8 all-gather's CUDA dispatch (lowering/dispatch.py) runs on CPU tensors here, its
+variants replaced by stand-ins that need no GPU: a Gluon-named one that raises a Triton
+CompilationError (what a kernel this triton cannot compile raises at its first launch) on the
+ranks told to, else computes the result; a working "copy_engine_cublas"; the real NCCL+cuBLAS
+baseline (on gloo). The stand-ins compute without communicating (every rank builds every shard
+from its seed), so a rank whose stand-in fails cannot leave a peer waiting. Timing is faked
+(choose._time: the Gluon variant would be fastest), everything else is choose.py's own: the
+first calls, the agreement over ranks, the forced and cached paths, the log.
+"""
+
+import ast
+import contextlib
+import functools
+import logging
+
+import pytest
+import torch
+import torch.distributed as dist
+from triton.compiler.errors import CompilationError
+
+from overlap_pass import config, scaled_ops
+from overlap_pass.lowering import choose, dispatch, scaled
+
+GLUON = "fused:gluon_pingpong128x128x128s6g4"
+COPY_ENGINE = "copy_engine_cublas"
+FAKE_US = {GLUON: 50.0, COPY_ENGINE: 80.0, choose.BASELINE: 100.0}  # the Gluon variant fastest
+ROWS, K, N = 32, 64, 48
+_SOURCE = "gl.warp_specialize([(consumer, args), (loader, args)], [1], [40])"
+COMPILE_ERROR = "async_copy_global_to_shared has been removed; call async_load instead"
+
+
+def compile_error() -> CompilationError:
+    """As Triton raises it: the kernel's source excerpt, then what went wrong."""
+    return CompilationError(_SOURCE, ast.parse(_SOURCE).body[0], COMPILE_ERROR)
+
+
+def _shard(rank: int, seed: int, rows: int):
+    gen = torch.Generator().manual_seed(seed * 100 + rank)
+    return (torch.randn(rows, K, generator=gen) * 0.5).to(torch.float8_e4m3fn)
+
+
+def _problem(seed: int, rows: int):
+    """This rank's float8 shard with a tensorwise scale, a [K, N] weight (an [N, K] linear's,
+    transposed) with its scale: the same weight on every rank."""
+    gen = torch.Generator().manual_seed(seed)
+    weight = (torch.randn(N, K, generator=gen) * 0.5).to(torch.float8_e4m3fn).t()
+    return _shard(dist.get_rank(), seed, rows), torch.tensor(0.5), weight, torch.tensor(0.25)
+
+
+def _args(seed: int, rows: int) -> tuple:
+    shard, scale, weight, weight_scale = _problem(seed, rows)
+    world = dist.get_world_size()
+    return (shard, scale, [weight], [weight_scale], [None], 0, world, dist.group.WORLD.group_name, torch.bfloat16)
+
+
+_SEED = [0]  # the seed of the call being made: a stand-in rebuilds the peers' shards from it
+
+
+def _local_result(*args, **kwargs):
+    """The op's result without communication: every shard rebuilt from the call's seed."""
+    shard, scale, mat2s, mat2_scales, biases = args[:5]
+    gathered = torch.cat([_shard(r, _SEED[0], shard.shape[0]) for r in range(dist.get_world_size())])
+    out = scaled_ops.scaled_mm_rows(gathered, scale, mat2s[0], mat2_scales[0], biases[0], torch.bfloat16, False)
+    return None, [out], []
+
+
+def _gluon_stand_in(failing_ranks, *args, **kwargs):
+    if dist.get_rank() in failing_ranks:
+        raise compile_error()
+    return _local_result(*args, **kwargs)
+
+
+def _variants(failing_ranks) -> dict:
+    return {
+        GLUON: functools.partial(_gluon_stand_in, failing_ranks),
+        COPY_ENGINE: _local_result,
+        choose.BASELINE: scaled.all_gather_nccl_scaled_mm,
+    }
+
+
+def _fake_time(runs: dict, names: list, group, device) -> dict:
+    return {n: FAKE_US[n] if n in runs else float("inf") for n in names}
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _dispatch_on_cpu(failing_ranks, cache_path: str, **patches):
+    """dispatch's CUDA path on CPU tensors with the stand-in variants, this process's choices
+    forgotten (and restored after), the overlap log collected."""
+    remembered = (choose.CHOICES, choose._DECIDED, choose._TOLD, dispatch._RESOLVED)
+    saved = [type(table)(table) for table in remembered]
+    for table in remembered:
+        table.clear()
+    records = _Records()
+    logger = logging.getLogger("overlap_pass")
+    level = logger.level
+    logger.addHandler(records)
+    logger.setLevel(logging.DEBUG)
+    try:
+        with pytest.MonkeyPatch.context() as mp, config.patch(choice_cache=cache_path, **patches):
+            mp.setattr(dispatch, "_symmetric_memory_usable", lambda group: True)
+            mp.setattr(dispatch, "variant_calls", lambda kind, fast_key, variants: dict(variants))
+            mp.setattr(scaled, "variants", lambda kind, num_inputs=1: _variants(failing_ranks))
+            mp.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+            mp.setattr(choose, "_time", _fake_time)
+            yield mp, records.messages
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
+        for table, before in zip(remembered, saved):
+            table.clear()
+            table.update(before)
+
+
+def _call(seed: int, rows: int):
+    _SEED[0] = seed
+    result = dispatch.all_gather_scaled_matmul(*_args(seed, rows))
+    expected = scaled_ops.all_gather_scaled_matmul_reference(*_args(seed, rows))
+    return (result[1][0].float() - expected[1][0].float()).abs().max().item()
+
+
+def _chosen() -> list[str]:
+    return sorted({name for (_, key), name in choose._DECIDED.items() if " | forced " not in key})
+
+
+def fallback(scenario: str, cache_path: str, seed: int = 0) -> dict:
+    """Two calls of one shape (new values each), two of another, in ``scenario``:
+    - "measured": the Gluon stand-in fails to compile on every rank at the first call;
+    - "one_rank": it fails on rank 1 only;
+    - "forced": config.implementation="fused" names it (the first fused variant);
+    - "cached": the cache file names it as the choice of the first shape;
+    - "captured": compiles, but cannot be captured in a CUDA graph (the choice timed as
+      replays, as under reduce-overhead).
+    Returns what each rank chose, its log and the largest error against the reference."""
+    failing = {"one_rank": {1}, "captured": set()}.get(scenario, {0, 1})
+    patches = {"implementation": "fused"} if scenario == "forced" else {}
+    with _dispatch_on_cpu(failing, cache_path, **patches) as (mp, messages):
+        if scenario == "cached" and dist.get_rank() == 0:
+            shard, scale, weight, weight_scale = _problem(seed, ROWS)
+            shapes = dispatch.all_gather_scaled_matmul_shapes(
+                shard, scale, [weight], [weight_scale], [None], 0, torch.bfloat16, False
+            )
+            key = choose.shape_key(scaled.AG_KIND, dist.get_world_size(), shapes, shard.dtype)
+            choose._store(key, {"choice": GLUON, "times_us": dict(FAKE_US)})
+        if scenario == "captured":
+            mp.setattr(choose, "replays_graphs", lambda device: True)
+
+            def captured(variant, args):
+                if getattr(variant, "func", None) is _gluon_stand_in:
+                    raise RuntimeError("operation not permitted when stream is capturing")
+                return functools.partial(choose._calls, variant, args)
+
+            mp.setattr(choose, "_captured", captured)
+        dist.barrier()
+        errors = [_call(s, rows) for s, rows in ((seed, ROWS), (seed + 1, ROWS)) + ((seed + 2, 2 * ROWS),) * 2]
+        chosen, cached = _chosen(), choose.load_cache()
+    return {"chosen": chosen, "log": messages, "error": max(errors), "cache": cached}

@@ -1,0 +1,87 @@
+"""A variant that cannot run on this stack (a Gluon kernel this triton cannot compile, one that
+cannot be captured in a CUDA graph, a triton whose Gluon the kernels cannot import) drops out of
+the per-shape choice with its reason logged once, on every rank alike, and the op's call runs
+the fastest remaining variant: measured, forced by config, or read from the cache file alike.
+The ranks run the float8 all-gather's CUDA dispatch on CPU (fallback_cases.py)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from overlap_pass.lowering import choose
+
+from . import fallback_cases as cases
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COMPILE_FAILED = f"overlap: variant {cases.GLUON} failed: CompilationError: {cases.COMPILE_ERROR}"
+# per scenario and rank: the log lines about the Gluon variant (the choices' summaries aside),
+# each once although two shapes are chosen
+TOLD = {
+    "measured": [[COMPILE_FAILED]] * 2,
+    "one_rank": [[f"overlap: variant {cases.GLUON} is out: it failed on another rank"], [COMPILE_FAILED]],
+    "forced": [
+        [COMPILE_FAILED, f"overlap: forced variant {cases.GLUON} is out: it does not run here; choosing by measurement"]
+    ] * 2,
+    "cached": [[COMPILE_FAILED, "does not run here; measuring again"]] * 2,
+    "captured": [
+        [f"overlap: variant {cases.GLUON} cannot be captured in a CUDA graph: RuntimeError: operation not permitted "
+         "when stream is capturing"]
+    ] * 2,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("scenario", list(TOLD))
+def test_a_variant_that_cannot_run_drops_out_of_the_choice(gloo_world, tmp_path, scenario):
+    ranks = gloo_world(2).run(cases.fallback, scenario, str(tmp_path / "choices.json"))
+    for rank, result in enumerate(ranks):
+        # the Gluon stand-in would have been fastest: the next fastest runs, for both shapes
+        assert result["chosen"] == [cases.COPY_ENGINE], (rank, result)
+        assert result["error"] <= 1e-2, (rank, result)  # every call equals the op's reference
+        told = [m for m in result["log"] if cases.GLUON in m and " -> " not in m]
+        expected = TOLD[scenario][rank]
+        assert len(told) == len(expected) and all(e in m for e, m in zip(expected, told)), (rank, told)
+    (cache,) = {json.dumps(r["cache"], sort_keys=True) for r in ranks}  # one file, rank 0's
+    entries = json.loads(cache).values()
+    assert len(entries) == 2 and all(e["choice"] == cases.COPY_ENGINE for e in entries), cache
+    assert all(math.isinf(e["times_us"][cases.GLUON]) for e in entries), cache  # measured as out
+
+
+def test_a_compile_error_is_told_in_one_line_once(caplog):
+    caplog.set_level("INFO", logger="overlap_pass")
+    reason = choose.failure(cases.compile_error())
+    assert reason == f"CompilationError: {cases.COMPILE_ERROR}"  # not the source excerpt before it
+    told = set(choose._TOLD)
+    try:
+        for _ in range(3):
+            choose.tell_once(30, "overlap: variant %s failed: %s", "fused:x", reason)
+    finally:
+        choose._TOLD.clear()
+        choose._TOLD.update(told)
+    assert caplog.text.count("variant fused:x failed") == 1
+
+
+def test_the_lowering_loads_without_gluon():
+    """A triton without Gluon: the lowering still imports, every op keeps its other variants,
+    and the Gluon ones are out with one log line however often the variants are listed."""
+    code = """if True:
+        import json, logging, sys
+        sys.modules["triton.experimental.gluon"] = None  # as where triton has no Gluon
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        from overlap_pass.lowering import dispatch, scaled
+        names = [list(scaled.variants(scaled.AG_KIND)), list(scaled.variants(scaled.RS_KIND, 2))]
+        names += [list(dispatch._ag_variants(1)), list(dispatch._rs_variants(2))]
+        print(json.dumps(names))
+    """
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ag, rs, plain_ag, plain_rs = json.loads(done.stdout.splitlines()[-1])
+    assert not [n for n in ag + rs if "gluon" in n], (ag, rs)
+    assert rs == ["copy_engine_cublas", "nccl_cublas"] and ag[-2:] == rs and ag[0].startswith("fused:tma"), ag
+    assert "nccl_cublas" in plain_ag and "nccl_cublas" in plain_rs
+    told = [line for line in done.stderr.splitlines() if "gluon" in line]
+    assert len(told) == 1 and "the Gluon kernels do not import" in told[0] and "triton.experimental.gluon" in told[0], told
