@@ -25,13 +25,12 @@ import functools
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _resolve_process_group
 
 from overlap_pass import config, ops, schedule
 from overlap_pass.templates import all_gather_matmul as consumer
 from overlap_pass.templates import gemm, signals
 
-from . import symm
+from . import symm, torch_compat
 from .row_layout import RowLayout, matmul_into
 
 KIND = "all_gather_matmul"
@@ -254,7 +253,7 @@ def nccl_cublas(
     shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
     contract_with=(), gathered_left=(), passengers=(),
 ):  # fmt: skip
-    group = _resolve_process_group(group_name)
+    group = torch_compat.resolve_process_group(group_name)
     gathered = nccl_gather(shard, gather_dim, world_size, group)
     flat = gathered.view(-1, shard.shape[-1])
     outs = []

@@ -38,6 +38,8 @@ import torch.distributed as dist
 
 from overlap_pass import config
 
+from . import torch_compat
+
 log = logging.getLogger("overlap_pass")
 
 BASELINE = "nccl_cublas"
@@ -130,10 +132,7 @@ def replays_graphs(device) -> bool:
     (torch.compile's reduce-overhead mode): its ops will then cost no host time, so their
     variants are timed as replayed graphs and chosen apart from eager calls'."""
     try:
-        from torch._inductor import cudagraph_trees
-
-        manager = cudagraph_trees.get_manager(device.index, create_if_none_exists=False)
-        return manager is not None and manager.in_warmup
+        return torch_compat.graph_trees_warming_up(device.index)
     except Exception:  # internals of torch that may move: time eager calls, as without graphs
         return False
 

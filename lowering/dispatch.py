@@ -4,14 +4,13 @@ import functools
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _resolve_process_group
 
 from overlap_pass import config, ops, scaled_ops
 
 from . import all_gather_matmul as agm
 from . import choose, scaled
 from . import matmul_reduce_scatter as mrs
-from . import replay, symm
+from . import replay, symm, torch_compat
 
 
 @functools.cache
@@ -138,8 +137,8 @@ def _resolve(kind, fast_key, group_name, world_size, variants, shapes, dtype, de
     """The variant for a call seen the first time, as variant_calls wraps it: None for the
     reference decomposition (forced, or a group without symmetric memory), else choose.py's
     pick, made on the calls it will run."""
-    group = _resolve_process_group(group_name)
-    torch._check(
+    group = torch_compat.resolve_process_group(group_name)
+    torch_compat.check(
         group.size() == world_size,
         lambda: f"group {group_name} has {group.size()} ranks, the op was given {world_size}",
     )

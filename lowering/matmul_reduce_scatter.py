@@ -39,13 +39,12 @@ import functools
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _resolve_process_group
 
 from overlap_pass import config, ops, schedule
 from overlap_pass.templates import gemm
 from overlap_pass.templates import matmul_reduce_scatter as producer
 
-from . import gluon_kernels, symm
+from . import gluon_kernels, symm, torch_compat
 from .row_layout import RowLayout, matmul_into
 
 KIND = "matmul_reduce_scatter"
@@ -225,7 +224,7 @@ def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_n
         full = full.view(layout.outer, world_size, layout.inner, n).transpose(0, 1).contiguous()
     out = allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, full.dtype)
     op = dist.ReduceOp.AVG if reduce_op == "avg" else dist.ReduceOp.SUM
-    dist.reduce_scatter_tensor(out, full, op=op, group=_resolve_process_group(group_name))
+    dist.reduce_scatter_tensor(out, full, op=op, group=torch_compat.resolve_process_group(group_name))
     return out
 
 

@@ -27,7 +27,7 @@ import torch
 
 from overlap_pass import config
 
-from . import choose
+from . import choose, torch_compat
 from .symm import new_stream
 
 log = logging.getLogger("overlap_pass")
@@ -140,6 +140,6 @@ def _set_up_cublas(stream: torch.cuda.Stream, device: torch.device) -> None:
         if torch.cuda.get_device_capability(device) >= (8, 9):
             one = torch.ones((), device=device)
             f8 = a.to(torch.float8_e4m3fn)
-            torch._scaled_mm(f8, f8.t(), one, one, out_dtype=torch.bfloat16)
+            torch_compat.scaled_mm(f8, f8.t(), one, one, out_dtype=torch.bfloat16)
     stream.synchronize()
     _CUBLAS_READY.add((threading.get_ident(), device.index))

@@ -30,7 +30,6 @@ import functools
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _resolve_process_group
 
 from overlap_pass import config, ops, scaled_ops, schedule
 from overlap_pass.templates import all_gather_matmul as consumer
@@ -38,7 +37,7 @@ from overlap_pass.templates import gemm
 
 from . import all_gather_matmul as agm
 from . import matmul_reduce_scatter as mrs
-from . import gluon_kernels
+from . import gluon_kernels, torch_compat
 from .row_layout import RowLayout
 
 AG_KIND, RS_KIND = "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter"
@@ -274,7 +273,7 @@ def all_gather_nccl_scaled_mm(
     shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
     use_fast_accum=False, return_gathered=False, passengers=(),
 ):  # fmt: skip
-    group = _resolve_process_group(group_name)
+    group = torch_compat.resolve_process_group(group_name)
     gathered = agm.nccl_gather(shard, gather_dim, world_size, group)
     scale = shard_scale
     if not scaled_ops.is_tensorwise(shard_scale):
@@ -301,7 +300,7 @@ def nccl_scaled_mm_reduce_scatter(
     stacked = full.movedim(scatter_dim, 0).contiguous()
     out = stacked.new_empty((stacked.shape[0] // world_size, *stacked.shape[1:]))
     op = dist.ReduceOp.AVG if reduce_op == "avg" else dist.ReduceOp.SUM
-    dist.reduce_scatter_tensor(out, stacked, op=op, group=_resolve_process_group(group_name))
+    dist.reduce_scatter_tensor(out, stacked, op=op, group=torch_compat.resolve_process_group(group_name))
     return out.movedim(0, scatter_dim).contiguous()
 
 

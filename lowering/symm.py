@@ -43,6 +43,8 @@ import torch.distributed as dist
 from overlap_pass.templates import signals
 from overlap_pass.templates.all_gather_matmul import ChunkTimeout
 
+from . import torch_compat
+
 log = logging.getLogger("overlap_pass")
 
 CONTROL_BYTES = 4096  # flags, pads and late flags, padded so that data starts 4 KiB-aligned
@@ -59,9 +61,7 @@ def _lasting(values: list, dtype: torch.dtype, device: torch.device) -> torch.Te
     the symmetric-memory allocator rather than the caching allocator: a workspace is often made
     during the first call of a compiled model, which CUDA graph trees run inside their graphs'
     memory pool and then require to leave nothing of its own alive there."""
-    import torch.distributed._symmetric_memory as symm_mem
-
-    tensor = symm_mem.empty(len(values), dtype=dtype, device=device)
+    tensor = torch_compat.symmetric_empty(len(values), dtype=dtype, device=device)
     tensor.copy_(torch.tensor(values, dtype=dtype))
     return tensor
 
@@ -145,10 +145,8 @@ class Workspace:
         """``group``: the process group named ``group_name`` (looked up when not given), or an
         object with its rank() and size() where a subclass supplies the memory
         (tests/sim_world.py)."""
-        from torch.distributed.distributed_c10d import _resolve_process_group
-
         self.kind, self.group_name, self.device = kind, group_name, device
-        self.group = group if group is not None else _resolve_process_group(group_name)
+        self.group = group if group is not None else torch_compat.resolve_process_group(group_name)
         self.rank, self.world_size = self.group.rank(), self.group.size()
         self.side_stream = new_stream(device)
         world = self.world_size
@@ -203,10 +201,8 @@ class Workspace:
     def _rendezvous(self, nbytes: int) -> tuple[torch.Tensor, object]:
         """A symmetric allocation of ``nbytes`` on every rank (collective): this rank's buffer,
         and the handle that maps every rank's."""
-        import torch.distributed._symmetric_memory as symm_mem
-
-        buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=self.device)
-        return buffer, symm_mem.rendezvous(buffer, self.group_name)
+        buffer = torch_compat.symmetric_empty(nbytes, dtype=torch.uint8, device=self.device)
+        return buffer, torch_compat.rendezvous(buffer, self.group_name)
 
     def _host_barrier(self) -> None:
         dist.barrier(group=self.group, device_ids=[self.device.index])

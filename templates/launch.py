@@ -17,6 +17,8 @@ import torch
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
+from overlap_pass.lowering import torch_compat
+
 
 def specialization(args) -> tuple:
     """What Triton compiles separate kernels for, per runtime argument (see module docstring).
@@ -76,7 +78,7 @@ class DirectKernel:
         compiled, constexprs = entry
         compiled.run(
             grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-            torch._C._cuda_getCurrentRawStream(device), compiled.function, compiled.packed_metadata,
+            torch_compat.current_raw_stream(device), compiled.function, compiled.packed_metadata,
             None, None, None, *args, *constexprs,
         )  # fmt: skip
 
