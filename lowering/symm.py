@@ -28,7 +28,9 @@ Protocol of one call, on the caller's stream unless said otherwise:
 
 Every wait is bounded. A wait that gives up writes the call's epoch into a device ``timeouts``
 word of the rank or chunk it missed; the host reads those words every CHECK_EVERY calls without
-a sync and raises ChunkTimeout at a later call, or at once through ``check_timeouts``.
+a sync and raises ChunkTimeout at a later call, or at once through ``check_timeouts``. From then
+on the workspace refuses every call with a ChunkTimeout (refuse_if_out_of_step): a rank that
+missed a call stays an epoch behind its peers for good.
 """
 
 import contextlib
@@ -170,6 +172,9 @@ class Workspace:
         self._retired: list[_Allocation] = []
         self._views: dict[tuple, torch.Tensor] = {}  # get_buffer views, made once (host time)
         self._calls = 0
+        # the first ChunkTimeout this workspace raised: its ranks' epochs may differ from then on
+        # (a rank that missed a call stays one behind), so it takes no more calls (refuse_if_out_of_step)
+        self.out_of_step: str | None = None
         self.main = torch.cuda.current_stream(device)  # the caller's stream, per call (enter)
         self._forked = False  # whether the call in progress queued work on the side stream
         # reused every call: waiting on an event takes its state when the wait is queued
@@ -299,6 +304,7 @@ class Workspace:
     def enter(self, data_bytes: int, spin_limit: int) -> None:
         """A call's start: reserve ``data_bytes`` (collective), then step 1, the barrier. The
         caller's stream is looked up once here (each lookup costs host time on the critical path)."""
+        self.refuse_if_out_of_step()
         self.main = torch.cuda.current_stream(self.device)
         self.reserve(data_bytes)
         self.barrier(spin_limit)
@@ -332,6 +338,7 @@ class Workspace:
     def replay(self, graph: torch.cuda.CUDAGraph) -> None:
         """A whole call replayed from a CUDA graph of it (replay.py), with the host steps that a
         graph cannot hold: the timeout checks of enter and leave."""
+        self.refuse_if_out_of_step()
         self._raise_on_earlier_timeouts()
         graph.replay()
         self.finish()
@@ -368,12 +375,31 @@ class Workspace:
         if event is None or torch.cuda.is_current_stream_capturing() or not event.query():
             return
         self._timeouts_copied = None
-        describe_timeouts(self._timeouts_host, self.rank, self.kind)
+        self._describe_timeouts(self._timeouts_host)
 
     def check_timeouts(self) -> None:
         """Synchronizes, then raises ChunkTimeout if any wait of any call so far gave up."""
         torch.cuda.synchronize(self.device)
-        describe_timeouts(self.timeouts.cpu(), self.rank, self.kind)
+        self._describe_timeouts(self.timeouts.cpu())
+
+    def _describe_timeouts(self, timeouts: torch.Tensor) -> None:
+        try:
+            describe_timeouts(timeouts, self.rank, self.kind)
+        except ChunkTimeout as error:
+            self.out_of_step = self.out_of_step or str(error)
+            raise
+
+    def refuse_if_out_of_step(self) -> None:
+        """Raises ChunkTimeout once this workspace has raised one: a wait that gave up may mean a
+        rank missed the call, and its epoch then stays behind its peers' for good, so that later
+        calls would give up again on the ranks ahead and read a peer's data of another call on
+        the rank behind. Refused at once, before the barrier: no spin, nothing queued."""
+        if self.out_of_step is not None:
+            raise ChunkTimeout(
+                f"{self.kind}: rank {self.rank} refuses calls on group {self.group_name}: an earlier "
+                f"call gave up waiting ({self.out_of_step}) and its ranks may be out of step since; "
+                "use a new process group (or a new process) to go on."
+            )
 
 
 # what a rank waits for per peer, in each kind's words
