@@ -2,7 +2,7 @@
 the Gluon ones' cooperative form), consumer and producer, and in the cuBLAS variants' rowwise
 _scaled_mm (scaled_ops.scaled_mm_rows), fp32 out (bf16 for that one), K deep enough for Hopper's fp8 tensor-core accumulation to show: against
 fp64 of the same float8 values, exact accumulation must be several times closer than fast, and
-as close as cuBLAS's exact _scaled_mm. (An H100 in session 11: fast 2.0e-3, exact 7.4e-5,
+as close as cuBLAS's exact _scaled_mm. (Measured on an H100: fast 2.0e-3, exact 7.4e-5,
 cuBLAS exact 1.3e-4, at K = 8192.) Skipped without a GPU."""
 
 import pytest

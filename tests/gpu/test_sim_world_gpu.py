@@ -243,7 +243,7 @@ def test_scaled_calls_replay_per_call_graphs(world, rowwise):
     if world.size > 2:
         # one thread queues every rank: a rank's graph spins while the ranks after it capture
         # theirs, and at W = 3 and 4 some runs here timed out or found new output addresses
-        # (session 16, cause not pinned down); tests/gpu/test_scaled_ops_gpu.py runs real ranks
+        # (cause not pinned down); tests/gpu/test_scaled_ops_gpu.py runs real ranks
         pytest.skip("per-call graphs in the simulated world: W = 2 only")
     W, batch = world.size, 2
     gen = torch.Generator(device="cuda").manual_seed(7)
