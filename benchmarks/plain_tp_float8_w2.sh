@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# docs/benchmarks.md, "Plain TP, W=2" and "Float8, W=2": the Llama 3 8B block without sequence
+# parallel (all-reduces split) against plain Inductor, _micro_pipeline_tp and the sequence-parallel
+# block under _micro_pipeline_tp; the block with torchao's rowwise Float8 linears (needs torchao).
+# Measured on 2×H200 (NVLink); under 5 minutes each. Results: results/plain_tp_float8_w2/.
+source "$(dirname "$0")/_common.sh"
+torchrun --nproc-per-node 2 -m tools.bench_model --layout plain --batch 1 --sizes llama3-8b \
+    --compilers inductor,inductor_micro_pipeline_tp,overlap,sp:inductor_micro_pipeline_tp --out "$OUT/plain_8b_b1_w2.json"
+torchrun --nproc-per-node 2 -m tools.bench_model --float8 rowwise --sizes llama3-8b --out "$OUT/float8_rowwise_8b_w2.json"
