@@ -43,8 +43,8 @@ from . import torch_compat
 log = logging.getLogger("overlap_pass")
 
 BASELINE = "nccl_cublas"
-# bumped where the same variant names run anew (session 18: the Gluon producer takes exact
-# accumulation and sums; the cuBLAS variants' rowwise exact kernel), so cached choices measure again
+# bumped where the same variant names run anew (to 18 when the Gluon producer took exact
+# accumulation and sums and the cuBLAS variants the rowwise exact kernel), so cached choices measure again
 VARIANTS_REVISION = 18
 GRAPHS_KEY = " | cudagraphs"  # appended to the key of a choice timed as CUDA graph replays
 ROUNDS = 10

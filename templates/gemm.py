@@ -28,8 +28,8 @@ class GemmConfig:
         )
 
 
-# 128x256x64, 3 stages, 8 warps: the persistent TMA GEMM that reached 0.92-1.02x cuBLAS in
-# PERF_REFERENCE.md; 4 stages (196 KiB of shared memory, fits with one main loop); a smaller
+# 128x256x64, 3 stages, 8 warps: the config of a persistent TMA GEMM known to reach 0.92-1.02x
+# cuBLAS on Hopper; 4 stages (196 KiB of shared memory, fits with one main loop); a smaller
 # tile; pointer loads for small problems. Inputs TMA cannot take (fp32, unaligned strides) run a
 # TMA config's blocks with pointer loads. Tiny blocks serve tests.
 CONFIGS = [
@@ -38,7 +38,7 @@ CONFIGS = [
     GemmConfig(128, 128, 64, 8, 4, 4, tma=True),
     GemmConfig(64, 128, 64, 8, 4, 4),
 ]
-# float8 (tools/bench_gemm on an H100, session 11: 1.06-1.39x cuBLAS's time, as best of these):
+# float8 (tools/bench_gemm on an H100, 2026-11-24: 1.06-1.39x cuBLAS's time, as best of these):
 # 128-deep K blocks (128 bytes per row, one swizzle line) were the fastest on every shape but
 # the smallest, where 128x256x64 in 4 stages was
 FLOAT8_CONFIGS = [

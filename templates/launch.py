@@ -3,7 +3,7 @@
 A JIT launch (``kernel[grid](...)``) binds and specializes its arguments, looks its kernel up and
 wraps the launch on every call: 15 µs of host time for the one-program barrier and 40 for the
 consumer GEMM with its descriptors on the H200 machines, against 6 and 21 through the compiled
-kernel's own launcher (PERF.md). Every op launches several kernels on the critical path, so they
+kernel's own launcher. Every op launches several kernels on the critical path, so they
 go through ``DirectKernel``: the first call of a specialization compiles through the JIT, later
 calls launch the compiled kernel.
 

@@ -23,9 +23,9 @@ Each warpgroup then counts its half of every tile, the chunk complete at twice i
 
 Float8 only, mat2s linear weights ([N, K] transposed). Replayed on one H100 against cuBLAS's
 _scaled_mm on the bench_ops shapes: fast accumulation, rowwise 1.02-1.11x (the Triton producer
-1.06-1.23x), tensorwise 0.96-1.00x (docs/bench/2026-11-25-s17); exact 1.11-1.22x cuBLAS exact
+1.06-1.23x), tensorwise 0.96-1.00x; exact 1.11-1.22x cuBLAS exact
 (the Triton producer 1.55-1.75x); the input-gradient sums 0.57-0.73x cuBLAS's matmul per term and
-adds for Q+K+V, 0.92-1.11x for gate+up (docs/bench/2026-11-25-s18).
+adds for Q+K+V, 0.92-1.11x for gate+up (docs/benchmarks.md, the fused GEMMs alone).
 """
 
 import torch

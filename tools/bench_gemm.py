@@ -1,5 +1,8 @@
 """The fused kernels' GEMM alone on one GPU, against cuBLAS on the same operands.
 
+Hardware: one CUDA GPU (the TMA configs need Hopper or newer; the Gluon float8 kernels need
+Hopper, sm_90, and are left out elsewhere). No communication is timed.
+
     python3 -m tools.bench_gemm --out gemm.json                     # bf16
     python3 -m tools.bench_gemm --float8 rowwise --out gemm8.json   # float8, fast accumulation
     python3 -m tools.bench_gemm --float8 rowwise --split --graphs    # Q, K, V apart; graph replays
@@ -118,7 +121,7 @@ def _producer_run(a, w, a_scale, w_scale, world, config, fast_accum, module=prod
 
     # the kernel writes through the addresses in dest_ptrs and flag_ptrs on every call: their
     # tensors must live as long as run (a freed flags block reused for another runner's
-    # dest_ptrs got the flag's epoch written into it: misaligned stores, session 13)
+    # dest_ptrs got the flag's epoch written into it: misaligned stores)
     run.buffers = (dests, flags)
     rows = m // world
     # chunk j's partial lands in dests[j], rows of slot 0: gather them back into A's row order
@@ -242,7 +245,7 @@ def sum_shapes(world: int) -> list[tuple]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--float8", choices=("tensorwise", "rowwise"), default=None)
     parser.add_argument("--world", type=int, default=2, help="the chunking: the world size simulated")
     parser.add_argument("--op", choices=("all_gather_matmul", "matmul_reduce_scatter", "both"), default="both")

@@ -4,6 +4,10 @@ in one process on the same inputs: plain Inductor, Inductor with ``_micro_pipeli
 (PyTorch's async TP pass), and backend="overlap".
 
     torchrun --nproc-per-node 4 -m tools.bench_model --model block --out block.json
+    python3 -m tools.bench_model --fake-world 8          # the floor alone at W=8, on one GPU
+
+Hardware: W CUDA GPUs of one host (NVLink), one process per GPU under torchrun; --fake-world W:
+one GPU, no torchrun.
 
 --model block: the transformer block (RMSNorm -> all-gather -> Q, K, V -> causal attention ->
 O -> reduce-scatter -> RMSNorm -> all-gather -> gate, up -> SiLU * mul -> down ->
@@ -297,7 +301,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=("block", "mlp"), default="block")
     parser.add_argument(
         "--layout", choices=("sp", "plain"), default="sp",
@@ -316,7 +320,7 @@ def main() -> None:
     parser.add_argument("--sizes", default=",".join(SIZES))
     known = COMPILERS + tuple(EXTRA_COMPILERS) + (FLOOR,)
     parser.add_argument("--compilers", default=",".join(COMPILERS), help="a subset of " + ",".join(known))
-    # as PERF_REFERENCE.md measured: the median of 5 rounds of 20 calls (with a handful of calls,
+    # the median of 5 rounds of 20 calls (with a handful of calls,
     # the start of each round, the GPU waiting for the first launch, weighs in)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=20)

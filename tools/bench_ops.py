@@ -3,6 +3,9 @@
     torchrun --nproc-per-node 4 -m tools.bench_ops --op all_gather_matmul --out ag.json [--png ag.png]
     torchrun --nproc-per-node 4 -m tools.bench_ops --op matmul_reduce_scatter --out rs.json
     torchrun --nproc-per-node 2 -m tools.bench_ops --op all_gather_matmul --float8 rowwise --out ag8.json
+    python3 -m tools.bench_ops --render ag.json     # the tables of an earlier run, on any machine
+
+Hardware: W CUDA GPUs of one host (NVLink), one process per GPU under torchrun.
 
 Per shape (bf16; B a linear weight N x K used transposed), all in one process, interleaved round
 by round in a shuffled order so drift hits every variant alike: mm alone, the NCCL collective
@@ -36,7 +39,7 @@ import torch.distributed as dist  # noqa: E402
 
 from tools.measure import relative_error, slowest  # noqa: E402
 
-# (name, M, K, N) per op and world size: PERF_REFERENCE.md's rows
+# (name, M, K, N) per op and world size: Llama 3 8B's and 70B's projections and a wide shape
 SHAPES = {
     "all_gather_matmul": {
         4: [("llama3-8b qkv", 8192, 4096, 1536), ("llama3-8b up+gate", 8192, 4096, 7168),
@@ -380,7 +383,7 @@ def chart(rows: list[dict], path: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--op", choices=sorted(SHAPES), default="all_gather_matmul")
     parser.add_argument("--out", default="bench_ops.json")
     parser.add_argument("--png", default=None)

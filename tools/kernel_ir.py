@@ -5,20 +5,21 @@
     python3 -m tools.kernel_ir --pingpong # the Gluon float8 consumer's, as JSON
     python3 -m tools.kernel_ir --pingpong-producer  # the Gluon float8 producer's, as JSON
 
-(Not under TRITON_INTERPRET=1, which makes kernels uncompilable: the CPU test runs this apart.)
+Hardware: any machine, GPU or not (Triton compiles for sm_90a without one). Not under
+TRITON_INTERPRET=1, which makes kernels uncompilable: the CPU test runs this apart.
 
 Triton compiles for a GPU target it is told of, GPU or not, so whether a loop was software
 pipelined, whether stores vectorized and how much shared memory a kernel takes can be checked on
-any machine. Session 12 found both regressions this way (an atomic under a branch of the tile
+any machine. Regressions of both kinds were found this way (an atomic under a branch of the tile
 loop, a CTA barrier in it, an alignment hint on an integer: each silently cost 5 to 70% on an
 H100); tests/cpu/test_kernel_ir.py keeps them out.
 """
 
+import argparse
 import collections
 import dataclasses
 import json
 import re
-import sys
 
 import torch
 import triton
@@ -228,15 +229,20 @@ def variants() -> list:
     return runs
 
 
-def main() -> None:
-    if "--pingpong" in sys.argv and "--pingpong-producer" not in sys.argv:  # JSON, one object per config and scale kind
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="the table as JSON, one object per variant")
+    parser.add_argument("--pingpong", action="store_true", help="the Gluon float8 consumer's configs instead (JSON)")
+    parser.add_argument("--pingpong-producer", action="store_true", help="the Gluon float8 producer's configs instead (JSON)")
+    args = parser.parse_args(argv)
+    if args.pingpong and not args.pingpong_producer:  # JSON, one object per config and scale kind
         from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
 
         runs = [(c, rowwise, 1) for c in pingpong.CONFIGS for rowwise in (False, True)] + [(pingpong.CONFIGS[0], True, 3)]
         runs += [(c, True, 2, True) for c in pingpong.CONFIGS]  # exact accumulation
         print(json.dumps([pingpong_ir(*run) for run in runs]))
         return
-    if "--pingpong-producer" in sys.argv:
+    if args.pingpong_producer:
         from overlap_pass.templates import matmul_reduce_scatter_pingpong as producer_pp
 
         runs = [(c, rowwise) for c in producer_pp.CONFIGS for rowwise in (False, True)]
@@ -245,7 +251,7 @@ def main() -> None:
         return
     runs = variants()
     rows = [run() for _, run in runs]
-    if "--json" in sys.argv:
+    if args.json:
         print(json.dumps([{"what": what, **dataclasses.asdict(r)} for (what, _), r in zip(runs, rows)]))
         return
     print("| kernel | flattened | pipelined | TMA loads | stores | shared memory |")

@@ -1,6 +1,6 @@
 """The fused TMA kernels compiled for Hopper on the CPU (tools/kernel_ir.py): every variant the
 ops launch keeps what its speed rests on, which no CPU test of results can see and a GPU shows
-only as time. Each of these regressed silently once (session 12, an H100: 5 to 70% slower):
+only as time. Each of these regressed silently once (on an H100: 5 to 70% slower):
 - the tile loop flattened into the K loop (an atomic under a branch of the body broke it);
 - the loads software-pipelined (a poll loop or a tl.debug_barrier in the body stopped it);
 - 16-byte stores (an alignment hint on an integer address was lost: 2-byte stores);

@@ -11,7 +11,7 @@ from . import numerics_cases as cases
 AGM, MRS = "all_gather_matmul", "matmul_reduce_scatter"
 
 
-# W=8 (the world size of issue 6, whose GPUs are not lent) without bias only: 8 ranks compiling
+# W=8 (not yet measured on GPUs) without bias only: 8 ranks compiling
 # on CI's two cores take a minute per model
 @pytest.mark.parametrize("world_size, bias", [(2, False), (2, True), (4, False), (4, True), (8, False)])
 def test_tp_transformer_block(gloo_world, world_size, bias):
