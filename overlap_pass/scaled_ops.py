@@ -176,8 +176,11 @@ def _scaled_matmul_reduce_scatter_fake(
 
 def _standard_strides(scale: torch.Tensor) -> torch.Tensor:
     """_scaled_mm checks a rowwise scale's strides literally (a stride of 0 or M on a dim of
-    size 1 fails), which .contiguous() leaves as they are."""
-    if scale.stride() == torch.empty(scale.shape, device="meta").stride():
+    size 1 fails), which .contiguous() leaves as they are; cuBLAS also refuses a scale vector
+    that does not start on 16 bytes (CUBLAS_STATUS_NOT_SUPPORTED), as a chunk's rows of a
+    gathered scale do when a rank holds a number of rows not divisible by 4."""
+    aligned = scale.data_ptr() % 16 == 0
+    if aligned and scale.stride() == torch.empty(scale.shape, device="meta").stride():
         return scale
     return scale.new_empty(scale.shape).copy_(scale)
 

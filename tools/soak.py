@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed)
     world = SimWorld(args.world)
     kept = []  # (op, name, variant, problem) that replayed calls repeat
-    warmed = set()  # (op, variant, shape) called before: no warm-up round (SimWorld.run)
+    warmed = set()  # shapes (eager) and problems (replayed) called before: no warm-up round
     counts, per_variant = collections.Counter(), collections.Counter()
     failures, refusals = [], set()
     replayed_before = replay.stats["replayed"]
@@ -133,9 +133,12 @@ def main(argv=None) -> int:
             if mode == "replayed":
                 kept.append((op, name, variant, problem))
                 if len(kept) > KEPT:
-                    _, old_name, _, old = kept.pop(0)
+                    old_op, old_name, _, old = kept.pop(0)
                     cases.forget(old, old_name, world.group_names)
-        key = (op, name, problem.shape)
+                    warmed.discard((old_op, old_name, id(old)))  # its id may be reused
+        # a new shape, and a replayed call's new tensors (captured on their first call, on one
+        # rank while its peer's graph already spins), each get SimWorld's warm-up round
+        key = (op, name, problem.shape) if mode == "eager" else (op, name, id(problem))
         label = f"call {index}: {op} {name} {mode} {problem.shape} {problem.reduce_op}"
         try:
             bad = cases.run_in(world, problem, name, variant, mode, warm_up=key not in warmed)
