@@ -13,8 +13,11 @@ process, interleaved, on the same inputs and weights:
         --out titan.json --png titan.png
     python3 -m tools.bench_torchtitan --render a.json,b.json --png titan.png   # tables again
 
+Hardware: W CUDA GPUs of one host (NVLink), one process per GPU under torchrun; --render runs
+anywhere.
+
 The layers are tools/titan_llama3.py's copy of torchtitan 0.3.0's block and plan: torchtitan
-itself needs a torch newer than the GPU machines' 2.11 (tests/cpu check the copy against it).
+itself needs a torch newer than 2.11 (tests/cpu check the copy against it).
 Each sequence has ``--seq`` tokens (8192), so batch b runs b x 8192 tokens; the hidden state
 enters the layers sharded along seq, [batch, seq / W, dim], as between torchtitan's blocks.
 
@@ -187,7 +190,7 @@ def chart(rows: list[dict], path: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="llama3-8b,llama3-70b")
     parser.add_argument("--batches", default="1,2,4,8")
     parser.add_argument("--seq", type=int, default=8192, help="tokens per sequence")

@@ -72,7 +72,7 @@ def format_table(table: list[tuple[str, ...]]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", help="a dump folder (config.debug_dir) or any folder below it")
     args = parser.parse_args(argv)
     table = rows(args.folder)

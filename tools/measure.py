@@ -51,3 +51,7 @@ def time_interleaved(runners: dict, device, rounds: int, calls: int, warmup: int
     us = {key: slowest(statistics.median(s.elapsed_time(e) * 1e3 / calls for s, e, _ in runs), device) for key, runs in samples.items()}
     host_us = {key: slowest(statistics.median(h * 1e6 / calls for _, _, h in runs), device) for key, runs in samples.items()}
     return us, host_us
+
+
+if __name__ == "__main__":  # a module the tools import, not a tool: --help says what it is
+    print(__doc__)

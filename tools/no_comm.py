@@ -72,3 +72,7 @@ class NoCommunication(CustomGraphPass):
 
     def uuid(self):
         return None  # never cached: a cached graph must not stand in for a real one
+
+
+if __name__ == "__main__":  # a module the tools import, not a tool: --help says what it is
+    print(__doc__)

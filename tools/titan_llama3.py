@@ -1,6 +1,6 @@
 """torchtitan 0.3.0's Llama 3 TransformerBlock, its TP + sequence-parallel plan and its per-block
 compile, rebuilt on torch 2.11's public APIs: torchtitan itself cannot be imported there (it
-needs torch.distributed.fsdp.DataParallelMeshDims), and our GPU machines only have torch 2.11.
+needs torch.distributed.fsdp.DataParallelMeshDims), and the GPU benchmarks run on torch 2.11.
 tests/cpu/test_titan_mirror_gloo.py checks on CPU that this computes exactly what torchtitan's own
 blocks compute (outputs and every gradient, fp32), with both gemm backends.
 
@@ -544,3 +544,7 @@ def load_from_torchtitan(mirror: TitanLayers, titan_model: nn.Module) -> None:
                 f"{name}: placements {param.placements} here, {source.placements} in torchtitan"
             )
         _local(param).copy_(_local(source))
+
+
+if __name__ == "__main__":  # a module the tools import, not a tool: --help says what it is
+    print(__doc__)

@@ -122,3 +122,7 @@ def parallelize_mlp(mlp: MLP, mesh) -> MLP:
         "down": RowwiseParallel(output_layouts=Shard(1)),
     }
     return parallelize_module(mlp, mesh, plan)
+
+
+if __name__ == "__main__":  # a module the tools import, not a tool: --help says what it is
+    print(__doc__)
