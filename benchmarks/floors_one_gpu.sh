@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# docs/benchmarks.md, "The floor": the models with every collective replaced by a local op of its
-# shape (tools/no_comm.py), timed at world size W on one GPU (rank 0 of a fake process group: W's
-# shapes, none of its traffic). Measured on one H200; under 3 minutes each.
+# docs/benchmarks.md, "The floor at any world size, on one GPU": the models with every collective
+# replaced by a local op of its shape (tools/no_comm.py), timed at world size W on one GPU (rank 0
+# of a fake process group: W's shapes, none of its traffic). Measured on one H200; under 3 minutes each.
 # Results: results/floors_one_gpu/.
 source "$(dirname "$0")/_common.sh"
 floor="python3 -m tools.bench_model"
