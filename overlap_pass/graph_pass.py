@@ -16,7 +16,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch._inductor.pattern_matcher import stable_topological_sort
 from torch.fx import Graph
 
-from . import all_reduce_split, casts, config, debug, decide, float8, passengers, patterns, rewrite
+from . import all_reduce_split, casts, config, debug, decide, float8, passengers, patterns, rewrite, waits
 from .debug import describe_node, log
 from .patterns import AllGatherMatmulMatch, Candidate
 
@@ -107,10 +107,11 @@ def install() -> None:
 
 
 def overlap_graph_pass(graph: Graph) -> list[dict]:
-    """split all-reduces (all_reduce_split.py) -> move casts (casts.py) -> find -> decide ->
-    rewrite on one graph; returns the decision records."""
+    """one wait per collective (waits.py) -> split all-reduces (all_reduce_split.py) -> move
+    casts (casts.py) -> find -> decide -> rewrite on one graph; returns the decision records."""
     dumping = debug.dumping()
     before = debug.graph_text(graph) if dumping else ""
+    merged_waits = _merge_repeated_waits(graph)
     folded = _fold_rowwise_epilogues(graph)
     split_records = _split_all_reduces(graph)
     moved = _move_casts(graph, casts.plan(graph)) if config.all_gather_matmul else {}
@@ -121,6 +122,8 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
     for candidate, record in decisions:
         if candidate.collective in moved:
             record["cast_moved_before_gather"] = moved[candidate.collective]
+        if candidate.collective in merged_waits:
+            record["repeated_waits_merged"] = merged_waits[candidate.collective]
     rider_records = []
     if any(record["rewritten"] for _, record in decisions):
         _rewrite_all(graph, decisions)
@@ -202,6 +205,24 @@ def _name_hosts(decisions: list[tuple[Candidate, dict]], hosts: dict) -> None:
         record.update(op=op.name, passengers=len(op.args[passengers.HOSTS[op.target].passengers]))
         if (record["implementation"] or "").startswith("auto"):
             record["implementation"] = decide.FIRST_CALL
+
+
+def _merge_repeated_waits(graph: Graph) -> dict:
+    """waits.py's merge; returns {collective: how many later waits were merged into its first}.
+    Should it fail, the graph is restored, and the matchers skip such collectives with their
+    reason."""
+    repeated = waits.plan(graph)
+    if not repeated:
+        return {}
+    snapshot = _copy_graph(graph)
+    try:
+        waits.apply(graph, repeated)
+        graph.lint()
+    except Exception as error:  # never crash compilation on a graph we did not foresee
+        log.warning("overlap_pass: merging repeated waits failed, graph left as it was: %r", error)
+        _restore_graph(graph, snapshot)
+        return {}
+    return {value: len(found) - 1 for value, found in repeated.items()}
 
 
 def _fold_rowwise_epilogues(graph: Graph) -> int:
