@@ -46,6 +46,11 @@ def _spans_hosts(ranks: list[int]) -> bool:
     return per_host > 0 and len({r // per_host for r in ranks}) > 1
 
 
+def _matrix(mat2: torch.Tensor) -> torch.Tensor:
+    """The [K, N] matrix the op takes: a bmm's shared mat2 [B, K, N] gives its first element."""
+    return mat2[0] if mat2.dim() == 3 else mat2
+
+
 def _choice_key(match: Match) -> str:
     """The key lowering/choose.py files the match's per-shape choice under."""
     from overlap_pass.lowering import choose, dispatch
@@ -54,18 +59,19 @@ def _choice_key(match: Match) -> str:
         shard = meta_val(match.shard)
         shapes = dispatch.all_gather_matmul_shapes(
             shard.shape,
-            [meta_val(use.mat2) for use in match.matmuls],
+            [_matrix(meta_val(use.mat2)) for use in match.matmuls],
             [use.bias for use in match.matmuls],
             match.gather_dim % shard.dim(),
-            # contract_with is [M, K]: K is the last dim of mm(g^T, other) and the first of other @ g
-            [(meta_val(u.mm).shape[-1 if u.gathered_left else 0], u.gathered_left) for u in match.contractions],
+            # contract_with is [M, K]: K is the last dim of mm(g^T, other) and the first of
+            # other @ g (of each product of a bmm)
+            [(meta_val(u.mm).shape[-1 if u.gathered_left else -2], u.gathered_left) for u in match.contractions],
         )
         return choose.shape_key("all_gather_matmul", match.world_size, shapes, shard.dtype)
     # the rewrite reshapes each mm's input to the scattered layout and sums the biases (rewrite.py)
     scattered = meta_val(match.scattered)
     input_shapes = [[*scattered.shape[:-1], meta_val(t.input).shape[-1]] for t in match.terms]
     shapes = dispatch.matmul_reduce_scatter_shapes(
-        input_shapes, [meta_val(t.mat2) for t in match.terms],
+        input_shapes, [_matrix(meta_val(t.mat2)) for t in match.terms],
         any(t.bias is not None for t in match.terms), match.reduce_op,
         match.scatter_dim % scattered.dim(), match.out_dtype,
     )  # fmt: skip

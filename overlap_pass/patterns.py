@@ -19,6 +19,8 @@ ALL_GATHER = c10d.all_gather_into_tensor.default
 REDUCE_SCATTER = c10d.reduce_scatter_tensor.default
 WAIT = c10d.wait_tensor.default
 VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+SQUEEZES = (aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+BMM = aten.bmm.default
 SPLITS = (aten.split.Tensor, aten.split_with_sizes.default)
 CASTS = (torch.ops.prims.convert_element_type.default, aten._to_copy.default)
 SCALED_MM = aten._scaled_mm.default
@@ -31,8 +33,8 @@ MATMUL_REDUCE_SCATTER = "matmul_reduce_scatter"
 class MatmulUse:
     """One matmul that reads the gathered tensor (through views) as its left operand."""
 
-    mm: Node  # aten.mm, aten.addmm or aten._scaled_mm
-    mat2: Node
+    mm: Node  # aten.mm, aten.addmm, aten._scaled_mm, or aten.bmm with a shared mat2
+    mat2: Node  # [K, N]; a bmm's [B, K, N], one matrix for every batch element
     bias: Node | None
     mat2_scale: Node | None = None  # a _scaled_mm's
 
@@ -54,11 +56,14 @@ class Scaled:
 @dataclasses.dataclass(frozen=True)
 class ContractionUse:
     """One matmul that contracts the gathered rows (a weight gradient):
-    mm(permute(g), other) with ``gathered_left``, or mm(other, g) without (other: [K, M])."""
+    mm(permute(g), other) with ``gathered_left``, or mm(other, g) without (other: [K, M]);
+    or the same as a bmm over [B, M / B, ...] row blocks, summed over its batch (``summed``,
+    the node holding the value) where the batch is above 1."""
 
     mm: Node
     other: Node
     gathered_left: bool
+    summed: Node | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +89,8 @@ class AllGatherMatmulMatch:
 class ReduceTerm:
     """One matmul whose result (through views and adds) the reduce-scatter scatters."""
 
-    mm: Node  # aten.mm, aten.addmm or aten._scaled_mm
-    input: Node  # its 2-D left operand
+    mm: Node  # aten.mm, aten.addmm, aten._scaled_mm, or aten.bmm with a shared mat2
+    input: Node  # its left operand: 2-D, or a bmm's [B, M, K]
     mat2: Node
     bias: Node | None
     input_scale: Node | None = None  # a _scaled_mm's scales
@@ -148,10 +153,38 @@ def _require_static(*nodes: Node) -> None:
             raise NoMatch("dynamic shapes are not supported yet")
 
 
-def _keeps_rows(view: Node) -> bool:
-    """A reshape that keeps the last dim keeps every row intact, so it commutes with `@ mat2`."""
-    before, after = _shape(view.args[0]), _shape(view)
-    return bool(before and after) and before[-1] == after[-1]
+def keeps_order(view: Node) -> bool:
+    """A view that keeps the elements in their row-major order: a reshape, an unsqueeze or a
+    squeeze, or a permute that moves only dims of size 1 (einsum's lowering adds and moves such
+    dims around its bmm). Between two tensors of the same last dim, such views keep every row
+    intact, so they commute with `@ mat2`."""
+    if view.target in VIEWS or view.target in SQUEEZES or view.target is aten.unsqueeze.default:
+        return True
+    shape = _shape(view.args[0]) if view.target is aten.permute.default else None
+    if shape is None:
+        return False
+    moved = [d % len(shape) for d in view.args[1] if shape[d] != 1]
+    return moved == sorted(moved)
+
+
+def shared_matrix(mat2: Node) -> bool:
+    """Whether a bmm's mat2 [B, K, N] is one matrix for every batch element: a batch of 1, or a
+    batch dim of stride 0 (a 2-D weight unsqueezed and expanded, as NeMo Automodel's linear
+    writes it under torch.compile). Such a bmm is one matmul over its flattened rows."""
+    val = meta_val(mat2)
+    return isinstance(val, torch.Tensor) and val.dim() == 3 and (val.shape[0] == 1 or val.stride(0) == 0)
+
+
+def batch_sum(bmm: Node) -> Node | None:
+    """The node holding sum over the batch of ``bmm``'s products: the bmm itself for a batch
+    of 1, else its only user where that sums dim 0; None otherwise."""
+    if _shape(bmm)[0] == 1:
+        return bmm
+    users = list(bmm.users)
+    if len(users) != 1 or users[0].target is not aten.sum.dim_IntList or users[0].kwargs.get("dtype") is not None:
+        return None
+    dims = users[0].args[1] if len(users[0].args) > 1 else None
+    return users[0] if dims is not None and [d % 3 for d in dims] == [0] else None
 
 
 def _is_unit(value) -> bool:
@@ -293,37 +326,102 @@ def _contracting_mms(transposed: Node) -> list[Node] | None:
     return None
 
 
+def _batch_transpose(node: Node) -> bool:
+    return node.target is aten.permute.default and [d % 3 for d in node.args[1]] == [0, 2, 1]
+
+
+def _contracting_bmms(transposed: Node) -> list[Node] | None:
+    """The bmms that take ``transposed`` (g^T per batch element) as their left operand, each
+    summed over its batch, if those are all its users."""
+    users = list(transposed.users)
+    if users and all(
+        u.target is BMM and u.args[0] is transposed and u.args[1] is not transposed and batch_sum(u) is not None
+        for u in users
+    ):
+        return users
+    return None
+
+
+def _contraction(bmm: Node, other: Node, gathered_left: bool) -> ContractionUse:
+    total = batch_sum(bmm)
+    return ContractionUse(bmm, other, gathered_left, None if total is bmm else total)
+
+
+def _bmm_use(bmm: Node, node: Node, matmuls: list, contractions: list, notes: list) -> bool:
+    """Takes a bmm that reads ``node`` (the gathered rows, in [B, M / B, K] blocks): as its
+    rows with a mat2 shared by every batch element (a linear), or as its mat2, contracted and
+    summed over the batch (a linear's weight gradient). False, with a note, for the others."""
+    if bmm.args[0] is node and bmm.args[1] is not node:
+        if shared_matrix(bmm.args[1]):
+            matmuls.append(MatmulUse(bmm, bmm.args[1], None))
+            return True
+        notes.append(
+            f"a batched matmul with a different mat2 per batch element reads the gathered rows "
+            f"(not a linear): {_node_names([bmm])}"
+        )
+    elif bmm.args[1] is node and bmm.args[0] is not node:
+        if batch_sum(bmm) is not None:
+            contractions.append(_contraction(bmm, bmm.args[0], False))
+            return True
+        notes.append(_PER_BATCH_CONTRACTION + _node_names([bmm]))
+    return False
+
+
+_PER_BATCH_CONTRACTION = (
+    "a batched matmul contracts the gathered rows per batch element, not summed over the batch "
+    "(not a weight gradient): "
+)
+
+
 def _matmul_users(gathered: Node):
-    """Matmuls reading ``gathered`` through row-keeping reshapes: as their left operand (rows),
-    or contracting its rows (g^T @ other, other @ g); the other users; and reasons why some
+    """Matmuls reading ``gathered`` through views that keep its rows: as their left operand
+    (rows), or contracting its rows (g^T @ other, other @ g); bmms over blocks of those rows
+    that are such a matmul (shared_matrix, batch_sum); the other users; and reasons why some
     matmul-looking users were not taken."""
     matmuls, contractions, others, notes = [], [], [], []
+    k = (_shape(gathered) or (None,))[-1]
 
     def visit(node: Node) -> None:
-        two_d = len(_shape(node) or ()) == 2
+        shape = _shape(node) or ()
+        in_rows = bool(shape) and shape[-1] == k  # its rows, flattened, are the gathered rows
+        two_d, three_d = in_rows and len(shape) == 2, in_rows and len(shape) == 3
         for user in node.users:
-            if user.target in VIEWS and _keeps_rows(user):
-                visit(user)
-            elif user.target is aten.mm.default and user.args[0] is node and user.args[1] is not node:
+            if in_rows and user.target is aten.mm.default and user.args[0] is node and user.args[1] is not node:
                 matmuls.append(MatmulUse(user, user.args[1], None))
             elif two_d and is_transpose(user) and _contracting_mms(user):
                 contractions.extend(ContractionUse(mm, mm.args[1], True) for mm in _contracting_mms(user))
             elif two_d and user.target is aten.mm.default and user.args[1] is node and user.args[0] is not node:
                 contractions.append(ContractionUse(user, user.args[0], False))
-            elif user.target is aten.addmm.default and user.args[1] is node:
+            elif three_d and user.target is BMM and _bmm_use(user, node, matmuls, contractions, notes):
+                pass
+            elif three_d and _batch_transpose(user) and any(u.target is BMM and u.args[0] is user for u in user.users):
+                if _contracting_bmms(user):
+                    contractions.extend(_contraction(bmm, bmm.args[1], True) for bmm in _contracting_bmms(user))
+                else:
+                    notes.append(_PER_BATCH_CONTRACTION + _node_names(user.users))
+                    others.append(user)
+            elif in_rows and user.target is aten.addmm.default and user.args[1] is node:
                 try:
                     matmuls.append(MatmulUse(user, user.args[2], _bias_of_addmm(user)))
                 except NoMatch as why:
                     notes.append(str(why))
                     others.append(user)
-            elif user.target is SCALED_MM and user.args[0] is node and user.args[1] is not node:
+            elif in_rows and user.target is SCALED_MM and user.args[0] is node and user.args[1] is not node:
                 try:
                     named = _check_scaled_mm(user)
                     matmuls.append(MatmulUse(user, named["mat2"], named["bias"], named["scale_b"]))
                 except NoMatch as why:
                     notes.append(str(why))
                     others.append(user)
+            elif keeps_order(user):
+                visit(user)
             else:
+                moved = user.target is aten.permute.default and any(u.target is BMM for u in user.users)
+                if moved or (user.target is BMM and not three_d):
+                    notes.append(
+                        f"a batched matmul reads the gathered tensor in another layout than its "
+                        f"rows (not a linear's rows or weight gradient): {_node_names([user])}"
+                    )
                 others.append(user)
 
     visit(gathered)
@@ -367,7 +465,7 @@ def depends_on(node: Node, ancestor: Node, order: dict[Node, int]) -> bool:
 
 
 def _reaches_matmul(node: Node, depth: int = 4) -> bool:
-    if node.target in (aten.mm.default, aten.addmm.default, SCALED_MM):
+    if node.target in (aten.mm.default, aten.addmm.default, SCALED_MM, BMM):
         return True
     return depth > 0 and any(_reaches_matmul(u, depth - 1) for u in node.users)
 
@@ -580,13 +678,12 @@ def _widening(cast: Node) -> bool:
 def _sum_of_matmuls(
     node: Node, terms: list[ReduceTerm], between: list[Node], widened: list[bool], cast_seen: bool = False
 ) -> None:  # fmt: skip
-    """Collects the matmuls of ``node``, a matmul or a sum of matmuls seen through row-keeping
-    reshapes and widening casts, into ``terms`` (and into ``widened`` whether a cast is on the
-    term's path), and the views, casts and adds on the way into ``between``; NoMatch if any
-    term is not a matmul, or any node on the way is read elsewhere."""
-    if node.target in VIEWS:
-        if not _keeps_rows(node):
-            raise NoMatch("reshape between matmul and reduce-scatter changes the last dim")
+    """Collects the matmuls of ``node``, a matmul or a sum of matmuls seen through views that
+    keep the elements' order and widening casts, into ``terms`` (and into ``widened`` whether a
+    cast is on the term's path), and the views, casts and adds on the way into ``between``;
+    NoMatch if any term is not a matmul, or any node on the way is read elsewhere. Whether the
+    views keep the rows (the last dim) is checked on the terms found."""
+    if keeps_order(node):
         between.append(node)
         _one_user(node.args[0])
         _sum_of_matmuls(node.args[0], terms, between, widened, cast_seen)
@@ -603,6 +700,9 @@ def _sum_of_matmuls(
         operands = node.args[:2]
         if node.kwargs.get("alpha", 1) != 1 or len(node.args) > 2:
             raise NoMatch(f"reduce-scatter input is a scaled sum: {_node_names([node])}")
+        if _added_bias(node) is not None:
+            _biased_term(node, terms, between, widened, cast_seen)
+            return
         if not all(isinstance(a, Node) and _shape(a) == _shape(node) for a in operands):
             raise NoMatch(
                 f"reduce-scatter input adds a broadcast or scalar term: {_node_names([node])}"
@@ -616,6 +716,14 @@ def _sum_of_matmuls(
         widened.append(cast_seen)
     elif node.target is aten.addmm.default:
         terms.append(ReduceTerm(node, node.args[1], node.args[2], _bias_of_addmm(node)))
+        widened.append(cast_seen)
+    elif node.target is BMM:
+        if not shared_matrix(node.args[1]):
+            raise NoMatch(
+                f"reduce-scatter input is a batched matmul with a different mat2 per batch "
+                f"element (not a linear): {_node_names([node])}"
+            )
+        terms.append(ReduceTerm(node, node.args[0], node.args[1], None))
         widened.append(cast_seen)
     elif node.target is SCALED_MM:
         named = _check_scaled_mm(node)
@@ -640,6 +748,39 @@ def _sum_of_matmuls(
         raise NoMatch(f"reduce-scatter input is not a matmul result: {_node_names([node])}")
 
 
+def _added_bias(add: Node) -> Node | None:
+    """The operand of ``add`` that is one value per output column ([N], in the sum's dtype),
+    where the other is of the sum's shape: a linear's bias added after its matmul (NeMo
+    Automodel's bmm form; DTensor adds a row-parallel bias as bias / W on every rank)."""
+    shape, val = _shape(add), meta_val(add)
+    if not shape:
+        return None
+    for bias, other in (add.args[:2], add.args[1::-1]):
+        if isinstance(bias, Node) and isinstance(other, Node) and _shape(other) == shape:
+            bias_val = meta_val(bias)
+            if _shape(bias) == shape[-1:] and bias_val.dtype == val.dtype:
+                return bias
+    return None
+
+
+def _biased_term(add: Node, terms: list[ReduceTerm], between: list[Node], widened: list[bool], cast_seen: bool) -> None:
+    """The matmuls under ``add`` and the bias it adds to them (to a matmul, or to a sum of
+    them: the op adds the sum of its terms' biases to each rank's partial), held by the first
+    of those terms without a bias of its own."""
+    bias = _added_bias(add)
+    other = add.args[1] if add.args[0] is bias else add.args[0]
+    between.append(add)
+    _one_user(other)
+    found = len(terms)
+    _sum_of_matmuls(other, terms, between, widened, cast_seen)
+    if widened[-1] and not cast_seen:  # the op adds a bias to the partial before widening it
+        raise NoMatch(f"a bias is added after the widening cast before the reduce-scatter: {_node_names([add])}")
+    free = [i for i in range(found, len(terms)) if terms[i].bias is None]
+    if not free:
+        raise NoMatch(f"a bias is added to a matmul that has its own before the reduce-scatter: {_node_names([add])}")
+    terms[free[0]] = dataclasses.replace(terms[free[0]], bias=bias)
+
+
 def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
     collective_input, reduce_op, world_size, group_name = reduce_scatter.args[:4]
     _require_static(collective_input, reduce_scatter)
@@ -659,6 +800,8 @@ def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
 
     terms, between, widened = [], [], []
     _sum_of_matmuls(scattered, terms, between, widened)
+    if any(_shape(t.mm)[-1] != shape[-1] for t in terms):
+        raise NoMatch("reshape between matmul and reduce-scatter changes the last dim")
     _require_static(*(t.input for t in terms))
     if any(widened) and not all(widened):
         raise NoMatch("some matmuls of the sum are widened before the reduce-scatter and others not")

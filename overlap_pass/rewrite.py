@@ -14,6 +14,7 @@ from torch.fx.node import map_arg
 
 from . import ops, scaled_ops  # noqa: F401  (register torch.ops.overlap)
 from .patterns import (
+    BMM,
     AllGatherMatmulMatch,
     ContractionUse,
     Match,
@@ -62,6 +63,38 @@ def _mm_operands(mm: Node) -> tuple[Node, Node, Node | None]:
         named = scaled_mm_args(mm)
         return named["self"], named["mat2"], named["bias"]
     return mm.args[0], mm.args[1], None
+
+
+def _shared_matrix(graph: Graph, mat2: Node) -> tuple[Node, list[Node]]:
+    """The [K, N] matrix a bmm's mat2 [B, K, N] repeats over its batch (patterns.shared_matrix),
+    and the nodes that made the batch of it: the 2-D tensor it was unsqueezed and expanded from
+    where the graph holds it (NeMo Automodel's expand(unsqueeze(w.t(), 0)), or that transposed
+    per batch element), else its first batch element."""
+    node, transposed, chain = mat2, False, [mat2]
+    if node.target is aten.permute.default and [d % 3 for d in node.args[1]] == [0, 2, 1]:
+        node, transposed = node.args[0], True
+        chain.append(node)
+    if node.target is aten.expand.default:
+        node = node.args[0]
+        chain.append(node)
+    want = list(mat2.meta["val"].shape[1:])
+    if node.target is aten.unsqueeze.default and node.args[1] == 0:
+        base = node.args[0]
+        if transposed and is_transpose(base) and list(base.args[0].meta["val"].shape) == want:
+            return base.args[0], chain + [base]
+        if list(base.meta["val"].shape) == (want[::-1] if transposed else want):
+            return (call(graph, aten.permute.default, (base, [1, 0])) if transposed else base), chain
+    return call(graph, aten.select.int, (mat2, 0, 0)), []
+
+
+def _matrix_operands(graph: Graph, mm: Node) -> tuple[tuple[Node, Node, Node | None], list[Node]]:
+    """_mm_operands with a bmm's shared mat2 as its [K, N] matrix, and the nodes that the bmm
+    alone read on the way to it."""
+    rows, mat2, bias = _mm_operands(mm)
+    if mm.target is not BMM:
+        return (rows, mat2, bias), []
+    matrix, chain = _shared_matrix(graph, mat2)
+    return (rows, matrix, bias), chain
 
 
 def _scales(mm: Node) -> tuple[Node, Node]:
@@ -115,8 +148,18 @@ def would_create_cycle(match: Match) -> bool:
 
 def _rows_operand(graph: Graph, use: ContractionUse) -> Node:
     """[M, K] rows for the op's contract_with: other @ g reads other^T, taken from under its
-    transpose where the graph has one."""
+    transpose where the graph has one. A bmm's other ([B, M / B, K], or [B, K, M / B]
+    transposed the same way) gives its blocks' rows, flattened."""
     operand = _contracted_operand(use)
+    if use.mm.target is BMM:
+        width = operand.meta["val"].shape[-1 if use.gathered_left else 1]
+        if not use.gathered_left:
+            under = operand.args[0] if operand.target is aten.permute.default else None
+            if under is not None and [d % 3 for d in operand.args[1]] == [0, 2, 1]:
+                operand = under
+            else:
+                operand = call(graph, aten.permute.default, (operand, [0, 2, 1]))
+        return call(graph, aten.reshape.default, (operand, [-1, width]))
     if use.gathered_left:
         return operand
     if is_transpose(operand) and operand.args[0].meta["val"].dim() == 2:
@@ -133,26 +176,34 @@ def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node
         g, ys = overlap.all_gather_matmul(shard, [w_i], [b_i], gather_dim, ...,
                                           contract_with=[o_j or x_j^T], gathered_left=[...])
         y_i = reshape(ys[i]);  dw_j = ys[len(w) + j]
+    and the same for bmms over [B, M / B, K] blocks of g's rows: y_i = bmm(g, expand(w_i)) as
+    the matmul of the flattened rows with w_i, dw_j = sum_0(bmm(x_j, g)) as x_j's flattened
+    rows contracted with g's.
     """
-    operands = [_mm_operands(use.mm) for use in match.matmuls]
     mms = [use.mm for use in match.matmuls + match.contractions]
+    values = [use.mm for use in match.matmuls] + [use.summed or use.mm for use in match.contractions]
     first_mm = min(mms, key=graph_order(graph).__getitem__)
     return_gathered = bool(match.other_users)
-    dead = mms + _chain(match.gathered, match.gather)
-    for rows, _, _ in operands:
-        dead += _chain(rows, match.gathered)
+    dead = mms + values + _chain(match.gathered, match.gather)
+    for use in match.matmuls:
+        dead += _chain(_mm_operands(use.mm)[0], match.gathered)
     for use in match.contractions:
         gathered_side = use.mm.args[0] if use.gathered_left else use.mm.args[1]
         dead += _chain(gathered_side, match.gathered) + [_contracted_operand(use)]
     with graph.inserting_before(first_mm):
+        operands = []
+        for use in match.matmuls:
+            matrix_operands, batched = _matrix_operands(graph, use.mm)
+            operands.append(matrix_operands)
+            dead += batched
         make = _all_gather_matmul if match.scaled is None else _all_gather_scaled_matmul
         op = make(graph, match, operands, return_gathered)
         if match.scaled is not None:
             dead += list(match.scaled.scale_gather)
         outputs = call(graph, operator.getitem, (op, 1))
-        for index, use in enumerate(match.matmuls + match.contractions):
+        for index, value in enumerate(values):
             out = call(graph, operator.getitem, (outputs, index))
-            use.mm.replace_all_uses_with(reshape(graph, out, use.mm.meta["val"].shape))
+            value.replace_all_uses_with(reshape(graph, out, value.meta["val"].shape))
         if return_gathered:
             match.gathered.replace_all_uses_with(call(graph, operator.getitem, (op, 0)))
 
@@ -284,7 +335,8 @@ def _scaled_matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch,
 
 def rewrite_matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch) -> Node:
     """
-        y = mm(a_1, w_1) (+ b_1) [+ mm(a_2, w_2) (+ b_2) ...]   (through reshapes, casts)
+        y = mm(a_1, w_1) (+ b_1) [+ mm(a_2, w_2) (+ b_2) ...]   (through reshapes, casts;
+                 a term may be bmm(a_i, expand(w_i)) (+ b_i), a_i's rows in blocks)
         z = wait(reduce_scatter([split(scatter_dim) -> cat | movedim(scatter_dim, 0)] reshape(y)))
     becomes
         z = overlap.matmul_reduce_scatter([reshape(a_i)], [w_i], sum(b_i), reduce_op, ...,
@@ -292,17 +344,22 @@ def rewrite_matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch)
             [-> movedim(scatter_dim, 0), a view, where the collective's input was moved so]
     """
     order = graph_order(graph)
-    terms = [_mm_operands(term.mm) for term in match.terms]
     last_mm = max((term.mm for term in match.terms), key=order.__getitem__)
     dead = _chain(match.wait, match.scattered) + list(match.between) + [t.mm for t in match.terms]
     scattered_shape = match.scattered.meta["val"].shape
     with graph.inserting_before(last_mm):
+        terms = []
+        for term in match.terms:
+            matrix_operands, batched = _matrix_operands(graph, term.mm)
+            terms.append(matrix_operands)
+            dead += batched
         inputs = [
             reshape(graph, rows, list(scattered_shape[:-1]) + [rows.meta["val"].shape[-1]])
             for rows, _, _ in terms
         ]
         bias = None
-        for _, _, term_bias in terms:
+        for (_, _, term_bias), term in zip(terms, match.terms):
+            term_bias = term.bias if term_bias is None else term_bias  # one added after the matmul
             if term_bias is not None:
                 bias = term_bias if bias is None else call(graph, aten.add.Tensor, (bias, term_bias))
         make = _matmul_reduce_scatter if match.scaled is None else _scaled_matmul_reduce_scatter
