@@ -6,8 +6,8 @@
 #
 # torch: kept as it is where one is installed (the GPU machines have theirs); otherwise the CPU
 # build, torch==2.13.0+cpu. With --test also triton, for its CPU interpreter, where it is missing,
-# torchtitan 0.3.0 (the extra "torchtitan"; Python 3.11+), whose Llama 3 a test compiles, and
-# Hugging Face transformers (the extra "hf"), whose Llama and its tp_plan a test compiles, and
+# torchtitan 0.3.0 (the extra "torchtitan"), whose Llama 3 a test compiles, and Hugging Face
+# transformers (the extra "hf"), whose Llama and its tp_plan a test compiles (both Python 3.11+), and
 # torchao (the extra "float8"), whose Float8 linears the float8 tests compile.
 # If pip cannot find the CPU build of torch, point it at PyTorch's CPU wheels:
 #   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash tools/install.sh
@@ -20,9 +20,10 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
 fi
 extras=""
 if [ "${1:-}" = "--test" ]; then
-  extras="test,hf,float8"
+  extras="test,float8"
+  # torchtitan 0.3.0 and transformers 5.23 need Python 3.11+; their tests skip without them
   if "$PYTHON" -c "import sys; sys.exit(sys.version_info < (3, 11))"; then
-    extras="$extras,torchtitan"
+    extras="$extras,hf,torchtitan"
   fi
   extras="[$extras]"
   # The CPU tests run the Triton kernels in its interpreter; 3.6.0 is what the GPU machines

@@ -7,7 +7,7 @@ import collections
 
 import pytest
 
-pytest.importorskip("transformers", reason="pip install -e .[test]")
+pytest.importorskip("transformers", reason="pip install -e .[hf] (Python 3.11+)")
 
 from tests import hf_cases as cases  # noqa: E402
 from tests.dumps import assert_same_collectives  # noqa: E402
