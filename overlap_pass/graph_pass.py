@@ -212,15 +212,7 @@ def _merge_repeated_waits(graph: Graph) -> dict:
     Should it fail, the graph is restored, and the matchers skip such collectives with their
     reason."""
     repeated = waits.plan(graph)
-    if not repeated:
-        return {}
-    snapshot = _copy_graph(graph)
-    try:
-        waits.apply(graph, repeated)
-        graph.lint()
-    except Exception as error:  # never crash compilation on a graph we did not foresee
-        log.warning("overlap_pass: merging repeated waits failed, graph left as it was: %r", error)
-        _restore_graph(graph, snapshot)
+    if not repeated or not _edited_or_restored(graph, "merging repeated waits", lambda: waits.apply(graph, repeated)):
         return {}
     return {value: len(found) - 1 for value, found in repeated.items()}
 
@@ -287,17 +279,24 @@ def _split_all_reduces(graph: Graph) -> list[dict]:
 def _move_casts(graph: Graph, moves: list) -> dict:
     """Applies casts.py's moves; returns {all-gather node: "float32 -> bfloat16"}. Should one
     fail, the graph is restored and none is kept."""
-    if not moves:
-        return {}
-    snapshot = _copy_graph(graph)
-    try:
-        casts.apply(graph, moves)
-        graph.lint()
-    except Exception as error:  # never crash compilation on a graph we did not foresee
-        log.warning("overlap_pass: moving casts before all-gathers failed, graph left as it was: %r", error)
-        _restore_graph(graph, snapshot)
+    if not moves or not _edited_or_restored(graph, "moving casts before all-gathers", lambda: casts.apply(graph, moves)):
         return {}
     return {m.gather: f"{m.source_dtype} -> {m.dtype}".replace("torch.", "") for m in moves}
+
+
+def _edited_or_restored(graph: Graph, what: str, edit) -> bool:
+    """Runs ``edit()`` on ``graph``; should it fail (or leave a graph that does not lint), the
+    graph is restored as it was and False returned: never crash compilation on a graph we did
+    not foresee."""
+    snapshot = _copy_graph(graph)
+    try:
+        edit()
+        graph.lint()
+    except Exception as error:
+        log.warning("overlap_pass: %s failed, graph left as it was: %r", what, error)
+        _restore_graph(graph, snapshot)
+        return False
+    return True
 
 
 def _copy_graph(graph: Graph) -> Graph:

@@ -1,3 +1,4 @@
+import faulthandler
 import os
 
 import pytest
@@ -29,3 +30,12 @@ def pool(request):
     pool = RankPool(request.param, "nccl")
     yield pool
     pool.close()
+
+
+@pytest.fixture
+def watchdog(request):
+    """Dumps every thread's stack and ends the run if the test runs past its module's WATCHDOG_S
+    (compilation included): a hang is named instead of holding the GPU."""
+    faulthandler.dump_traceback_later(request.module.WATCHDOG_S, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()

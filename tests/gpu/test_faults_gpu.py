@@ -16,7 +16,6 @@ Every test has its own watchdog (WATCHDOG_S): a hang dumps the stacks and ends t
 """
 
 import dataclasses
-import faulthandler
 import re
 import time
 
@@ -37,18 +36,6 @@ BOUND_S = 20  # a round whose peer is missing: each wait gives up after SPIN_LIM
 SIMULATED = [case for case in cases.quick_variants() if case[2] != cases.BASELINE]
 COPY_ENGINE = "copy_engine_cublas"
 BF16_KINDS = ("all_gather_matmul", "matmul_reduce_scatter")
-
-
-def _ids(case) -> str:
-    op, kind, _ = case
-    return f"{op}-{kind}"
-
-
-@pytest.fixture
-def watchdog():
-    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture
@@ -117,7 +104,7 @@ def _missing_round(world, problem, name, variant, mode, missing: int) -> str:
 
 
 @pytest.mark.parametrize("mode", cases.MODES)
-@pytest.mark.parametrize("op, kind, name", SIMULATED, ids=[_ids(c) for c in SIMULATED])
+@pytest.mark.parametrize("op, kind, name", SIMULATED, ids=[cases.case_id(c) for c in SIMULATED])
 def test_a_missing_rank_is_named(fresh_world, op, kind, name, mode):
     """Rank 1 never makes the call: rank 0 raises ChunkTimeout naming it at the barrier and its
     chunk (or partial), within the bound; replayed, rank 0's call is a replay of a graph
@@ -161,7 +148,7 @@ def _late_everywhere(world, problem, name, variant, positions) -> None:
             assert not any(bad.values()), f"rank {late} late at {position}: {bad}"
 
 
-@pytest.mark.parametrize("op, kind, name", SIMULATED, ids=[_ids(c) for c in SIMULATED])
+@pytest.mark.parametrize("op, kind, name", SIMULATED, ids=[cases.case_id(c) for c in SIMULATED])
 def test_a_late_rank_leaves_the_results_right(late_world, op, kind, name):
     """Two ranks, each in turn late at the barrier and, where the variant transfers from the
     host, right before its transfer to its peer (the peer's consumer then waits on that
@@ -178,7 +165,7 @@ def test_a_late_rank_leaves_the_results_right(late_world, op, kind, name):
 HOST_TRANSFERS = [case for case in SIMULATED if not case[1].startswith("fused")]
 
 
-@pytest.mark.parametrize("op, kind, name", HOST_TRANSFERS, ids=[_ids(c) for c in HOST_TRANSFERS])
+@pytest.mark.parametrize("op, kind, name", HOST_TRANSFERS, ids=[cases.case_id(c) for c in HOST_TRANSFERS])
 def test_a_late_rank_at_every_chunk_position(late_world, op, kind, name):
     """Three ranks, each in turn late at the barrier and before its transfer to its first and
     its second peer: each peer then meets the late chunk at another position of its order.

@@ -6,7 +6,6 @@ the module); NCCL ranks too where there are two GPUs (NCCL's own variant runs th
     python3 -m pytest tests/gpu -m quick -q
 """
 
-import faulthandler
 
 import pytest
 import torch
@@ -18,19 +17,6 @@ from tests.rank_pool import RankPool
 
 QUICK = cases.quick_variants()
 WATCHDOG_S = 240  # per simulated test, compilation included: a hang ends the run, named
-
-
-def _ids(case) -> str:
-    op, kind, _ = case
-    return f"{op}-{kind}"
-
-
-@pytest.fixture
-def watchdog():
-    """Dumps every thread's stack and exits if the test runs past WATCHDOG_S."""
-    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +69,7 @@ def test_the_quick_tier_has_every_variant():
 @pytest.mark.usefixtures("watchdog")
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("mode", cases.MODES)
-@pytest.mark.parametrize("op, kind, name", QUICK, ids=[_ids(c) for c in QUICK])
+@pytest.mark.parametrize("op, kind, name", QUICK, ids=[cases.case_id(c) for c in QUICK])
 def test_simulated_ranks(sim_world, op, kind, name, mode):
     """Eager: one checked call per rank (after a warm-up one). Replayed: two rounds of two
     calls per rank through replay.py, new values each: eager, captured, then replayed twice;
@@ -112,7 +98,7 @@ def test_simulated_ranks(sim_world, op, kind, name, mode):
 @pytest.mark.quick
 @pytest.mark.skipif(GPUS < 2, reason="needs two GPUs: NCCL ranks")
 @pytest.mark.parametrize("mode", cases.MODES)
-@pytest.mark.parametrize("op, kind, name", QUICK, ids=[_ids(c) for c in QUICK])
+@pytest.mark.parametrize("op, kind, name", QUICK, ids=[cases.case_id(c) for c in QUICK])
 def test_nccl_ranks(nccl_pair, op, kind, name, mode):
     """The same on two NCCL ranks (GPUs 0 and 1), NCCL's variant included (eagerly: dispatch
     never graphs it)."""

@@ -71,6 +71,12 @@ def family(name: str, variant) -> str:
     return f"{name.rsplit(':', 1)[0]}:{kernel}"
 
 
+def case_id(case: tuple[str, str, str]) -> str:
+    """A test id for an (op, kernel family, variant name) case: op and family."""
+    op, kind, _ = case
+    return f"{op}-{kind}"
+
+
 def quick_variants() -> list[tuple[str, str, str]]:
     """(op, family, variant name): the first variant of each family of each op's table."""
     cases = []
