@@ -8,7 +8,8 @@
 # build, torch==2.13.0+cpu. With --test also triton, for its CPU interpreter, where it is missing,
 # torchtitan 0.3.0 (the extra "torchtitan"), whose Llama 3 a test compiles, and Hugging Face
 # transformers (the extra "hf"), whose Llama and its tp_plan a test compiles (both Python 3.11+), and
-# torchao (the extra "float8"), whose Float8 linears the float8 tests compile.
+# torchao (the extra "float8"), whose Float8 linears the float8 tests compile, and NeMo
+# Automodel's linear (below).
 # If pip cannot find the CPU build of torch, point it at PyTorch's CPU wheels:
 #   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash tools/install.sh
 set -euo pipefail
@@ -31,4 +32,10 @@ if [ "${1:-}" = "--test" ]; then
   "$PYTHON" -c "import triton" 2>/dev/null || "$PYTHON" -m pip install --quiet "triton==3.6.0"
 fi
 "$PYTHON" -m pip install --quiet -e ".${extras}"
+if [ "${1:-}" = "--test" ] && "$PYTHON" -c "import sys; sys.exit(sys.version_info < (3, 11))"; then
+  # NeMo Automodel's tensor-parallel linear, whose bmm form a test compiles. Without its
+  # dependencies: they pin another transformers and bring GPU kernel packages; the linear and
+  # its parallel styles need only torch and packaging.
+  "$PYTHON" -m pip install --quiet --no-deps "nemo-automodel==0.7.0"
+fi
 "$PYTHON" -c "import torch, overlap_pass; print('overlap installed; torch', torch.__version__)"
