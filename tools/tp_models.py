@@ -6,6 +6,8 @@ it, and reduce-scatters the output of its row-parallel linear. Plain TP (``paral
 activations are replicated, each row-parallel linear ends in an all-reduce.
 """
 
+from collections.abc import Collection
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -18,14 +20,23 @@ from torch.distributed.tensor.parallel import (
 )
 
 
+Bias = bool | Collection[str]
+
+
+def has_bias(bias: Bias, name: str) -> bool:
+    """``bias``: True or False for every linear, or the names of the linears that get one
+    (q, k, v, o, gate, up, down)."""
+    return bias if isinstance(bias, bool) else name in bias
+
+
 class FeedForward(nn.Module):
     """SwiGLU MLP: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, dim: int, hidden: int, bias: bool = False) -> None:
+    def __init__(self, dim: int, hidden: int, bias: Bias = False) -> None:
         super().__init__()
-        self.gate = nn.Linear(dim, hidden, bias=bias)
-        self.up = nn.Linear(dim, hidden, bias=bias)
-        self.down = nn.Linear(hidden, dim, bias=bias)
+        self.gate = nn.Linear(dim, hidden, bias=has_bias(bias, "gate"))
+        self.up = nn.Linear(dim, hidden, bias=has_bias(bias, "up"))
+        self.down = nn.Linear(hidden, dim, bias=has_bias(bias, "down"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(F.silu(self.gate(x)) * self.up(x))
@@ -36,15 +47,15 @@ class Attention(nn.Module):
     ``kv_heads`` < ``heads`` is grouped-query attention (Llama 3): each K/V head serves
     heads / kv_heads query heads."""
 
-    def __init__(self, dim: int, heads: int, bias: bool = False, kv_heads: int | None = None) -> None:
+    def __init__(self, dim: int, heads: int, bias: Bias = False, kv_heads: int | None = None) -> None:
         super().__init__()
         kv_heads = kv_heads or heads
         self.head_dim = dim // heads
         self.group = heads // kv_heads
-        self.q = nn.Linear(dim, dim, bias=bias)
-        self.k = nn.Linear(dim, kv_heads * self.head_dim, bias=bias)
-        self.v = nn.Linear(dim, kv_heads * self.head_dim, bias=bias)
-        self.o = nn.Linear(dim, dim, bias=bias)
+        self.q = nn.Linear(dim, dim, bias=has_bias(bias, "q"))
+        self.k = nn.Linear(dim, kv_heads * self.head_dim, bias=has_bias(bias, "k"))
+        self.v = nn.Linear(dim, kv_heads * self.head_dim, bias=has_bias(bias, "v"))
+        self.o = nn.Linear(dim, dim, bias=has_bias(bias, "o"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -60,7 +71,7 @@ class Attention(nn.Module):
 
 class TransformerBlock(nn.Module):
     def __init__(
-        self, dim: int = 64, heads: int = 4, hidden: int = 128, bias: bool = False,
+        self, dim: int = 64, heads: int = 4, hidden: int = 128, bias: Bias = False,
         kv_heads: int | None = None,
     ):  # fmt: skip
         super().__init__()
