@@ -46,9 +46,13 @@ FP32_TOL = dict(atol=2e-5, rtol=2e-5)
 # elementwise tolerance fits every case (a bias grad of 4 elements was 31% off, all rounding).
 # Both are compared, as torch._dynamo.utils.same does with its fp64 reference, to the same model
 # run eager without autocast: the compiled run's RMS error must stay within BF16_MULTIPLIER times
-# eager autocast's own (10 times for tensors of 10 elements or fewer, where noise dominates),
-# plus BF16_FLOOR. A wrong chunk or a lost term is an error of the tensor's own size.
-BF16_MULTIPLIER, BF16_SMALL_MULTIPLIER, BF16_FLOOR = 3.0, 10.0, 1e-3
+# eager autocast's own, plus BF16_FLOOR and one bf16 rounding step (2**-8) of the tensor's RMS
+# (eager's own error can be luckily small: seed 1104's K weight grad, 1.2e-3 where its other
+# steps and ranks gave 1.6e-3 to 3.1e-3). Where noise dominates, 10 times: tensors of 10 elements
+# or fewer (as in torch's check), and tensors smaller than eager's own error (K's bias grad is
+# zero but for rounding: softmax does not change when a row's scores all shift by q.b_k). A
+# wrong chunk or a lost term is an error of the tensor's own size.
+BF16_MULTIPLIER, BF16_NOISE_MULTIPLIER, BF16_FLOOR, BF16_STEP = 3.0, 10.0, 1e-3, 2.0**-8
 
 
 def draw(seed: int, worlds=WORLDS) -> dict:
@@ -293,11 +297,13 @@ def _compare(got, want, truth, name: str, step: int, mismatches: list) -> None:
         return
     truth = _local(truth).detach().float()
     error, own = (_rmse(t, truth) for t in (got, want))
-    multiplier = BF16_SMALL_MULTIPLIER if truth.numel() <= 10 else BF16_MULTIPLIER
-    if not error <= multiplier * own + BF16_FLOOR:
+    size = truth.pow(2).mean().sqrt().item()
+    noise = truth.numel() <= 10 or size < own
+    allowed = (BF16_NOISE_MULTIPLIER if noise else BF16_MULTIPLIER) * own + BF16_FLOOR + BF16_STEP * size
+    if not error <= allowed:
         mismatches.append(
             f"step {step}, {name}: RMS error against fp32 eager {error:.3g}, eager autocast's "
-            f"{own:.3g} (up to {multiplier:g} times that + {BF16_FLOOR:g})"
+            f"{own:.3g}, RMS {size:.3g} (up to {allowed:.3g})"
         )
 
 
