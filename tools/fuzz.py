@@ -50,7 +50,7 @@ def problems(case: dict, results: list[dict]) -> list[str]:
 def reason_key(reason: str) -> str:
     """A skip reason without its node names and sizes, so that reasons group across cases:
     "users: permute_3 (permute.default)" -> "users: permute"."""
-    reason = re.sub(r"\b\w+ \(([\w]+)(?:\.\w+)?\)", r"\1", reason)
+    reason = re.sub(r"\b\w+ \((\w+)(?:\.\w+)?\)", r"\1", reason)
     return re.sub(r"\d+(\.\d+)?", "#", reason)
 
 
