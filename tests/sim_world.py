@@ -131,13 +131,13 @@ class SimWorld:
         """Whether a workspace of this world raised ChunkTimeout (it refuses calls from then on)."""
         return any(ws.out_of_step is not None for ws in self._workspaces)
 
-    def run(self, call, warm_up: bool = True, prepare=None, absent=(), late=None) -> list:
+    def run(self, call, warm_up: bool | int = True, prepare=None, absent=(), late=None) -> list:
         """``call(rank, group_name)`` for every rank, each queued on its rank's stream after
         the work queued so far; returns their results once the GPU is done, having checked that
         no wait gave up.
 
-        First, unless told not to, a warm-up round of every rank whose results and given-up
-        waits are thrown away: the first launch of a kernel in a process loads it (CUDA's lazy
+        First, unless told not to, a warm-up round (``warm_up`` rounds where it is a number) of
+        every rank whose results and given-up waits are thrown away: the first launch of a kernel in a process loads it (CUDA's lazy
         loading), which may wait for the device to be idle, and one process has every rank's
         spinning kernels, while the rank whose work would end the spin is queued only after
         this one. ``prepare()`` runs between the two rounds (poisoning the workspaces, say).
@@ -151,7 +151,7 @@ class SimWorld:
             return self._run(call, warm_up, prepare, set(absent), late)
 
     def _run(self, call, warm_up: bool, prepare, absent: set, late) -> list:
-        if warm_up:
+        for _ in range(int(warm_up)):
             self._queue(call, set(), None)
             torch.cuda.synchronize(self.device)
             forget_timeouts(self._workspaces)

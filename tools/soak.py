@@ -75,6 +75,10 @@ def draw_shape(rng: random.Random, op: str, matmuls: dict, ragged: float):
     return Shape(1, tokens, tuple(k - 8 for k in ks), n - 8)
 
 
+def _captures(count: int) -> str:
+    return f"{count} rank calls captured in its rounds"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python3 -m tools.soak", description=DESCRIPTION, epilog=EPILOG,
@@ -85,6 +89,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the shapes, variants and operands")
     parser.add_argument("--scale", type=int, default=16, help="Llama 3's widths divided by this (default 16)")
     parser.add_argument("--ragged", type=float, default=0.25, help="share of ragged calls (default 0.25)")
+    parser.add_argument(
+        "--checked-captures", action="store_true",
+        help="check the round in which a replayed call's new tensors are captured (by default it is a warm-up "
+        "round: in one process the capture of one rank can outlast the bound its peer's graph spins for)",
+    )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=0, help="stop after this long (0: no limit)")
     return parser
 
@@ -136,19 +145,22 @@ def main(argv=None) -> int:
                     old_op, old_name, _, old = kept.pop(0)
                     cases.forget(old, old_name, world.group_names)
                     warmed.discard((old_op, old_name, id(old)))  # its id may be reused
-        # a new shape, and a replayed call's new tensors (captured on their first call, on one
-        # rank while its peer's graph already spins), each get SimWorld's warm-up round
+        # A new shape gets SimWorld's warm-up round. New tensors of a replayed call get two:
+        # replay.py's first sighting, then its capture, which in one process happens on the host
+        # while the peer rank's graph, launched right after its own capture, already spins.
         key = (op, name, problem.shape) if mode == "eager" else (op, name, id(problem))
+        warm_up = 0 if key in warmed else 1 if mode == "eager" or args.checked_captures else 2
         label = f"call {index}: {op} {name} {mode} {problem.shape} {problem.reduce_op}"
+        captured = replay.stats["captured"]
         try:
-            bad = cases.run_in(world, problem, name, variant, mode, warm_up=key not in warmed)
+            bad = cases.run_in(world, problem, name, variant, mode, warm_up=warm_up)
         except NotImplementedError as refused:  # before the barrier, on every rank alike
             counts["refused"] += 1
             refusals.add(f"{op} {name}: {refused}")
             continue
         except symm.ChunkTimeout as timeout:  # the world refuses calls from then on: a new one
             counts["timeouts"] += 1
-            failures.append(f"{label}: {timeout}")
+            failures.append(f"{label}, {_captures(replay.stats['captured'] - captured)}: {timeout}")
             for _, old_name, _, old in kept:
                 cases.forget(old, old_name, world.group_names)
             kept.clear()
@@ -163,7 +175,7 @@ def main(argv=None) -> int:
         per_variant[(op, name)] += 1
         if any(bad.values()):
             counts["mismatches"] += 1
-            failures.append(f"{label}: {bad}")
+            failures.append(f"{label}, {_captures(replay.stats['captured'] - captured)}: {bad}")
         if (index + 1) % 100 == 0:
             print(
                 f"  {index + 1} calls: {counts['mismatches']} mismatches, {counts['timeouts']} timeouts, "
