@@ -3,6 +3,7 @@
 #
 #   bash tools/test_newest.sh                 # the whole CPU suite
 #   bash tools/test_newest.sh -k torchtitan   # arguments go to pytest
+#   bash tools/test_newest.sh --prepare       # only make the venv with torch and triton
 #
 # The environment lives outside the checkout (OVERLAP_NEWEST_VENV, default
 # ~/.cache/overlap/venv-torch<version>) and is reused by later runs. It takes torch's default
@@ -23,6 +24,9 @@ fi
 if ! "$VENV/bin/python" -c "import torch, triton, sys
 sys.exit(torch.__version__.split('+')[0] != '$TORCH' or triton.__version__ != '$TRITON')" 2>/dev/null; then
   PIP_CONSTRAINT=/dev/null "$VENV/bin/python" -m pip install --quiet "torch==$TORCH" "triton==$TRITON"
+fi
+if [ "${1:-}" = "--prepare" ]; then
+  exit 0
 fi
 PIP_CONSTRAINT=/dev/null PYTHON="$VENV/bin/python" bash tools/install.sh --test
 "$VENV/bin/python" -m pytest tests/cpu -q "$@"
