@@ -8,7 +8,14 @@ setup(
     python_requires=">=3.10",
     # One import namespace: lowering/ and templates/ install as overlap_pass.lowering and
     # overlap_pass.templates; nothing generic lands at the top of site-packages.
-    packages=["overlap_pass", "overlap_pass.lowering", "overlap_pass.templates"],
+    packages=[
+        "overlap_pass",
+        "overlap_pass.normalize",
+        "overlap_pass.regions",
+        "overlap_pass.fusion",
+        "overlap_pass.lowering",
+        "overlap_pass.templates",
+    ],
     package_dir={
         "overlap_pass": "overlap_pass",
         "overlap_pass.lowering": "lowering",

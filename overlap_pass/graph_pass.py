@@ -16,9 +16,12 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch._inductor.pattern_matcher import stable_topological_sort
 from torch.fx import Graph
 
-from . import all_reduce_split, casts, config, debug, decide, float8, passengers, patterns, rewrite, waits
+from . import config, debug
 from .debug import describe_node, log
-from .patterns import AllGatherMatmulMatch, Candidate
+from .fusion import decide, patterns, rewrite
+from .fusion.patterns import AllGatherMatmulMatch, Candidate
+from .normalize import casts, float8, waits
+from .regions import all_reduce_split, passengers
 
 
 class OverlapPass(CustomGraphPass):
@@ -61,7 +64,7 @@ def _rank() -> int | None:
 @functools.cache
 def _source_hash() -> bytes:
     here = os.path.dirname(os.path.abspath(__file__))
-    return get_hash_for_files(tuple(sorted(glob.glob(os.path.join(here, "*.py")))))
+    return get_hash_for_files(tuple(sorted(glob.glob(os.path.join(here, "**", "*.py"), recursive=True))))
 
 
 class ChainedGraphPass(CustomGraphPass):

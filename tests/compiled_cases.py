@@ -14,7 +14,8 @@ from overlap_pass.lowering import replay
 from torch._inductor import config as inductor_config
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from overlap_pass import all_reduce_split, config
+from overlap_pass import config
+from overlap_pass.regions import all_reduce_split
 from tools.measure import relative_error
 from tools.tp_models import TransformerBlock, parallelize_block, parallelize_block_plain
 

@@ -13,7 +13,8 @@ import unittest.mock
 import torch
 import torch.distributed as dist
 
-from overlap_pass import all_reduce_split, config
+from overlap_pass import config
+from overlap_pass.regions import all_reduce_split
 
 TOL = dict(atol=2e-5, rtol=2e-5)
 SMALL = dict(

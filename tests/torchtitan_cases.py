@@ -25,7 +25,8 @@ import unittest.mock
 import torch
 import torch.distributed as dist
 
-from overlap_pass import all_reduce_split, config
+from overlap_pass import config
+from overlap_pass.regions import all_reduce_split
 from tests.dumps import assert_same_collectives
 
 TP = 2

@@ -367,7 +367,8 @@ def run_case(case: dict, backend: str = "overlap") -> dict:
     """Runs one case on this rank: {"mismatches": [...], "decisions": [...], "error": traceback
     or None}. A crash is returned, not raised, so that the pool can go on. ``backend``:
     "inductor" runs the same case without the pass (does a failure come from torch itself?)."""
-    from overlap_pass import all_reduce_split, config
+    from overlap_pass import config
+    from overlap_pass.regions import all_reduce_split
 
     # funcol's *_tensor_autograd: deprecated on torch 2.13, the only ones on 2.11
     warnings.filterwarnings("ignore", "`torch.distributed._functional_collectives", FutureWarning)

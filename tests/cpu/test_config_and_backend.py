@@ -11,7 +11,8 @@ import torch.distributed._functional_collectives as funcol
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import overlap_pass
-from overlap_pass import config, graph_pass, rewrite
+from overlap_pass import config, graph_pass
+from overlap_pass.fusion import rewrite
 from overlap_pass.backend import overlap_config_patches
 from overlap_pass.graph_pass import ChainedGraphPass, OverlapPass
 

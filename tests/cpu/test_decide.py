@@ -1,6 +1,6 @@
 import pytest
 
-from overlap_pass import decide
+from overlap_pass.fusion import decide
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
-from overlap_pass import all_reduce_split, passengers
+from overlap_pass.regions import all_reduce_split, passengers
 from tools.tp_models import TransformerBlock, parallelize_block
 
 from .fake_world import compile_and_dump, fake_world
@@ -110,8 +110,8 @@ def test_matmuls_written_back_keep_their_strides(tmp_path, monkeypatch):
     and every _scaled_mm the pass made carries eager_input_vals, without which Inductor leaves
     its operands' layouts free (a fused kernel then stored one column-major on CUDA, and
     cuBLASLt rejected it: tests/gpu/test_float8_compile_gpu.py)."""
-    from overlap_pass import float8
-    from overlap_pass.patterns import SCALED_MM
+    from overlap_pass.normalize import float8
+    from overlap_pass.fusion.patterns import SCALED_MM
 
     written_back, unfold = [], float8.unfold
 

@@ -438,7 +438,7 @@ def test_a_narrowing_cast_moves_before_the_gather(tmp_path, world_size, shape, d
 def test_a_failed_cast_move_leaves_the_graph_as_it_was(tmp_path, monkeypatch):
     """A move that fails halfway (here: after its first edit) restores the graph; the gather is
     then skipped with the cast's reason, and the compiled function still runs."""
-    from overlap_pass import casts
+    from overlap_pass.normalize import casts
 
     real_apply = casts.apply
 
@@ -586,7 +586,7 @@ def test_one_matmul_between_two_collectives(tmp_path, all_gather_on):
 
 
 def test_failure_halfway_through_an_unsorted_rewrite_restores_the_graph(tmp_path, monkeypatch):
-    from overlap_pass import rewrite
+    from overlap_pass.fusion import rewrite
 
     def fail(*args, **kwargs):
         raise RuntimeError("injected")
@@ -613,7 +613,7 @@ def test_a_dump_that_cannot_be_written_does_not_stop_compilation(tmp_path):
 def test_decisions_look_up_the_choice_under_the_key_the_op_files_it(tmp_path, monkeypatch):
     """decide.py's key of a widened reduce-scatter is the one lowering/dispatch.py builds from
     the rewritten op's arguments, so decisions.json can show a cached choice."""
-    from overlap_pass import decide
+    from overlap_pass.fusion import decide
     from overlap_pass.lowering import choose, dispatch
 
     matches = []

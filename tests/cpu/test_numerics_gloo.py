@@ -4,7 +4,7 @@ import collections
 
 import pytest
 
-from overlap_pass import passengers
+from overlap_pass.regions import passengers
 
 from . import numerics_cases as cases
 

@@ -127,7 +127,7 @@ def test_cuda_tensors_dispatch_to_the_lowering():
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_scaled_gather_carries_passengers(gloo_world, world_size):
-    """overlap.all_gather_scaled_matmul's passengers (overlap_pass/passengers.py) on gloo."""
+    """overlap.all_gather_scaled_matmul's passengers (overlap_pass/regions/passengers.py) on gloo."""
     assert all(gloo_world(world_size).run(op_cases.scaled_gather_with_passengers))
 
 

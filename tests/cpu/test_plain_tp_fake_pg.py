@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
-from overlap_pass import all_reduce_split, passengers
+from overlap_pass.regions import all_reduce_split, passengers
 from tests.plain_tp_cases import (
     max_reduced,
     mean_over_tokens,
@@ -102,7 +102,7 @@ def test_plain_tp_block(tmp_path, latency_free, world_size, bias, batch):
 def test_a_host_with_riders_is_measured_at_its_first_call(tmp_path, latency_free, monkeypatch):
     """A choice cached for the op without its passengers is not the one that runs (the key of
     its calls holds them): the host's record says the first call measures."""
-    from overlap_pass import decide
+    from overlap_pass.fusion import decide
 
     monkeypatch.setattr(decide, "choose_implementation", lambda match: "auto: fused (cached)")
     with fake_world(2):

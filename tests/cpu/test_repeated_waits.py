@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from overlap_pass import all_reduce_split, passengers
+from overlap_pass.regions import all_reduce_split, passengers
 from overlap_pass.graph_pass import overlap_graph_pass
-from overlap_pass.patterns import ALL_GATHER, REDUCE_SCATTER, WAIT
+from overlap_pass.fusion.patterns import ALL_GATHER, REDUCE_SCATTER, WAIT
 
 c10d = torch.ops._c10d_functional
 AGM, MRS, SPLIT = "all_gather_matmul", "matmul_reduce_scatter", "all_reduce_split"

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torchtitan", reason="pip install -e .[torchtitan]")
 
-from overlap_pass import passengers  # noqa: E402
+from overlap_pass.regions import passengers  # noqa: E402
 from tests import torchtitan_cases as cases  # noqa: E402
 from tests.dumps import assert_same_collectives  # noqa: E402
 from tests.rank_pool import RankPool  # noqa: E402

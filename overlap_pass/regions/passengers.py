@@ -24,9 +24,10 @@ import torch
 from torch._inductor.pattern_matcher import stable_topological_sort
 from torch.fx import Graph, Node
 
-from . import config, rewrite
-from .debug import describe_node
-from .patterns import ALL_GATHER, WAIT, NoMatch, depends_on, gathered_layout, graph_order, meta_val
+from .. import config
+from ..debug import describe_node
+from ..fusion import rewrite
+from ..fusion.patterns import ALL_GATHER, WAIT, NoMatch, depends_on, gathered_layout, graph_order, meta_val
 
 KIND = "all_gather_passenger"
 

@@ -17,8 +17,8 @@ accumulator).
 import torch
 from torch.fx import Graph, Node
 
-from .patterns import SCALED_MM, cast_dtype, meta_val, scaled_mm_args
-from .rewrite import call, erase_dead
+from ..fusion.patterns import SCALED_MM, cast_dtype, meta_val, scaled_mm_args
+from ..fusion.rewrite import call, erase_dead
 
 aten = torch.ops.aten
 

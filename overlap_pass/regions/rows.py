@@ -17,7 +17,7 @@ import operator
 import torch
 from torch.fx import Node
 
-from .patterns import VIEWS, meta_val
+from ..fusion.patterns import VIEWS, meta_val
 
 aten = torch.ops.aten
 

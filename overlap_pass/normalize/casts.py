@@ -21,7 +21,7 @@ from torch._guards import detect_fake_mode
 from torch.fx import Graph, Node
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from .patterns import ALL_GATHER, CASTS, SPLITS, VIEWS, WAIT, cast_dtype
+from ..fusion.patterns import ALL_GATHER, CASTS, SPLITS, VIEWS, WAIT, cast_dtype
 
 aten = torch.ops.aten
 CONVERT = torch.ops.prims.convert_element_type.default

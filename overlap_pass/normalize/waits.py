@@ -23,7 +23,7 @@ import operator
 import torch
 from torch.fx import Graph, Node
 
-from .patterns import SPLITS, VIEWS, WAIT, graph_order
+from ..fusion.patterns import SPLITS, VIEWS, WAIT, graph_order
 
 aten = torch.ops.aten
 

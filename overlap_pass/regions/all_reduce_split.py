@@ -50,9 +50,9 @@ import torch.distributed as dist
 from torch.fx import Graph, Node
 from torch.fx.node import map_arg
 
-from . import config, rows
-from .debug import describe_node
-from .patterns import (
+from .. import config
+from ..debug import describe_node
+from ..fusion.patterns import (
     ALL_GATHER,
     REDUCE_SCATTER,
     SCALED_MM,
@@ -65,7 +65,8 @@ from .patterns import (
     is_transpose,
     meta_val,
 )
-from .rewrite import call, erase_dead, reshape
+from ..fusion.rewrite import call, erase_dead, reshape
+from . import rows
 
 aten = torch.ops.aten
 ALL_REDUCE = torch.ops._c10d_functional.all_reduce.default

@@ -6,7 +6,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import config, scaled_ops
+from .. import config, scaled_ops
 from .patterns import AllGatherMatmulMatch, Match, MatmulReduceScatterMatch, meta_val
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
