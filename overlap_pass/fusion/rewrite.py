@@ -12,7 +12,7 @@ from torch._guards import detect_fake_mode
 from torch.fx import Graph, Node
 from torch.fx.node import map_arg
 
-from . import ops, scaled_ops  # noqa: F401  (register torch.ops.overlap)
+from .. import ops, scaled_ops  # noqa: F401  (register torch.ops.overlap)
 from .patterns import (
     BMM,
     AllGatherMatmulMatch,
