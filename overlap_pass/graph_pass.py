@@ -20,7 +20,7 @@ from . import config, debug
 from .debug import describe_node, log
 from .fusion import decide, patterns, rewrite
 from .fusion.patterns import AllGatherMatmulMatch, Candidate
-from .normalize import casts, float8, waits
+from .normalize import casts, float8, permutes, waits
 from .regions import all_reduce_split, passengers
 
 
@@ -111,12 +111,14 @@ def install() -> None:
 
 def overlap_graph_pass(graph: Graph) -> list[dict]:
     """one wait per collective (waits.py) -> split all-reduces (all_reduce_split.py) -> move
-    casts (casts.py) -> find -> decide -> rewrite on one graph; returns the decision records."""
+    permutes and casts before all-gathers (permutes.py, casts.py) -> find -> decide -> rewrite
+    on one graph; returns the decision records."""
     dumping = debug.dumping()
     before = debug.graph_text(graph) if dumping else ""
     merged_waits = _merge_repeated_waits(graph)
     folded = _fold_rowwise_epilogues(graph)
     split_records = _split_all_reduces(graph)
+    permuted = _move_permutes(graph) if config.all_gather_matmul else {}
     moved = _move_casts(graph, casts.plan(graph)) if config.all_gather_matmul else {}
     candidates = patterns.find_all_gather_matmuls(graph) + patterns.find_matmul_reduce_scatters(
         graph
@@ -125,6 +127,8 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
     for candidate, record in decisions:
         if candidate.collective in moved:
             record["cast_moved_before_gather"] = moved[candidate.collective]
+        if candidate.collective in permuted:
+            record["permute_moved_before_gather"] = permuted[candidate.collective]
         if candidate.collective in merged_waits:
             record["repeated_waits_merged"] = merged_waits[candidate.collective]
     rider_records = []
@@ -277,6 +281,15 @@ def _split_all_reduces(graph: Graph) -> list[dict]:
             if record["rewritten"]:
                 record.update(rewritten=False, reason=f"split failed ({type(error).__name__}: {error})")
     return records
+
+
+def _move_permutes(graph: Graph) -> dict:
+    """Applies permutes.py's moves; returns {the new all-gather node: "movedim(0, d)"}. Should
+    one fail, the graph is restored and none is kept."""
+    moves, moved = permutes.plan(graph), {}
+    if not moves or not _edited_or_restored(graph, "moving permutes before all-gathers", lambda: moved.update(permutes.apply(graph, moves))):
+        return {}
+    return moved
 
 
 def _move_casts(graph: Graph, moves: list) -> dict:

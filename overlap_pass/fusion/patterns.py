@@ -167,6 +167,16 @@ def keeps_order(view: Node) -> bool:
     return moved == sorted(moved)
 
 
+def _contiguous_copy(node: Node) -> bool:
+    """A clone into the contiguous format (a reshape of a permuted tensor leaves one): the same
+    values in row-major order."""
+    return (
+        node.target is aten.clone.default
+        and len(node.args) == 1
+        and node.kwargs.get("memory_format", torch.contiguous_format) is torch.contiguous_format
+    )
+
+
 def shared_matrix(mat2: Node) -> bool:
     """Whether a bmm's mat2 [B, K, N] is one matrix for every batch element: a batch of 1, or a
     batch dim of stride 0 (a 2-D weight unsqueezed and expanded, as NeMo Automodel's linear
@@ -413,7 +423,7 @@ def _matmul_users(gathered: Node):
                 except NoMatch as why:
                     notes.append(str(why))
                     others.append(user)
-            elif keeps_order(user):
+            elif keeps_order(user) or _contiguous_copy(user):
                 visit(user)
             else:
                 moved = user.target is aten.permute.default and any(u.target is BMM for u in user.users)
