@@ -287,9 +287,10 @@ def _move_permutes(graph: Graph) -> dict:
     """Applies permutes.py's moves; returns {the new all-gather node: "movedim(0, d)"}. Should
     one fail, the graph is restored and none is kept."""
     moves, moved = permutes.plan(graph), {}
-    if not moves or not _edited_or_restored(graph, "moving permutes before all-gathers", lambda: moved.update(permutes.apply(graph, moves))):
+    if not moves:
         return {}
-    return moved
+    edit = lambda: moved.update(permutes.apply(graph, moves))  # noqa: E731
+    return moved if _edited_or_restored(graph, "moving permutes before all-gathers", edit) else {}
 
 
 def _move_casts(graph: Graph, moves: list) -> dict:
