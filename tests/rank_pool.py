@@ -3,14 +3,21 @@ world size, not once per test, keeps CI fast on two cores.
 
 RankPool(W, "gloo" | "nccl").run(fn, *args) runs fn(*args) on every rank (fn must be importable)
 and returns the per-rank results; an exception on any rank is raised here with that rank's
-traceback. Every wait is bounded: a rank that does not answer in time is named, and the pool is
-torn down. NCCL ranks use GPU <rank>, with NVLink multicast off.
+traceback. Every wait is bounded: a rank that does not answer in time is named, with every
+rank's Python stacks at that moment and the end of its log (overlap_pass at INFO), and the pool
+is torn down. NCCL ranks use GPU <rank>, with NVLink multicast off.
 """
 
+import faulthandler
+import logging
 import multiprocessing
 import os
 import queue
+import shutil
+import signal
 import socket
+import tempfile
+import time
 import traceback
 
 TASK_TIMEOUT_S = float(os.environ.get("OVERLAP_TEST_TIMEOUT_S", "600"))
@@ -29,8 +36,19 @@ MULTICAST_OFF = {
 }
 
 
-def _worker(rank: int, world_size: int, backend: str, port: int, tasks, results) -> None:
+LOG_TAIL_LINES = 20
+
+
+def _worker(rank: int, world_size: int, backend: str, port: int, tasks, results, notes: str) -> None:
     os.environ.update(MULTICAST_OFF)
+    # what a rank was doing when the pool gave up on it: its stacks on SIGUSR1, and its log
+    stacks = open(os.path.join(notes, f"rank{rank}.stacks"), "w")
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    handler = logging.FileHandler(os.path.join(notes, f"rank{rank}.log"))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    overlap_log = logging.getLogger("overlap_pass")
+    overlap_log.addHandler(handler)
+    overlap_log.setLevel(logging.INFO)
     import torch
     import torch.distributed as dist
 
@@ -67,11 +85,12 @@ class RankPool:
         self.world_size = world_size
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(world_size)]
+        self.notes = tempfile.mkdtemp(prefix="overlap-ranks-")
         port = _free_port()
         self.procs = [
             ctx.Process(
                 target=_worker,
-                args=(r, world_size, backend, port, self.tasks[r], self.results),
+                args=(r, world_size, backend, port, self.tasks[r], self.results, self.notes),
             )
             for r in range(world_size)
         ]
@@ -87,9 +106,10 @@ class RankPool:
                 rank, ok, value = self.results.get(timeout=TASK_TIMEOUT_S)
             except queue.Empty:
                 missing = sorted(set(range(self.world_size)) - set(answers))
+                where = self._where_ranks_are()
                 self.close(force=True)
                 raise RankFailed(
-                    f"{fn.__name__}: ranks {missing} gave no answer in {TASK_TIMEOUT_S:.0f} s"
+                    f"{fn.__name__}: ranks {missing} gave no answer in {TASK_TIMEOUT_S:.0f} s\n{where}"
                 ) from None
             answers[rank] = (ok, value)
         failed = {r: v for r, (ok, v) in answers.items() if not ok}
@@ -97,6 +117,22 @@ class RankPool:
             rank = min(failed)
             raise RankFailed(f"{fn.__name__} failed on rank {rank}:\n{failed[rank]}")
         return [answers[r][1] for r in range(self.world_size)]
+
+    def _where_ranks_are(self) -> str:
+        """Every live rank's Python stacks (dumped on SIGUSR1) and the end of its log."""
+        for p in self.procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGUSR1)
+        time.sleep(2)  # faulthandler writes from a signal handler: give it a moment
+        parts = []
+        for rank, p in enumerate(self.procs):
+            state = "alive" if p.is_alive() else f"exited with {p.exitcode}"
+            parts.append(f"--- rank {rank} ({state}): stacks")
+            parts.append(_read(os.path.join(self.notes, f"rank{rank}.stacks")))
+            log_lines = _read(os.path.join(self.notes, f"rank{rank}.log")).splitlines()
+            parts.append(f"--- rank {rank}: last {LOG_TAIL_LINES} lines of its overlap_pass log")
+            parts.extend(log_lines[-LOG_TAIL_LINES:])
+        return "\n".join(parts)
 
     def close(self, force: bool = False) -> None:
         if not force:
@@ -107,3 +143,12 @@ class RankPool:
         for p in self.procs:
             if p.is_alive():
                 p.kill()
+        shutil.rmtree(self.notes, ignore_errors=True)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip() or "(empty)"
+    except OSError:
+        return "(none)"

@@ -1,0 +1,35 @@
+"""The test pool of ranks names a rank that does not answer: its Python stacks at that moment
+and the end of its overlap_pass log, instead of a bare timeout."""
+
+import logging
+import time
+
+import pytest
+
+from tests import rank_pool
+
+
+def _one_rank_sleeps(seconds: float) -> int:
+    import torch.distributed as dist
+
+    logging.getLogger("overlap_pass").info("rank %d: about to sleep", dist.get_rank())
+    if dist.get_rank() == 1:
+        time.sleep(seconds)
+    return dist.get_rank()
+
+
+def test_a_rank_that_does_not_answer_is_named_with_its_stack_and_log(monkeypatch):
+    monkeypatch.setattr(rank_pool, "TASK_TIMEOUT_S", 5.0)
+    pool = rank_pool.RankPool(2, "gloo")
+    try:
+        assert pool.run(_one_rank_sleeps, 0.0) == [0, 1]
+        with pytest.raises(rank_pool.RankFailed) as failed:
+            pool.run(_one_rank_sleeps, 60.0)
+    finally:
+        pool.close(force=True)
+    message = str(failed.value)
+    assert "ranks [1] gave no answer in 5 s" in message, message
+    rank0 = message.split("--- rank 0 (alive): stacks")[1].split("--- rank 1")[0]
+    rank1 = message.split("--- rank 1 (alive): stacks")[1]
+    assert "_one_rank_sleeps" in rank1 and "_one_rank_sleeps" not in rank0, message  # rank 0 is idle
+    assert "rank 1: about to sleep" in rank1 and "rank 0: about to sleep" in rank0, message
