@@ -191,6 +191,7 @@ def tell_once(level: int, message: str, name: str, reason: str) -> None:
 def _first_call(name: str, variant, args: tuple, reference=None) -> bool:
     """Whether ``variant`` runs this call (and matches the ``reference`` outputs, if given);
     why not is logged once."""
+    log.debug("overlap: first call of variant %s", name)
     try:
         outs = _outputs(variant(*args))
     except NotImplementedError as e:  # refused before it started (these operands): expected

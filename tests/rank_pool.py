@@ -4,7 +4,7 @@ world size, not once per test, keeps CI fast on two cores.
 RankPool(W, "gloo" | "nccl").run(fn, *args) runs fn(*args) on every rank (fn must be importable)
 and returns the per-rank results; an exception on any rank is raised here with that rank's
 traceback. Every wait is bounded: a rank that does not answer in time is named, with every
-rank's Python stacks at that moment and the end of its log (overlap_pass at INFO), and the pool
+rank's Python stacks at that moment and the end of its log (overlap_pass at DEBUG), and the pool
 is torn down. NCCL ranks use GPU <rank>, with NVLink multicast off.
 """
 
@@ -14,10 +14,8 @@ import multiprocessing
 import os
 import queue
 import shutil
-import signal
 import socket
 import tempfile
-import time
 import traceback
 
 TASK_TIMEOUT_S = float(os.environ.get("OVERLAP_TEST_TIMEOUT_S", "600"))
@@ -37,18 +35,20 @@ MULTICAST_OFF = {
 
 
 LOG_TAIL_LINES = 20
+STACKS_BEFORE_S = 3  # a rank dumps its stacks this long before the pool's deadline
 
 
 def _worker(rank: int, world_size: int, backend: str, port: int, tasks, results, notes: str) -> None:
     os.environ.update(MULTICAST_OFF)
-    # what a rank was doing when the pool gave up on it: its stacks on SIGUSR1, and its log
+    # what a rank was doing when the pool gives up on it: its stacks, dumped by faulthandler's
+    # timer thread shortly before the pool's deadline (no signal: NCCL ranks may not take one),
+    # and its log
     stacks = open(os.path.join(notes, f"rank{rank}.stacks"), "w")
-    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     handler = logging.FileHandler(os.path.join(notes, f"rank{rank}.log"))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     overlap_log = logging.getLogger("overlap_pass")
     overlap_log.addHandler(handler)
-    overlap_log.setLevel(logging.INFO)
+    overlap_log.setLevel(logging.DEBUG)
     import torch
     import torch.distributed as dist
 
@@ -67,11 +67,15 @@ def _worker(rank: int, world_size: int, backend: str, port: int, tasks, results,
         task = tasks.get()
         if task is None:
             break
-        fn, args = task
+        fn, args, dump_after_s = task
+        stacks.seek(0)
+        stacks.truncate()  # only this task's stacks
+        faulthandler.dump_traceback_later(dump_after_s, file=stacks)
         try:
             results.put((rank, True, fn(*args)))
         except BaseException:
             results.put((rank, False, traceback.format_exc()))
+        faulthandler.cancel_dump_traceback_later()
     dist.destroy_process_group()
 
 
@@ -98,8 +102,9 @@ class RankPool:
             p.start()
 
     def run(self, fn, *args) -> list:
+        dump_after_s = max(TASK_TIMEOUT_S - STACKS_BEFORE_S, 1.0)
         for q in self.tasks:
-            q.put((fn, args))
+            q.put((fn, args, dump_after_s))
         answers = {}
         while len(answers) < self.world_size:
             try:
@@ -119,18 +124,15 @@ class RankPool:
         return [answers[r][1] for r in range(self.world_size)]
 
     def _where_ranks_are(self) -> str:
-        """Every live rank's Python stacks (dumped on SIGUSR1) and the end of its log."""
-        for p in self.procs:
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGUSR1)
-        time.sleep(2)  # faulthandler writes from a signal handler: give it a moment
+        """Every rank's Python stacks shortly before the deadline (a rank that answered in time
+        has none) and the end of its log."""
         parts = []
         for rank, p in enumerate(self.procs):
             state = "alive" if p.is_alive() else f"exited with {p.exitcode}"
             parts.append(f"--- rank {rank} ({state}): stacks")
             parts.append(_read(os.path.join(self.notes, f"rank{rank}.stacks")))
             log_lines = _read(os.path.join(self.notes, f"rank{rank}.log")).splitlines()
-            parts.append(f"--- rank {rank}: last {LOG_TAIL_LINES} lines of its overlap_pass log")
+            parts.append(f"--- rank {rank}: the last {LOG_TAIL_LINES} lines of its overlap_pass log")
             parts.extend(log_lines[-LOG_TAIL_LINES:])
         return "\n".join(parts)
 

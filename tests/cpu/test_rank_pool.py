@@ -31,5 +31,5 @@ def test_a_rank_that_does_not_answer_is_named_with_its_stack_and_log(monkeypatch
     assert "ranks [1] gave no answer in 5 s" in message, message
     rank0 = message.split("--- rank 0 (alive): stacks")[1].split("--- rank 1")[0]
     rank1 = message.split("--- rank 1 (alive): stacks")[1]
-    assert "_one_rank_sleeps" in rank1 and "_one_rank_sleeps" not in rank0, message  # rank 0 is idle
+    assert "_one_rank_sleeps" in rank1 and "_one_rank_sleeps" not in rank0, message  # rank 0 answered
     assert "rank 1: about to sleep" in rank1 and "rank 0: about to sleep" in rank0, message
