@@ -188,12 +188,36 @@ def tell_once(level: int, message: str, name: str, reason: str) -> None:
         log.log(level, message, name, reason)
 
 
+def _in_step(group, device) -> None:
+    """Returns on every rank of the group once all have reached it (the host waits, also on
+    NCCL, whose collectives only queue): a variant's first call then starts on every rank at
+    once, so a rank compiling its kernels does not leave a peer spinning on its flags the
+    time of a compile (seconds: past a test's spin limit)."""
+    mark = torch.zeros(1, device=device)
+    dist.all_reduce(mark, group=group)
+    mark.item()
+
+
+def _timed_out_now() -> None:
+    """Raises ChunkTimeout if a wait of the call just made gave up (synchronizes): at a first
+    call, so that the variant is out on every rank now, rather than one rank raising at a later
+    call while its peers go on into the next collective. Workspaces refusing calls already
+    are left out: their error was told when they began refusing."""
+    from .symm import _WORKSPACES
+
+    for ws in _WORKSPACES.values():
+        if ws.out_of_step is None:
+            ws.check_timeouts()
+
+
 def _first_call(name: str, variant, args: tuple, reference=None) -> bool:
-    """Whether ``variant`` runs this call (and matches the ``reference`` outputs, if given);
-    why not is logged once."""
+    """Whether ``variant`` runs this call, with no wait giving up (and matches the
+    ``reference`` outputs, if given); why not is logged once."""
     log.debug("overlap: first call of variant %s", name)
     try:
         outs = _outputs(variant(*args))
+        if outs and outs[0].is_cuda:
+            _timed_out_now()
     except NotImplementedError as e:  # refused before it started (these operands): expected
         tell_once(logging.INFO, "overlap: variant %s does not take this call: %s", name, failure(e))
         return False
@@ -219,11 +243,21 @@ def _on_every_rank(ok: dict[str, bool], group, device) -> dict[str, bool]:
     return everywhere
 
 
+def _first_calls(variants: dict, names, args: tuple, group, device, reference=None) -> dict[str, bool]:
+    """Each name's first call, the ranks in step before each; a name is True where it ran on
+    every rank of the group (collective)."""
+    ok = {}
+    for name in names:
+        _in_step(group, device)
+        ok[name] = _first_call(name, variants[name], args, reference)
+    return _on_every_rank(ok, group, device)
+
+
 def runs_everywhere(name: str, variants: dict, args: tuple, group, device) -> bool:
     """Whether ``name``'s first call on ``args`` runs on every rank of the group (collective):
     a choice that is not measured (forced, or from the cache file) is tried once before calls
     depend on it."""
-    return _on_every_rank({name: _first_call(name, variants[name], args)}, group, device)[name]
+    return _first_calls(variants, [name], args, group, device)[name]
 
 
 def _measure(variants: dict, args: tuple, group, device, graphs: bool = False) -> dict[str, float]:
@@ -232,7 +266,7 @@ def _measure(variants: dict, args: tuple, group, device, graphs: bool = False) -
     names = list(variants)
     reference = _outputs(variants[BASELINE](*args))
     # a variant is out for every rank if it is out for one, so that all time the same ones
-    usable = _on_every_rank({n: _first_call(n, variants[n], args, reference) for n in names}, group, device)
+    usable = _first_calls(variants, names, args, group, device, reference)
     runs = {n: functools.partial(_calls, variants[n], args) for n in names if usable[n]}
     captured = _capture_all(variants, runs, args, group, device) if graphs else {}
     if BASELINE in captured:  # (the same on every rank) else eager times, the baseline among them
@@ -244,8 +278,12 @@ def _measure(variants: dict, args: tuple, group, device, graphs: bool = False) -
 
 def _time(runs: dict, names: list[str], group, device) -> dict[str, float]:
     """Per name: the slowest rank's median time of one call of its sample ``runs[name]`` (inf
-    for a name not in ``runs``), in µs, over interleaved rounds."""
+    for a name not in ``runs``, or whose sample raised on any rank), in µs, over interleaved
+    rounds. A sample that raises (a ChunkTimeout told late) drops its variant: every rank
+    learns it before the next sample, which all ranks start together, so all make the same
+    collectives and no rank runs that variant's protocol alone for long."""
     samples = {name: [] for name in runs}
+    failed = set()
     order = list(names)
     shuffle = random.Random(0)  # the same order on every rank
     for round_ in range(WARMUP + ROUNDS):
@@ -254,17 +292,27 @@ def _time(runs: dict, names: list[str], group, device) -> dict[str, float]:
             if name not in runs:
                 continue
             torch.cuda.synchronize(device)  # idle, on every rank: host time is not hidden
-            dist.barrier(group=group, device_ids=[device.index])
+            agreed = _on_every_rank({n: n not in failed for n in names}, group, device)  # (a barrier too)
+            failed = {n for n, ok in agreed.items() if not ok}
+            if name in failed:
+                continue
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            runs[name]()
+            try:
+                runs[name]()
+            except Exception as e:
+                tell_once(logging.WARNING, "overlap: variant %s is out: %s", name, f"it raised while timed: {failure(e)}")
+                failed.add(name)
+                continue
             end.record()
             if round_ >= WARMUP:
                 samples[name].append((start, end))
     torch.cuda.synchronize(device)
     local = torch.tensor(
         [
-            statistics.median(s.elapsed_time(e) * 1e3 / SAMPLE_CALLS for s, e in samples[n]) if n in runs else float("inf")
+            statistics.median(s.elapsed_time(e) * 1e3 / SAMPLE_CALLS for s, e in samples[n])
+            if n in runs and n not in failed
+            else float("inf")
             for n in names
         ],
         dtype=torch.float64,

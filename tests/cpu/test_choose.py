@@ -24,6 +24,7 @@ def test_a_forced_implementation_needs_no_measurement(monkeypatch):
     variants = {name: lambda *args, name=name: calls.append(name) or torch.ones(2) for name in VARIANTS}
     monkeypatch.setattr(choose, "_measure", measure)
     monkeypatch.setattr(choose, "_on_every_rank", lambda ok, group, device: dict(ok))  # a world of one
+    monkeypatch.setattr(choose, "_in_step", lambda group, device: None)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(choose, "_DECIDED", {})
     for forced, name in (("fused", "fused:tma128x256x64w8s3"), ("copy_engine_cublas", "copy_engine_cublas")):
