@@ -176,9 +176,11 @@ def _captured(variant, args: tuple):
 
 def failure(error: BaseException) -> str:
     """An exception as one line: its type and its message's last line (a Triton compile error
-    ends in what went wrong, after an excerpt of the kernel's source)."""
+    ends in what went wrong, after an excerpt of the kernel's source), or for a CUDA error the
+    line naming it (torch's debugging hints follow it)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[-1] if lines else ''}"
+    named = [line for line in lines if line.startswith("CUDA error")]
+    return f"{type(error).__name__}: {(named or lines or [''])[-1]}"
 
 
 def tell_once(level: int, message: str, name: str, reason: str) -> None:

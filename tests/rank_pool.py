@@ -90,6 +90,7 @@ class RankPool:
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         self.notes = tempfile.mkdtemp(prefix="overlap-ranks-")
+        self.torn_down = False
         port = _free_port()
         self.procs = [
             ctx.Process(
@@ -102,6 +103,8 @@ class RankPool:
             p.start()
 
     def run(self, fn, *args) -> list:
+        if self.torn_down:
+            raise RankFailed(f"{fn.__name__}: not run, the pool was torn down after an earlier task's timeout")
         dump_after_s = max(TASK_TIMEOUT_S - STACKS_BEFORE_S, 1.0)
         for q in self.tasks:
             q.put((fn, args, dump_after_s))
@@ -113,6 +116,7 @@ class RankPool:
                 missing = sorted(set(range(self.world_size)) - set(answers))
                 where = self._where_ranks_are()
                 self.close(force=True)
+                self.torn_down = True
                 raise RankFailed(
                     f"{fn.__name__}: ranks {missing} gave no answer in {TASK_TIMEOUT_S:.0f} s\n{where}"
                 ) from None

@@ -25,6 +25,8 @@ def test_a_rank_that_does_not_answer_is_named_with_its_stack_and_log(monkeypatch
         assert pool.run(_one_rank_sleeps, 0.0) == [0, 1]
         with pytest.raises(rank_pool.RankFailed) as failed:
             pool.run(_one_rank_sleeps, 60.0)
+        with pytest.raises(rank_pool.RankFailed, match="torn down"):  # at once, not after the timeout
+            pool.run(_one_rank_sleeps, 0.0)
     finally:
         pool.close(force=True)
     message = str(failed.value)
