@@ -5,7 +5,9 @@ RankPool(W, "gloo" | "nccl").run(fn, *args) runs fn(*args) on every rank (fn mus
 and returns the per-rank results; an exception on any rank is raised here with that rank's
 traceback. Every wait is bounded: a rank that does not answer in time is named, with every
 rank's Python stacks at that moment and the end of its log (overlap_pass at DEBUG), and the pool
-is torn down. NCCL ranks use GPU <rank>, with NVLink multicast off.
+is torn down. A rank that fails mostly leaves its peers waiting in a collective: they get
+PEER_GRACE_S to answer, then the failure is raised with their stacks, and the pool torn down.
+NCCL ranks use GPU <rank>, with NVLink multicast off.
 """
 
 import faulthandler
@@ -16,6 +18,8 @@ import queue
 import shutil
 import socket
 import tempfile
+import threading
+import time
 import traceback
 
 TASK_TIMEOUT_S = float(os.environ.get("OVERLAP_TEST_TIMEOUT_S", "600"))
@@ -36,14 +40,21 @@ MULTICAST_OFF = {
 
 LOG_TAIL_LINES = 20
 STACKS_BEFORE_S = 3  # a rank dumps its stacks this long before the pool's deadline
+PEER_GRACE_S = float(os.environ.get("OVERLAP_TEST_PEER_GRACE_S", "20"))
 
 
-def _worker(rank: int, world_size: int, backend: str, port: int, tasks, results, notes: str) -> None:
+def _dump_when_asked(asked, stacks) -> None:
+    asked.wait()
+    faulthandler.dump_traceback(file=stacks, all_threads=True)
+
+
+def _worker(rank: int, world_size: int, backend: str, port: int, tasks, results, notes: str, asked) -> None:
     os.environ.update(MULTICAST_OFF)
     # what a rank was doing when the pool gives up on it: its stacks, dumped by faulthandler's
-    # timer thread shortly before the pool's deadline (no signal: NCCL ranks may not take one),
-    # and its log
+    # timer thread shortly before the pool's deadline, or by a thread of its own when the pool
+    # asks (no signal: NCCL ranks showed none), and its log
     stacks = open(os.path.join(notes, f"rank{rank}.stacks"), "w")
+    threading.Thread(target=_dump_when_asked, args=(asked, stacks), daemon=True).start()
     handler = logging.FileHandler(os.path.join(notes, f"rank{rank}.log"))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     overlap_log = logging.getLogger("overlap_pass")
@@ -91,11 +102,12 @@ class RankPool:
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         self.notes = tempfile.mkdtemp(prefix="overlap-ranks-")
         self.torn_down = False
+        self.asked_for_stacks = ctx.Event()
         port = _free_port()
         self.procs = [
             ctx.Process(
                 target=_worker,
-                args=(r, world_size, backend, port, self.tasks[r], self.results, self.notes),
+                args=(r, world_size, backend, port, self.tasks[r], self.results, self.notes, self.asked_for_stacks),
             )
             for r in range(world_size)
         ]
@@ -109,27 +121,43 @@ class RankPool:
         for q in self.tasks:
             q.put((fn, args, dump_after_s))
         answers = {}
+        deadline = time.monotonic() + TASK_TIMEOUT_S
         while len(answers) < self.world_size:
             try:
-                rank, ok, value = self.results.get(timeout=TASK_TIMEOUT_S)
+                rank, ok, value = self.results.get(timeout=max(deadline - time.monotonic(), 0.0))
             except queue.Empty:
-                missing = sorted(set(range(self.world_size)) - set(answers))
-                where = self._where_ranks_are()
-                self.close(force=True)
-                self.torn_down = True
-                raise RankFailed(
-                    f"{fn.__name__}: ranks {missing} gave no answer in {TASK_TIMEOUT_S:.0f} s\n{where}"
-                ) from None
+                raise self._given_up(fn, answers) from None
             answers[rank] = (ok, value)
+            if not ok:  # its peers may wait for it in a collective: not for long
+                deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
         failed = {r: v for r, (ok, v) in answers.items() if not ok}
         if failed:
             rank = min(failed)
             raise RankFailed(f"{fn.__name__} failed on rank {rank}:\n{failed[rank]}")
         return [answers[r][1] for r in range(self.world_size)]
 
+    def _given_up(self, fn, answers: dict) -> RankFailed:
+        """The error of a task some ranks did not answer: a rank's failure first, if one
+        failed; the pool is torn down (its ranks may be stuck for good)."""
+        missing = sorted(set(range(self.world_size)) - set(answers))
+        failed = {r: v for r, (ok, v) in answers.items() if not ok}
+        if failed:  # before the deadline, so before the timer's dump: asked for now
+            self.asked_for_stacks.set()
+            time.sleep(2)  # the dump lands meanwhile
+        where = self._where_ranks_are()
+        self.close(force=True)
+        self.torn_down = True
+        if failed:
+            rank = min(failed)
+            return RankFailed(
+                f"{fn.__name__} failed on rank {rank}:\n{failed[rank]}\n"
+                f"ranks {missing} gave no answer {PEER_GRACE_S:.0f} s later (waiting for it?)\n{where}"
+            )
+        return RankFailed(f"{fn.__name__}: ranks {missing} gave no answer in {TASK_TIMEOUT_S:.0f} s\n{where}")
+
     def _where_ranks_are(self) -> str:
-        """Every rank's Python stacks shortly before the deadline (a rank that answered in time
-        has none) and the end of its log."""
+        """Every rank's Python stacks, dumped shortly before the deadline or when asked (a rank
+        that answered has none), and the end of its log."""
         parts = []
         for rank, p in enumerate(self.procs):
             state = "alive" if p.is_alive() else f"exited with {p.exitcode}"
