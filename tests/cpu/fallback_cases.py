@@ -14,6 +14,7 @@ import ast
 import contextlib
 import functools
 import logging
+import time
 
 import pytest
 import torch
@@ -165,3 +166,36 @@ def fallback(scenario: str, cache_path: str, seed: int = 0) -> dict:
         errors = [_call(s, rows) for s, rows in ((seed, ROWS), (seed + 1, ROWS)) + ((seed + 2, 2 * ROWS),) * 2]
         chosen, cached = _chosen(), choose.load_cache()
     return {"chosen": chosen, "log": messages, "error": max(errors), "cache": cached}
+
+
+class _WallClockEvent:
+    """torch.cuda.Event's timing on CPU: the host's clock at record()."""
+
+    def __init__(self, enable_timing: bool = False):
+        self.at = None
+
+    def record(self, stream=None):
+        self.at = time.perf_counter()
+
+    def elapsed_time(self, end) -> float:
+        return (end.at - self.at) * 1e3
+
+
+def a_variant_raising_while_timed() -> dict:
+    """choose._time over CPU stand-ins: "flaky" raises at its third sample on rank 1 only (a
+    ChunkTimeout told late). Returns the times and how many samples of "flaky" each rank ran."""
+    from overlap_pass.lowering.symm import ChunkTimeout
+
+    rank, samples = dist.get_rank(), []
+
+    def flaky():
+        samples.append(1)
+        if rank == 1 and len(samples) == 3:
+            raise ChunkTimeout("matmul_reduce_scatter: rank 1 gave up waiting (stand-in)")
+
+    runs = {choose.BASELINE: lambda: None, "flaky": flaky, "steady": lambda: None}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "Event", _WallClockEvent)
+        mp.setattr(torch.cuda, "synchronize", lambda device=None: None)
+        times = choose._time(runs, [*runs, "absent"], dist.group.WORLD, torch.device("cpu"))
+    return {"times": times, "flaky_samples": len(samples)}

@@ -50,6 +50,18 @@ def test_a_variant_that_cannot_run_drops_out_of_the_choice(gloo_world, tmp_path,
     assert all(math.isinf(e["times_us"][cases.GLUON]) for e in entries), cache  # measured as out
 
 
+def test_a_variant_raising_while_timed_is_out_on_every_rank(gloo_world):
+    """A sample that raises on one rank (a ChunkTimeout told at a later call) does not leave
+    choose on that rank while its peers wait in the next sample's collective: every rank times
+    the variant as out, and runs no sample of it after the one that raised."""
+    ranks = gloo_world(2).run(cases.a_variant_raising_while_timed)
+    for rank, result in enumerate(ranks):
+        times = result["times"]
+        assert math.isinf(times["flaky"]) and math.isinf(times["absent"]), (rank, times)
+        assert math.isfinite(times[choose.BASELINE]) and math.isfinite(times["steady"]), (rank, times)
+        assert result["flaky_samples"] == 3, (rank, result)
+
+
 def test_a_compile_error_is_told_in_one_line_once(caplog):
     caplog.set_level("INFO", logger="overlap_pass")
     reason = choose.failure(cases.compile_error())
