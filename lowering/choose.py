@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from overlap_pass import config
 
-from . import torch_compat
+from . import symm, torch_compat
 
 log = logging.getLogger("overlap_pass")
 
@@ -200,18 +200,6 @@ def _in_step(group, device) -> None:
     mark.item()
 
 
-def _timed_out_now() -> None:
-    """Raises ChunkTimeout if a wait of the call just made gave up (synchronizes): at a first
-    call, so that the variant is out on every rank now, rather than one rank raising at a later
-    call while its peers go on into the next collective. Workspaces refusing calls already
-    are left out: their error was told when they began refusing."""
-    from .symm import _WORKSPACES
-
-    for ws in _WORKSPACES.values():
-        if ws.out_of_step is None:
-            ws.check_timeouts()
-
-
 def _first_call(name: str, variant, args: tuple, reference=None) -> bool:
     """Whether ``variant`` runs this call, with no wait giving up (and matches the
     ``reference`` outputs, if given); why not is logged once."""
@@ -219,7 +207,9 @@ def _first_call(name: str, variant, args: tuple, reference=None) -> bool:
     try:
         outs = _outputs(variant(*args))
         if outs and outs[0].is_cuda:
-            _timed_out_now()
+            # a wait that gave up, told now: the variant is out on every rank at once, rather
+            # than one rank raising at a later call while its peers go on to the next collective
+            symm.check_all_timeouts(taking_calls_only=True)
     except NotImplementedError as e:  # refused before it started (these operands): expected
         tell_once(logging.INFO, "overlap: variant %s does not take this call: %s", name, failure(e))
         return False
@@ -355,11 +345,9 @@ def choose(key: str, variants: dict, args: tuple, group, device) -> str:
         # nothing can be measured or broadcast inside a capture; the same answer on every rank
         log.warning("overlap: first call of %s inside a CUDA graph capture: running %s", key, BASELINE)
         return BASELINE
-    from .symm import outside_graph_pool
-
     graphs = replays_graphs(device)  # graph trees keep their state per thread: asked here
     # a compiled model's first call may run with allocations routed to a CUDA graph pool
-    return outside_graph_pool(device, _choose_collectively, key, variants, args, group, device, graphs)
+    return symm.outside_graph_pool(device, _choose_collectively, key, variants, args, group, device, graphs)
 
 
 def _forced(key: str, name: str, variants: dict, args: tuple, group, device) -> str:
@@ -375,8 +363,6 @@ def _forced(key: str, name: str, variants: dict, args: tuple, group, device) -> 
     if torch.cuda.is_current_stream_capturing():  # as choose: nothing can be tried in a capture
         log.warning("overlap: first call of %s inside a CUDA graph capture: %s, not %s", key, BASELINE, name)
         return BASELINE
-    from .symm import outside_graph_pool
-
     graphs = replays_graphs(device)  # (asked on the calling thread, as in choose)
 
     def tried() -> str:
@@ -386,7 +372,7 @@ def _forced(key: str, name: str, variants: dict, args: tuple, group, device) -> 
         tell_once(logging.WARNING, "overlap: forced variant %s is out: %s", name, reason)
         return _choose_collectively(key, variants, args, group, device, graphs, out=(name,))
 
-    decided = _DECIDED[decided_key] = outside_graph_pool(device, tried)
+    decided = _DECIDED[decided_key] = symm.outside_graph_pool(device, tried)
     return decided
 
 

@@ -432,7 +432,10 @@ def workspace(kind: str, group_name: str, device: torch.device) -> Workspace:
     return _WORKSPACES[key]
 
 
-def check_all_timeouts() -> None:
-    """Raises ChunkTimeout if any wait of any workspace gave up so far (synchronizes)."""
+def check_all_timeouts(taking_calls_only: bool = False) -> None:
+    """Raises ChunkTimeout if any wait of any workspace gave up so far (synchronizes); with
+    ``taking_calls_only``, of a workspace that does not refuse calls yet (the others' error was
+    raised when they began refusing)."""
     for ws in _WORKSPACES.values():
-        ws.check_timeouts()
+        if not (taking_calls_only and ws.out_of_step is not None):
+            ws.check_timeouts()

@@ -19,7 +19,7 @@ def pytest_collection_modifyitems(config, items):
             if "tests/gpu" in str(item.fspath):
                 item.add_marker(skip)
 
-# Bounded waits in tests: a lost peer fails a test in about ten seconds instead of holding the
+# Bounded waits in tests: a lost peer fails a test in a few seconds instead of holding the
 # GPU for the default ten minutes, while a peer still compiling a kernel (seconds, on an empty
 # Triton cache) is waited for (set before the rank processes start; they read it at import).
 os.environ.setdefault("OVERLAP_PASS_SPIN_LIMIT", "10000000")
