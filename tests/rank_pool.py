@@ -3,7 +3,7 @@ world size, not once per test, keeps CI fast on two cores.
 
 RankPool(W, "gloo" | "nccl").run(fn, *args) runs fn(*args) on every rank (fn must be importable)
 and returns the per-rank results; an exception on any rank is raised here with that rank's
-traceback. Every wait is bounded: a rank that does not answer in time is named, with every
+traceback and the end of its log. Every wait is bounded: a rank that does not answer in time is named, with every
 rank's Python stacks at that moment and the end of its log (overlap_pass at DEBUG), and the pool
 is torn down. A rank that fails mostly leaves its peers waiting in a collective: they get
 PEER_GRACE_S to answer, then the failure is raised with their stacks, and the pool torn down.
@@ -116,7 +116,7 @@ class RankPool:
 
     def run(self, fn, *args) -> list:
         if self.torn_down:
-            raise RankFailed(f"{fn.__name__}: not run, the pool was torn down after an earlier task's timeout")
+            raise RankFailed(f"{fn.__name__}: not run, the pool was torn down after an earlier task left ranks stuck")
         dump_after_s = max(TASK_TIMEOUT_S - STACKS_BEFORE_S, 1.0)
         for q in self.tasks:
             q.put((fn, args, dump_after_s))
@@ -133,7 +133,7 @@ class RankPool:
         failed = {r: v for r, (ok, v) in answers.items() if not ok}
         if failed:
             rank = min(failed)
-            raise RankFailed(f"{fn.__name__} failed on rank {rank}:\n{failed[rank]}")
+            raise RankFailed(f"{fn.__name__} failed on rank {rank}:\n{failed[rank]}\n{self._log_tail(rank)}")
         return [answers[r][1] for r in range(self.world_size)]
 
     def _given_up(self, fn, answers: dict) -> RankFailed:
@@ -163,10 +163,13 @@ class RankPool:
             state = "alive" if p.is_alive() else f"exited with {p.exitcode}"
             parts.append(f"--- rank {rank} ({state}): stacks")
             parts.append(_read(os.path.join(self.notes, f"rank{rank}.stacks")))
-            log_lines = _read(os.path.join(self.notes, f"rank{rank}.log")).splitlines()
-            parts.append(f"--- rank {rank}: the last {LOG_TAIL_LINES} lines of its overlap_pass log")
-            parts.extend(log_lines[-LOG_TAIL_LINES:])
+            parts.append(self._log_tail(rank))
         return "\n".join(parts)
+
+    def _log_tail(self, rank: int) -> str:
+        lines = _read(os.path.join(self.notes, f"rank{rank}.log")).splitlines()
+        header = f"--- rank {rank}: the last {LOG_TAIL_LINES} lines of its overlap_pass log"
+        return "\n".join([header, *lines[-LOG_TAIL_LINES:]])
 
     def close(self, force: bool = False) -> None:
         if not force:
