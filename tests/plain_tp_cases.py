@@ -5,6 +5,26 @@ import torch
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 
+from overlap_pass.regions import passengers
+
+AGM, MRS, SPLIT = "all_gather_matmul", "matmul_reduce_scatter", "all_reduce_split"
+
+
+def block_decisions() -> list:
+    """The candidates of tools.tp_models' block under parallelize_block_plain, forward and
+    backward, as (kind, rewritten, reason), sorted. Forward: 2 all-reduces split -> 2 fused
+    reduce-scatters, the FFN's gather fused, 2 saved activations riding in it, the block output
+    gathered plainly. Backward: 5 all-reduces (Q, K, V, gate, up input grads) -> 2 fused
+    reduce-scatters of sums, the gather of the block output's grad fused with O's grads, the
+    input grad gathered plainly."""
+    plain = (AGM, False, "no matmul reads the gathered rows; users: output (output)")
+    no_host = (passengers.KIND, False, "its shard is computed from the results of every fused all-gather op of the same rows")
+    return sorted(
+        [(SPLIT, True, None)] * 7 + [(AGM, True, None)] * 2 + [plain] * 4 + [(MRS, True, None)] * 4
+        + [(passengers.KIND, True, None)] * 2 + [no_host] * 2,
+        key=str,
+    )  # fmt: skip
+
 
 def rms_norm(x, weight):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight

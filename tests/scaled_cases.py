@@ -43,6 +43,8 @@ def _dequantized(data, scale) -> torch.Tensor:
 
 def _gather_problem(batch, rows, rowwise, seed, rank):
     shard, scale = _operand((batch, rows, K), rowwise, _gen(seed, rank))
+    if not rowwise:  # tensorwise: one scale for the whole gathered tensor, equal on every rank
+        scale = _scale((), _gen(seed + 700))
     passenger = torch.randn(batch, rows, 24, generator=_gen(seed + 500, rank), device="cuda").bfloat16()
     return shard, scale, passenger
 
@@ -67,7 +69,7 @@ def all_gather_replayed(calls: int, seed: int = 0) -> int:
         def reference(s, batch=batch, rows=rows, rowwise=rowwise):
             parts = [_gather_problem(batch, rows, rowwise, seed + s, r) for r in range(world)]
             gathered = torch.cat([p[0] for p in parts], dim=1)
-            scale = torch.cat([p[1] for p in parts], dim=1) if rowwise else parts[0][1]
+            scale = torch.cat([p[1] for p in parts], dim=1) if rowwise else parts[rank][1]
             mat2, mat2_scale = _weight(rowwise, seed + s)
             out = _dequantized(gathered, scale) @ _dequantized(mat2, mat2_scale)
             return [gathered.float(), out, torch.cat([p[2] for p in parts], dim=1).float()]

@@ -4,7 +4,7 @@ import collections
 
 import pytest
 
-from overlap_pass.regions import passengers
+from tests import plain_tp_cases
 
 from . import numerics_cases as cases
 
@@ -40,21 +40,11 @@ def test_plain_tp_block(gloo_world, world_size, bias, batch):
     """No sequence parallel: forward and backward equal eager at fp32 tolerance with every
     all-reduce split; the split's reduce-scatters fuse with the row-parallel matmuls and its
     gathers with the column-parallel ones; the gathers of saved activations ride in the FFN's
-    as passengers, those of the graph outputs stay plain. Chunks of the flattened tokens cross
-    sequence boundaries (3 W tokens a sequence)."""
+    as passengers, those of the graph outputs stay plain (plain_tp_cases.block_decisions).
+    Chunks of the flattened tokens cross sequence boundaries (3 W tokens a sequence)."""
     decisions = gloo_world(world_size).run(cases.plain_tp_block, bias, batch)
     assert all(d == decisions[0] for d in decisions), "ranks decided differently"
-    plain = (AGM, False, "no matmul reads the gathered rows; users: output (output)")
-    no_host = (passengers.KIND, False, "its shard is computed from the results of every fused all-gather op of the same rows")
-    # forward: 2 all-reduces split -> 2 fused reduce-scatters, the FFN's gather fused, 2 saved
-    # activations riding in it, the block output gathered plainly. backward: 5 all-reduces (Q, K,
-    # V, gate, up input grads) -> 2 fused reduce-scatters of sums, the gather of the block
-    # output's grad fused with O's grads, the input grad gathered plainly
-    assert decisions[0] == sorted(
-        [(SPLIT, True, None)] * 7 + [(AGM, True, None)] * 2 + [plain] * 4 + [(MRS, True, None)] * 4
-        + [(passengers.KIND, True, None)] * 2 + [no_host] * 2,
-        key=str,
-    )
+    assert decisions[0] == plain_tp_cases.block_decisions()
 
 
 def test_plain_tp_block_under_autocast(gloo_world):
