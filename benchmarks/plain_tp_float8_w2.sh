@@ -6,4 +6,5 @@
 source "$(dirname "$0")/_common.sh"
 torchrun --nproc-per-node 2 -m tools.bench_model --layout plain --batch 1 --sizes llama3-8b \
     --compilers inductor,inductor_micro_pipeline_tp,overlap,sp:inductor_micro_pipeline_tp --out "$OUT/plain_8b_b1_w2.json"
-torchrun --nproc-per-node 2 -m tools.bench_model --float8 rowwise --sizes llama3-8b --out "$OUT/float8_rowwise_8b_w2.json"
+torchrun --nproc-per-node 2 -m tools.bench_model --float8 rowwise --sizes llama3-8b \
+    --compilers inductor,inductor_micro_pipeline_tp,overlap --rounds 3 --calls 10 --out "$OUT/float8_rowwise_8b_w2.json"
