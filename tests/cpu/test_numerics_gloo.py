@@ -5,10 +5,9 @@ import collections
 import pytest
 
 from tests import plain_tp_cases
+from tests.plain_tp_cases import AGM, MRS, SPLIT
 
 from . import numerics_cases as cases
-
-AGM, MRS = "all_gather_matmul", "matmul_reduce_scatter"
 
 
 # W=8 (not yet measured on GPUs) without bias only: 8 ranks compiling
@@ -30,9 +29,6 @@ def test_tp_transformer_block_under_autocast(gloo_world):
     decisions = gloo_world(2).run(cases.tp_block, False, 0, True)
     assert all(d == decisions[0] for d in decisions), "ranks decided differently"
     assert sorted(decisions[0]) == [(AGM, True, None)] * 4 + [(MRS, True, None)] * 4, decisions[0]
-
-
-SPLIT = "all_reduce_split"
 
 
 @pytest.mark.parametrize("world_size, bias, batch", [(2, False, 1), (2, True, 4), (4, True, 1), (4, False, 4)])
