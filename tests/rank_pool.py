@@ -3,9 +3,9 @@ world size, not once per test, keeps CI fast on two cores.
 
 RankPool(W, "gloo" | "nccl").run(fn, *args) runs fn(*args) on every rank (fn must be importable)
 and returns the per-rank results; an exception on any rank is raised here with that rank's
-traceback and the end of its log. Every wait is bounded: a rank that does not answer in time is named, with every
-rank's Python stacks at that moment and the end of its log (overlap_pass at DEBUG), and the pool
-is torn down. A rank that fails mostly leaves its peers waiting in a collective: they get
+traceback and the end of its log. Every wait is bounded: a rank that does not answer in time is
+named, with every rank's Python stacks at that moment and the end of its log (overlap_pass at
+DEBUG), and the pool is torn down. A rank that fails mostly leaves its peers waiting in a collective: they get
 PEER_GRACE_S to answer, then the failure is raised with their stacks, and the pool torn down.
 NCCL ranks use GPU <rank>, with NVLink multicast off.
 """
@@ -130,17 +130,16 @@ class RankPool:
             answers[rank] = (ok, value)
             if not ok:  # its peers may wait for it in a collective: not for long
                 deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
-        failed = {r: v for r, (ok, v) in answers.items() if not ok}
+        failed = _failed(answers)
         if failed:
-            rank = min(failed)
-            raise RankFailed(f"{fn.__name__} failed on rank {rank}:\n{failed[rank]}\n{self._log_tail(rank)}")
+            raise RankFailed(f"{_first_failure(fn, failed)}\n{self._log_tail(min(failed))}")
         return [answers[r][1] for r in range(self.world_size)]
 
     def _given_up(self, fn, answers: dict) -> RankFailed:
         """The error of a task some ranks did not answer: a rank's failure first, if one
         failed; the pool is torn down (its ranks may be stuck for good)."""
         missing = sorted(set(range(self.world_size)) - set(answers))
-        failed = {r: v for r, (ok, v) in answers.items() if not ok}
+        failed = _failed(answers)
         if failed:  # before the deadline, so before the timer's dump: asked for now
             self.asked_for_stacks.set()
             time.sleep(2)  # the dump lands meanwhile
@@ -148,9 +147,8 @@ class RankPool:
         self.close(force=True)
         self.torn_down = True
         if failed:
-            rank = min(failed)
             return RankFailed(
-                f"{fn.__name__} failed on rank {rank}:\n{failed[rank]}\n"
+                f"{_first_failure(fn, failed)}\n"
                 f"ranks {missing} gave no answer {PEER_GRACE_S:.0f} s later (waiting for it?)\n{where}"
             )
         return RankFailed(f"{fn.__name__}: ranks {missing} gave no answer in {TASK_TIMEOUT_S:.0f} s\n{where}")
@@ -181,6 +179,16 @@ class RankPool:
             if p.is_alive():
                 p.kill()
         shutil.rmtree(self.notes, ignore_errors=True)
+
+
+def _failed(answers: dict) -> dict:
+    """Rank -> traceback, of the ranks whose answer is a failure."""
+    return {r: value for r, (ok, value) in answers.items() if not ok}
+
+
+def _first_failure(fn, failed: dict) -> str:
+    rank = min(failed)
+    return f"{fn.__name__} failed on rank {rank}:\n{failed[rank]}"
 
 
 def _read(path: str) -> str:
