@@ -12,9 +12,9 @@ import pytest
 from tests import compiled_cases as cases
 from tests import plain_tp_cases
 from tests.gpu.conftest import GPUS
+from tests.plain_tp_cases import AGM, MRS
 
 pytestmark = pytest.mark.skipif(GPUS < 2, reason="needs at least two GPUs")
-AGM, MRS = "all_gather_matmul", "matmul_reduce_scatter"
 
 
 @pytest.mark.parametrize(
