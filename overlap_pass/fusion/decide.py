@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from .. import config, scaled_ops
 from .patterns import AllGatherMatmulMatch, Match, MatmulReduceScatterMatch, meta_val
+from .sizes import divisible, static_shape
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -25,8 +26,20 @@ def _tensors(match: Match) -> list[torch.Tensor]:
     return [meta_val(n) for n in nodes]
 
 
-def _is_static(tensor: torch.Tensor) -> bool:
-    return all(isinstance(s, int) for s in tensor.shape)
+def _weights(match: Match) -> list[torch.Tensor]:
+    """The tensors whose every dim must be an int: the weights and biases (a bmm's shared mat2
+    may repeat over a symbolic batch: its matrix is what counts)."""
+    if isinstance(match, AllGatherMatmulMatch):
+        nodes = [n for use in match.matmuls for n in (use.mat2, use.bias) if n is not None]
+    else:
+        nodes = [n for t in match.terms for n in (t.mat2, t.bias) if n is not None]
+    return [_matrix(meta_val(n)) for n in nodes]
+
+
+def symbolic(match: Match) -> bool:
+    """Whether the match's token dims are symbolic (a dynamic-shape graph)."""
+    node = match.shard if isinstance(match, AllGatherMatmulMatch) else match.scattered
+    return not static_shape(meta_val(node).shape)
 
 
 def group_ranks(group_name: str) -> list[int] | None:
@@ -89,6 +102,7 @@ def _variant_names(match: Match) -> list[str]:
 
 
 FIRST_CALL = "auto: measured at the first call"
+PER_SHAPE = "auto: chosen per shape at run time (symbolic token dims)"
 
 
 def choose_implementation(match: Match) -> str:
@@ -100,6 +114,8 @@ def choose_implementation(match: Match) -> str:
         return "reference"
     if config.implementation != "auto":
         return config.implementation
+    if symbolic(match):
+        return PER_SHAPE
     if getattr(match, "scaled", None) is not None:
         # float8 (lowering/scaled.py): its key holds the passengers, attached after this
         return FIRST_CALL
@@ -158,8 +174,8 @@ def should_fuse(match: Match) -> tuple[bool, str]:
     tensors = _tensors(match)
     if any(not isinstance(t, torch.Tensor) for t in tensors):
         return False, "missing tensor metadata on a matched node"
-    if not all(_is_static(t) for t in tensors):
-        return False, "dynamic shapes are not supported yet"
+    if not all(static_shape(t.shape) for t in _weights(match)):
+        return False, "a weight or bias of symbolic shape: only token dims may be dynamic"
     reason = _scaled_dtypes(match) if match.scaled is not None else _plain_dtypes(tensors)
     if reason:
         return False, reason
@@ -172,6 +188,7 @@ def should_fuse(match: Match) -> tuple[bool, str]:
             return False, "group spans hosts: the overlapped ops need every rank on one host"
     if isinstance(match, MatmulReduceScatterMatch):
         rows = meta_val(match.scattered).shape[match.scatter_dim]
-        if rows % match.world_size:
-            return False, f"scatter dim size {rows} is not divisible by world size"
+        if not divisible(rows, match.world_size):
+            known = "divisible" if isinstance(rows, int) else "known to be divisible"
+            return False, f"scatter dim size {rows} is not {known} by world size {match.world_size}"
     return True, ""

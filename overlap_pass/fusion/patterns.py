@@ -6,11 +6,12 @@ mutates the graph.
 """
 
 import dataclasses
-import math
 import operator
 
 import torch
 from torch.fx import Graph, Node
+
+from .sizes import prod, same, same_shape, static_shape
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -146,11 +147,15 @@ def _shape(node: Node) -> tuple | None:
     return tuple(val.shape) if isinstance(val, torch.Tensor) else None
 
 
-def _require_static(*nodes: Node) -> None:
+SYMBOLIC_FEATURES = "a symbolic feature dim (the matmul's K): only token dims may be dynamic"
+
+
+def _require_static_features(*nodes: Node) -> None:
+    """The last dim (a matmul's K) must be an int; the leading (token) dims may be symbolic."""
     for node in nodes:
         shape = _shape(node)
-        if shape is not None and not all(isinstance(s, int) for s in shape):
-            raise NoMatch("dynamic shapes are not supported yet")
+        if shape and not static_shape(shape[-1:]):
+            raise NoMatch(SYMBOLIC_FEATURES)
 
 
 def keeps_order(view: Node) -> bool:
@@ -163,7 +168,7 @@ def keeps_order(view: Node) -> bool:
     shape = _shape(view.args[0]) if view.target is aten.permute.default else None
     if shape is None:
         return False
-    moved = [d % len(shape) for d in view.args[1] if shape[d] != 1]
+    moved = [d % len(shape) for d in view.args[1] if not same(shape[d], 1)]
     return moved == sorted(moved)
 
 
@@ -182,13 +187,13 @@ def shared_matrix(mat2: Node) -> bool:
     batch dim of stride 0 (a 2-D weight unsqueezed and expanded, as NeMo Automodel's linear
     writes it under torch.compile). Such a bmm is one matmul over its flattened rows."""
     val = meta_val(mat2)
-    return isinstance(val, torch.Tensor) and val.dim() == 3 and (val.shape[0] == 1 or val.stride(0) == 0)
+    return isinstance(val, torch.Tensor) and val.dim() == 3 and (same(val.shape[0], 1) or same(val.stride(0), 0))
 
 
 def batch_sum(bmm: Node) -> Node | None:
     """The node holding sum over the batch of ``bmm``'s products: the bmm itself for a batch
     of 1, else its only user where that sums dim 0; None otherwise."""
-    if _shape(bmm)[0] == 1:
+    if same(_shape(bmm)[0], 1):
         return bmm
     users = list(bmm.users)
     if len(users) != 1 or users[0].target is not aten.sum.dim_IntList or users[0].kwargs.get("dtype") is not None:
@@ -207,7 +212,7 @@ def _bias_of_addmm(mm: Node) -> Node:
         raise NoMatch("addmm with alpha or beta other than 1")
     bias, out = mm.args[0], _shape(mm)
     shape = _shape(bias)
-    if shape is None or out is None or shape != out[-1:]:
+    if shape is None or out is None or not same_shape(shape, out[-1:]):
         described = list(shape) if shape is not None else "?"
         raise NoMatch(f"addmm bias of shape {described} is not one value per output column")
     return bias
@@ -243,7 +248,7 @@ def _check_scaled_mm(mm: Node) -> dict:
 
 
 def _tensorwise(scale: torch.Tensor) -> bool:
-    return scale.dim() <= 1 and scale.numel() == 1
+    return scale.dim() <= 1 and same(scale.numel(), 1)
 
 
 def _node_names(nodes) -> str:
@@ -278,8 +283,7 @@ def _equal_chunks(pieces: list[Node], world_size: int) -> tuple[Node, int] | Non
         source = pieces[0].args[0]
         dim = pieces[0].args[1] if len(pieces[0].args) > 1 else 0
         size = _shape(source)[dim] // world_size if _shape(source) else None
-        expected = [(source, dim, i * size, (i + 1) * size) for i in range(world_size)]
-        if size is None or [tuple(p.args) for p in pieces] != expected:
+        if size is None or not all(_slices(p, source, dim, i * size, (i + 1) * size) for i, p in enumerate(pieces)):
             return None
     else:
         return None
@@ -287,10 +291,17 @@ def _equal_chunks(pieces: list[Node], world_size: int) -> tuple[Node, int] | Non
     if shape is None:
         return None
     dim %= len(shape)
-    sizes = {_shape(p)[dim] if _shape(p) else None for p in pieces}
-    if len(sizes) != 1 or sizes.pop() * world_size != shape[dim]:
+    sizes = [_shape(p)[dim] if _shape(p) else None for p in pieces]
+    if None in sizes or not all(same(s, sizes[0]) for s in sizes):
         return None
-    return source, dim
+    return (source, dim) if same(sizes[0] * world_size, shape[dim]) else None
+
+
+def _slices(piece: Node, source: Node, dim: int, start, end) -> bool:
+    """Whether ``piece`` is source[start:end] along ``dim`` (bounds as ints or SymInt nodes)."""
+    args = tuple(piece.args) + (1,) * (5 - len(piece.args))
+    bounds = [meta_val(a) if isinstance(a, Node) else a for a in args[2:4]]
+    return args[:2] == (source, dim) and args[4] == 1 and same(bounds[0], start) and same(bounds[1], end)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,7 +404,7 @@ def _matmul_users(gathered: Node):
 
     def visit(node: Node) -> None:
         shape = _shape(node) or ()
-        in_rows = bool(shape) and shape[-1] == k  # its rows, flattened, are the gathered rows
+        in_rows = bool(shape) and same(shape[-1], k)  # its rows, flattened, are the gathered rows
         two_d, three_d = in_rows and len(shape) == 2, in_rows and len(shape) == 3
         for user in node.users:
             if in_rows and user.target is aten.mm.default and user.args[0] is node and user.args[1] is not node:
@@ -536,9 +547,9 @@ def _gathered_scale(scale: Node, rows: int, world_size: int, group_name: str, ga
     if gather is None or gather.target is not ALL_GATHER or tuple(gather.args[1:3]) != (world_size, group_name):
         raise NoMatch("the rows' rowwise scale is not all-gathered along with them")
     shard_scale = gather.args[0]
-    if gathered_layout(wait, shard_scale, world_size) != (node, gather_dim) or _shape(node)[-1] != 1:
+    if gathered_layout(wait, shard_scale, world_size) != (node, gather_dim) or not same(_shape(node)[-1], 1):
         raise NoMatch("the rows' rowwise scale is gathered along another dim than the rows")
-    if math.prod(_shape(node)) != rows:
+    if not same(prod(_shape(node)), rows):
         raise NoMatch("the rows' rowwise scale does not hold one value per gathered row")
     nodes = {gather, wait, node, *views}
     if node is not wait:
@@ -568,8 +579,8 @@ def _scaled_uses(match_args: dict, matmuls: list, others: list, notes: list) -> 
         if depends_on(scale, gathered, graph_order(gathered.graph)):
             raise NoMatch("the rows' tensorwise scale is computed from the gathered tensor")
         return kept, Scaled(scale, False, out_dtype, fast)
-    rows = math.prod(_shape(gathered)[:-1])
-    if _shape(scale) != (rows, 1):
+    rows = prod(_shape(gathered)[:-1])
+    if not same_shape(_shape(scale), (rows, 1)):
         raise NoMatch(f"the rows' scale of shape {list(_shape(scale))} is neither one value nor one per row")
     shard_scale, nodes = _gathered_scale(
         scale, rows, match_args["world_size"], match_args["group_name"], match_args["gather_dim"]
@@ -579,7 +590,7 @@ def _scaled_uses(match_args: dict, matmuls: list, others: list, notes: list) -> 
 
 def _match_all_gather(gather: Node) -> AllGatherMatmulMatch:
     shard, world_size, group_name = gather.args[:3]
-    _require_static(shard, gather)
+    _require_static_features(shard, gather)
     users = list(gather.users)
     if len(users) != 1 or users[0].target is not WAIT:
         raise NoMatch("all-gather result is not read through exactly one wait_tensor")
@@ -713,7 +724,7 @@ def _sum_of_matmuls(
         if _added_bias(node) is not None:
             _biased_term(node, terms, between, widened, cast_seen)
             return
-        if not all(isinstance(a, Node) and _shape(a) == _shape(node) for a in operands):
+        if not all(isinstance(a, Node) and same_shape(_shape(a), _shape(node)) for a in operands):
             raise NoMatch(
                 f"reduce-scatter input adds a broadcast or scalar term: {_node_names([node])}"
             )
@@ -766,9 +777,9 @@ def _added_bias(add: Node) -> Node | None:
     if not shape:
         return None
     for bias, other in (add.args[:2], add.args[1::-1]):
-        if isinstance(bias, Node) and isinstance(other, Node) and _shape(other) == shape:
+        if isinstance(bias, Node) and isinstance(other, Node) and same_shape(_shape(other), shape):
             bias_val = meta_val(bias)
-            if _shape(bias) == shape[-1:] and bias_val.dtype == val.dtype:
+            if same_shape(_shape(bias), shape[-1:]) and bias_val.dtype == val.dtype:
                 return bias
     return None
 
@@ -793,7 +804,7 @@ def _biased_term(add: Node, terms: list[ReduceTerm], between: list[Node], widene
 
 def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
     collective_input, reduce_op, world_size, group_name = reduce_scatter.args[:4]
-    _require_static(collective_input, reduce_scatter)
+    _require_static_features(collective_input, reduce_scatter)
     users = list(reduce_scatter.users)
     if len(users) != 1 or users[0].target is not WAIT:
         raise NoMatch("reduce-scatter result is not read through exactly one wait_tensor")
@@ -810,9 +821,9 @@ def _match_reduce_scatter(reduce_scatter: Node) -> MatmulReduceScatterMatch:
 
     terms, between, widened = [], [], []
     _sum_of_matmuls(scattered, terms, between, widened)
-    if any(_shape(t.mm)[-1] != shape[-1] for t in terms):
+    if any(not same(_shape(t.mm)[-1], shape[-1]) for t in terms):
         raise NoMatch("reshape between matmul and reduce-scatter changes the last dim")
-    _require_static(*(t.input for t in terms))
+    _require_static_features(*(t.input for t in terms))
     if any(widened) and not all(widened):
         raise NoMatch("some matmuls of the sum are widened before the reduce-scatter and others not")
     scaled = _scaled_terms(terms)
@@ -852,7 +863,7 @@ def _scaled_terms(terms: list[ReduceTerm]) -> Scaled | None:
         raise NoMatch("the scaled matmuls of the sum differ in out_dtype or accumulation")
     for term in terms:
         scale = meta_val(term.input_scale)
-        if not (_tensorwise(scale) or tuple(scale.shape) == (_shape(term.input)[0], 1)):
+        if not (_tensorwise(scale) or same_shape(tuple(scale.shape), (_shape(term.input)[0], 1))):
             raise NoMatch(f"a scaled matmul's scale_a of shape {list(scale.shape)} is neither one value nor one per row")
     return Scaled(None, False, dtypes.pop(), fast.pop())
 

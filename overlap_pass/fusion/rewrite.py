@@ -25,6 +25,7 @@ from .patterns import (
     is_transpose,
     scaled_mm_args,
 )
+from .sizes import same_shape, shape_arg
 
 aten = torch.ops.aten
 
@@ -49,10 +50,12 @@ def call(graph: Graph, target, args: tuple, kwargs: dict | None = None) -> Node:
     return node
 
 
-def reshape(graph: Graph, node: Node, shape) -> Node:
-    if tuple(node.meta["val"].shape) == tuple(shape):
+def reshape(graph: Graph, node: Node, shape, sources=()) -> Node:
+    """``node`` reshaped to ``shape``, whose symbolic sizes (if any) ``node`` or ``sources``
+    hold in some dim (sizes.shape_arg)."""
+    if same_shape(tuple(node.meta["val"].shape), tuple(shape)):
         return node
-    return call(graph, aten.reshape.default, (node, list(shape)))
+    return call(graph, aten.reshape.default, (node, shape_arg(graph, shape, (node, *sources))))
 
 
 def _mm_operands(mm: Node) -> tuple[Node, Node, Node | None]:
@@ -203,7 +206,7 @@ def rewrite_all_gather_matmul(graph: Graph, match: AllGatherMatmulMatch) -> Node
         outputs = call(graph, operator.getitem, (op, 1))
         for index, value in enumerate(values):
             out = call(graph, operator.getitem, (outputs, index))
-            value.replace_all_uses_with(reshape(graph, out, value.meta["val"].shape))
+            value.replace_all_uses_with(reshape(graph, out, value.meta["val"].shape, [match.gather.args[0]]))
         if return_gathered:
             match.gathered.replace_all_uses_with(call(graph, operator.getitem, (op, 0)))
 
@@ -237,7 +240,7 @@ def _all_gather_scaled_matmul(graph: Graph, match: AllGatherMatmulMatch, operand
         shard = call(graph, aten.view.dtype, (shard, match.byte_view))
     rows_scale = scaled.rows_scale
     if scaled.rowwise:
-        rows_scale = reshape(graph, rows_scale, [*shard.meta["val"].shape[:-1], 1])
+        rows_scale = reshape(graph, rows_scale, [*shard.meta["val"].shape[:-1], 1], [shard])
     return call(
         graph,
         torch.ops.overlap.all_gather_scaled_matmul.default,

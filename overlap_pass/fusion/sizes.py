@@ -1,0 +1,99 @@
+"""Sizes that may be symbolic: compared without guards, and spelled as graph arguments.
+
+After torch.compile's automatic dynamic recompile (or ``mark_dynamic``), the token dims of the
+activations are SymInts (s0, 2*s0, ...) while the weights' stay ints. Comparing SymInts with
+``==`` installs a guard on the shape environment; a pattern test must not (it would tie the
+graph to the sizes of the call that compiled it), so every comparison here asks whether the
+answer is known for all sizes, and a match that cannot be proven is not taken.
+"""
+
+import math
+import operator
+
+import sympy
+import torch
+from torch.fx import Graph, Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+aten = torch.ops.aten
+
+
+def is_static(size) -> bool:
+    return isinstance(size, int)
+
+
+def static_shape(shape) -> bool:
+    return all(is_static(s) for s in shape)
+
+
+def same(a, b) -> bool:
+    """``a == b`` for every value of the symbols (ints compare as ints)."""
+    if is_static(a) and is_static(b):
+        return a == b
+    return statically_known_true(a == b)
+
+
+def same_shape(a, b) -> bool:
+    """Two shapes (or None) equal dim by dim for every value of the symbols."""
+    if a is None or b is None:
+        return a is b
+    return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+
+
+def divisible(size, by: int) -> bool:
+    """``size % by == 0`` for every value of the symbols (``2*s0`` by 2: yes; ``s0`` by 2: not
+    known)."""
+    return same(size % by, 0)
+
+
+def known_not(size, value: int) -> bool:
+    """``size != value`` for every value of the symbols."""
+    if is_static(size):
+        return size != value
+    return statically_known_true(size != value)
+
+
+def prod(shape):
+    return math.prod(shape) if static_shape(shape) else math.prod(shape, start=1)
+
+
+def shape_arg(graph: Graph, shape, sources) -> list:
+    """``shape`` as a reshape's argument in ``graph``: ints as they are; one symbolic dim as -1;
+    several as nodes holding their values: a SymInt input of the graph, or a dim of one of the
+    ``sources`` (tensor nodes) read with aten.sym_size, times an int where the size is a
+    multiple of it. ValueError where no such node is found (the rewrite then leaves the graph
+    as it was)."""
+    symbolic = [i for i, s in enumerate(shape) if not is_static(s)]
+    if len(symbolic) <= 1:
+        return [-1 if i in symbolic else int(s) for i, s in enumerate(shape)]
+    return [s if is_static(s) else _size_node(graph, s, sources) for s in shape]
+
+
+def _held_sizes(graph: Graph, sources):
+    """(SymInt, how to make its node) for the graph's SymInt inputs and the symbolic dims of
+    ``sources``."""
+    for node in graph.find_nodes(op="placeholder"):  # (defined before any insertion point)
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt):
+            yield val, lambda node=node: node
+    for source in sources:
+        val = source.meta.get("val")
+        for dim, held in enumerate(val.shape if isinstance(val, torch.Tensor) else ()):
+            if not is_static(held):
+                yield held, lambda source=source, dim=dim, held=held: _new(graph, aten.sym_size.int, (source, dim), held)
+
+
+def _size_node(graph: Graph, size, sources) -> Node:
+    for held, make in _held_sizes(graph, sources):
+        if same(held, size):
+            return make()
+        ratio = sympy.simplify(size.node.expr / held.node.expr)
+        if ratio.is_Integer and ratio > 0:
+            return _new(graph, operator.mul, (make(), int(ratio)), size)
+    raise ValueError(f"no node in the graph holds the size {size}")
+
+
+def _new(graph: Graph, target, args: tuple, val) -> Node:
+    node = graph.call_function(target, args)
+    node.meta["val"] = val
+    return node

@@ -1,0 +1,130 @@
+"""Bodies of the shape-changing gloo tests; each runs on every rank of a RankPool.
+
+One compiled function or module is called at several token counts and then at the first again,
+as a trainer meets a last partial batch or an evaluation at another length: torch.compile
+recompiles with symbolic sizes at the second shape (automatic dynamic), or compiles symbolic
+from the start (``mark_dynamic``). Every call is checked against eager (forward and backward) and
+counts the overlap op calls that ran: a graph that lost its rewrite runs none.
+"""
+
+import copy
+import functools
+import tempfile
+import unittest.mock
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+from overlap_pass import config, ops
+
+from tools.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
+
+from .numerics_cases import TOL, _decisions, _group_name, _local, _mesh
+
+def count_overlap_ops(step) -> int:
+    """Runs ``step()``; how many overlap op calls ran in it (their reference decomposition
+    resolves its group once a call; fake calls while compiling do not)."""
+    calls = []
+    real = ops.resolve_group
+
+    def counted(*args):
+        calls.append(args)
+        return real(*args)
+
+    with unittest.mock.patch.object(ops, "resolve_group", counted):
+        step()
+    return len(calls)
+
+
+def _decided(fn):
+    """Runs fn with dumps on: (the decisions of every graph it compiled, what fn returned)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        torch._dynamo.reset()
+        folder = tempfile.mkdtemp(prefix="overlap-test-")
+        with config.patch(debug_dir=folder):
+            result = fn(*args, **kwargs)
+        return _decisions(folder), result
+
+    return wrapper
+
+
+def sp_mlp(x, w_up, w_down, gather_dim: int):
+    """Megatron's SP MLP on plain tensors: gather the token shards, up, gelu, down, scatter."""
+    world = dist.get_world_size()
+    gathered = funcol.all_gather_tensor_autograd(x.contiguous(), 0, _group_name())
+    if gather_dim:
+        gathered = torch.cat(torch.chunk(gathered, world, dim=0), dim=gather_dim)
+    hidden = torch.nn.functional.gelu(gathered @ w_up.t())
+    return funcol.reduce_scatter_tensor_autograd(hidden @ w_down.t(), "sum", gather_dim, _group_name())
+
+
+@_decided
+def functional_at_lengths(lengths: list[int], gather_dim: int, mark: bool) -> list[dict]:
+    """sp_mlp trained at each of ``lengths`` tokens a rank (along ``gather_dim`` of a
+    [tokens, 16] or [2, tokens, 16] shard); ``mark``: the token dim marked dynamic before the
+    first call. Returns the op counts of each call."""
+    torch.manual_seed(dist.get_rank())
+    w_up, w_down = torch.randn(24, 16), torch.randn(16, 24)
+    compiled = torch.compile(sp_mlp, backend="overlap")
+    counts = []
+    for length in lengths:
+        shape = (length, 16) if gather_dim == 0 else (2, length, 16)
+        x = torch.randn(shape)
+        runs = []
+        for fn in (sp_mlp, compiled):
+            xi, up, down = x.clone().requires_grad_(), w_up.clone().requires_grad_(), w_down.clone().requires_grad_()
+            if mark and fn is compiled:
+                torch._dynamo.mark_dynamic(xi, gather_dim)
+
+            def step():
+                out = fn(xi, up, down, gather_dim)
+                out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(length)))
+                runs.append([out, xi.grad, up.grad, down.grad])
+
+            if fn is compiled:
+                counts.append(count_overlap_ops(step))
+            else:
+                step()
+        for got, want in zip(runs[1], runs[0]):
+            torch.testing.assert_close(got, want, **TOL)
+    return counts
+
+
+@_decided
+def dtensor_at_lengths(lengths: list[int], block: bool) -> list[dict]:
+    """The DTensor SP MLP (or the whole block) trained at each of ``lengths`` tokens a rank
+    (the rank's sequence shard of a batch of 2, as the plan takes it). Returns the op counts
+    of each call."""
+    torch.manual_seed(0)
+    world = dist.get_world_size()
+    if block:
+        model = parallelize_block(TransformerBlock(dim=32, heads=max(4, world), hidden=64), _mesh())
+    else:
+        model = parallelize_mlp(MLP(dim=16, hidden=8 * world), _mesh())
+    dim = 32 if block else 16
+    eager, compiled = model, copy.deepcopy(model)
+    compiled_fn = torch.compile(compiled, backend="overlap")
+    counts = []
+    for length in lengths:
+        torch.manual_seed(length)
+        shard = torch.randn(2, length * world, dim).chunk(world, dim=1)[dist.get_rank()]
+        xe, xc = shard.clone().requires_grad_(), shard.clone().requires_grad_()
+        out_e = eager(xe)
+        grad = torch.randn_like(out_e)
+        out_e.backward(grad)
+
+        def step():
+            out_c = compiled_fn(xc)
+            out_c.backward(grad)
+            step.out = out_c
+
+        counts.append(count_overlap_ops(step))
+        torch.testing.assert_close(_local(step.out), _local(out_e), **TOL)
+        torch.testing.assert_close(_local(xc.grad), _local(xe.grad), **TOL)
+        for (name, pe), pc in zip(eager.named_parameters(), compiled.parameters()):
+            torch.testing.assert_close(_local(pc.grad), _local(pe.grad), **TOL, msg=name)
+            pe.grad = pc.grad = None
+    return counts

@@ -1,0 +1,37 @@
+"""Shapes that change between calls, on real gloo ranks: after torch.compile's automatic
+dynamic recompile (and with ``mark_dynamic``), every call, at old and new token counts, runs the
+fused ops, forward and backward, and matches eager."""
+
+import pytest
+
+from tests.plain_tp_cases import AGM, MRS
+
+from . import dynamic_cases as cases
+
+LENGTHS = [4, 6, 10, 4]  # tokens a rank: a new length, two more, then the first again
+
+
+def _every_call_fused(counts: list[int], per_call: int) -> None:
+    assert counts == [per_call] * len(LENGTHS), f"overlap op calls at {LENGTHS} tokens a rank: {counts}"
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("gather_dim", [0, 1])
+@pytest.mark.parametrize("mark", [False, True], ids=["automatic", "mark_dynamic"])
+def test_functional_collectives_at_changing_lengths(gloo_world, world_size, gather_dim, mark):
+    results = gloo_world(world_size).run(cases.functional_at_lengths, LENGTHS, gather_dim, mark)
+    decisions, counts = results[0]
+    assert all(r == results[0] for r in results[1:]), "ranks decided or ran differently"
+    # every graph compiled (static first, then symbolic, forward and backward) fused all four
+    assert decisions and all(done for _, done, _ in decisions), decisions
+    # forward: gather -> up, down -> scatter; backward: the output grad's gather (input and
+    # weight grads of down), up's input grad -> scatter
+    _every_call_fused(counts, 4)
+
+
+@pytest.mark.parametrize("block", [False, True], ids=["mlp", "block"])
+def test_dtensor_sequence_parallel_at_changing_lengths(gloo_world, block):
+    results = gloo_world(2).run(cases.dtensor_at_lengths, LENGTHS, block)
+    decisions, counts = results[0]
+    assert all(done for _, done, _ in decisions), decisions
+    _every_call_fused(counts, 8 if block else 4)
