@@ -14,6 +14,12 @@ A choice that is not measured now (one config.implementation forces, or one read
 runs this call once first: where it raises on any rank (a kernel this triton cannot compile) it
 is out on every rank and the shape is measured among the rest, the baseline always among them.
 Why a variant is out is logged once per variant and reason, not at every shape.
+
+Shapes that change (dynamic shapes): a key files the gathered or scattered dim's size under its
+power-of-two bucket (token_bucket). The first call of a bucket is measured; a later call at
+another token count of the same bucket, or of a bucket next to a measured one, runs that choice,
+tried once at its own count as a cached choice is; a bucket far from every measured one is
+measured (once per bucket, and once per machine with the cache file).
 An entry counts only where its times name exactly the variants of this run: an overlap that has
 added or dropped a variant since measures the shape again, as does one whose VARIANTS_REVISION
 (in every key) differs: a variant that now takes calls it refused, or runs a new kernel.
@@ -30,6 +36,7 @@ import json
 import logging
 import os
 import random
+import re
 import statistics
 import time
 
@@ -73,6 +80,25 @@ def _platform() -> list[str]:
     return [device, f"torch {torch.__version__}", f"triton {triton.__version__}"]
 
 
+def token_bucket(size: int) -> int:
+    """The bucket of a gathered or scattered dim's size, which a choice is filed under: the
+    next power of two. Token counts that change from call to call (dynamic shapes) then share a
+    measurement with their bucket rather than each measuring anew."""
+    return 1 << max(size - 1, 0).bit_length()
+
+
+_TOKENS = re.compile(r"tokens=(\d+)")
+
+
+def neighbour_keys(key: str) -> list[str]:
+    """The keys of the buckets either side of ``key``'s (half and twice its token count)."""
+    found = _TOKENS.search(key)
+    if found is None:
+        return []
+    tokens = int(found.group(1))
+    return [_TOKENS.sub(f"tokens={t}", key, count=1) for t in (tokens // 2, tokens * 2) if t >= 1]
+
+
 def shape_key(kind: str, world_size: int, shapes: dict, dtype: torch.dtype) -> str:
     """The cache key of a call: the op kind, device, versions, world size, shapes and dtype."""
     parts = [kind, *_platform(), f"variants r{VARIANTS_REVISION}", f"W{world_size}"]
@@ -102,6 +128,16 @@ def cached_choice(key: str, names: list[str]) -> str | None:
     if key in CHOICES:
         return CHOICES[key]["choice"]
     return _chosen_among(load_cache().get(key), names)
+
+
+def _cached_among(keys: list[str], names: list[str]) -> str | None:
+    """The cache file's choice for the first of ``keys`` it holds among ``names``."""
+    table = load_cache()
+    for key in keys:
+        found = _chosen_among(table.get(key), names)
+        if found is not None:
+            return found
+    return None
 
 
 def _chosen_among(entry: dict | None, names: list[str]) -> str | None:
@@ -338,16 +374,27 @@ def choose(key: str, variants: dict, args: tuple, group, device) -> str:
             return _forced(key, matches[0], variants, args, group, device)
         # e.g. cublas_push for an all-gather, or fused for a sum of matmuls: measure instead
         log.warning("overlap: implementation %r is not one of %s here; choosing by measurement", forced, sorted(variants))
-    decided = _DECIDED.get((group.group_name, key))
-    if decided is not None:
-        return decided
     if torch.cuda.is_current_stream_capturing():
-        # nothing can be measured or broadcast inside a capture; the same answer on every rank
+        # nothing can be measured, tried or broadcast inside a capture; the same answer on
+        # every rank
         log.warning("overlap: first call of %s inside a CUDA graph capture: running %s", key, BASELINE)
         return BASELINE
     graphs = replays_graphs(device)  # graph trees keep their state per thread: asked here
     # a compiled model's first call may run with allocations routed to a CUDA graph pool
     return symm.outside_graph_pool(device, _choose_collectively, key, variants, args, group, device, graphs)
+
+
+def _known(group, key: str) -> tuple[str | None, str]:
+    """What this process decided for ``key``'s bucket, else for a bucket next to it (the
+    same on every rank: decisions are collective); with where it comes from."""
+    decided = _DECIDED.get((group.group_name, key))
+    if decided is not None:
+        return decided, "bucket"
+    for neighbour in neighbour_keys(key):
+        decided = _DECIDED.get((group.group_name, neighbour))
+        if decided is not None:
+            return decided, "neighbour"
+    return None, ""
 
 
 def _forced(key: str, name: str, variants: dict, args: tuple, group, device) -> str:
@@ -377,25 +424,31 @@ def _forced(key: str, name: str, variants: dict, args: tuple, group, device) -> 
 
 
 def _choose_collectively(key: str, variants: dict, args: tuple, group, device, graphs: bool, out=()) -> str:
-    """choose's collective part: the cached choice, rank 0's, or a measurement now (timing
-    replayed CUDA graphs if ``graphs``). ``out``: variants known not to run (the same on
-    every rank), timed as inf without running. A cached choice other than the baseline is
-    tried once on this call; where it fails on a rank, it is out and the shape measured again."""
+    """choose's collective part: the choice this process made for the key's token bucket or
+    a bucket next to it, the cache file's (rank 0's), or a measurement now (timing replayed
+    CUDA graphs if ``graphs``). ``out``: variants known not to run (the same on every rank),
+    timed as inf without running. A choice not measured on this call, other than the
+    baseline, is tried once on it; where it fails on a rank, it is out and the shape measured
+    again."""
     decided_key = key
     if graphs:  # timed apart and cached apart: host time does not count
         key += GRAPHS_KEY
     names = list(variants)
     rank = group.rank()
-    found = _chosen_among(load_cache().get(key), names) if rank == 0 else None
-    found = None if found in out else found
-    found = _broadcast_name(found, names, group, device)
-    if found is not None and (found == BASELINE or runs_everywhere(found, variants, args, group, device)):
-        CHOICES[key] = {"choice": found, "source": "cache"}
-        _DECIDED[(group.group_name, decided_key)] = found
-        return found
-    if found is not None:
-        log.warning("overlap: the cached choice %s for %s does not run here; measuring again", found, key)
-        out = (*out, found)
+    # a token count new to this call's signature: its bucket's choice (made at another count),
+    # or a neighbouring bucket's, tried once at this count; else the cache file's (rank 0's)
+    known, source = _known(group, decided_key)
+    if known is None or known in out:
+        known, source = (_cached_among([key, *neighbour_keys(key)], names) if rank == 0 else None), "cache"
+        known = None if known in out else known
+        known = _broadcast_name(known, names, group, device)
+    if known is not None and (known == BASELINE or runs_everywhere(known, variants, args, group, device)):
+        CHOICES[key] = {"choice": known, "source": source}
+        _DECIDED[(group.group_name, decided_key)] = known
+        return known
+    if known is not None:
+        log.warning("overlap: the choice %s for %s (from its %s) does not run here; measuring again", known, key, source)
+        out = (*out, known)
     begin = time.perf_counter()
     candidates = {n: v for n, v in variants.items() if n not in out}
     times = {n: float("inf") for n in names} | _measure(candidates, args, group, device, graphs)

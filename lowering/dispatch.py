@@ -1,5 +1,6 @@
 """The CUDA kernels of the overlap ops: pick a variant per shape (choose.py) and run it."""
 
+import collections
 import functools
 
 import torch
@@ -28,12 +29,22 @@ def _layouts(mat2s) -> list:
     return [[*m.shape, "t" if m.stride(0) == 1 and m.dim() == 2 else "n"] for m in mat2s]
 
 
+def _bucketed(shape, dim: int) -> tuple[list, int]:
+    """``shape`` with its gathered or scattered dim as "*", and that dim's bucket."""
+    shape = list(shape)
+    size, shape[dim] = shape[dim], "*"
+    return shape, choose.token_bucket(size)
+
+
 def all_gather_matmul_shapes(shard_shape, mat2s, biases, gather_dim, contractions=(), passengers=()) -> dict:
     """What the all_gather_matmul choice depends on; decide.py builds the same from graph
-    metadata to show a cached choice in decisions.json. ``contractions``: (K_j, gathered_left);
-    ``passengers``: the bytes of a row of each (they travel too)."""
+    metadata to show a cached choice in decisions.json. The gathered dim counts by its bucket
+    (choose.token_bucket). ``contractions``: (K_j, gathered_left); ``passengers``: the bytes of
+    a row of each (they travel too)."""
+    shard, tokens = _bucketed(shard_shape, gather_dim)
     shapes = {
-        "shard": list(shard_shape),
+        "shard": shard,
+        "tokens": tokens,
         "gather_dim": gather_dim,
         "mat2s": _layouts(mat2s),
         "bias": [b is not None for b in biases],
@@ -52,10 +63,12 @@ def _row_bytes(passengers) -> list[int]:
 def matmul_reduce_scatter_shapes(
     input_shapes, mat2s, has_bias, reduce_op, scatter_dim, out_dtype=None
 ) -> dict:
-    """What the matmul_reduce_scatter choice depends on (decide.py builds the same); an
-    ``out_dtype`` other than the inputs' adds a key (the reduction writes more bytes)."""
+    """What the matmul_reduce_scatter choice depends on (decide.py builds the same), the
+    scattered dim by its bucket; an ``out_dtype`` other than the inputs' adds a key (the
+    reduction writes more bytes)."""
     shapes = {
-        "inputs": [list(s) for s in input_shapes],
+        "inputs": [_bucketed(s, scatter_dim)[0] for s in input_shapes],
+        "tokens": _bucketed(input_shapes[0], scatter_dim)[1],
         "mat2s": _layouts(mat2s),
         "bias": has_bias,
         "reduce_op": reduce_op,
@@ -76,8 +89,26 @@ def _signature(t: torch.Tensor | None):
 
 
 # (kind, shapes, strides, dtypes, dims, group, implementation) of a call -> the variant it runs,
-# so that later calls skip validation and key building (host time is on the critical path)
-_RESOLVED: dict[tuple, object] = {}
+# so that later calls skip validation and key building (host time is on the critical path);
+# the config.shapes_kept most recently used, with their per-call graphs (shapes that change)
+_RESOLVED: collections.OrderedDict[tuple, object] = collections.OrderedDict()
+
+
+def _resolved(fast_key: tuple):
+    run = _RESOLVED.get(fast_key)
+    if run is not None:
+        _RESOLVED.move_to_end(fast_key)
+    return run
+
+
+def _remember(fast_key: tuple, run) -> None:
+    """Keeps ``run`` for ``fast_key``; drops the least recently used signature past
+    config.shapes_kept, and its per-call graphs (a later call of it resolves again: its
+    bucket's choice, tried once)."""
+    _RESOLVED[fast_key] = run
+    while len(_RESOLVED) > max(config.shapes_kept, 1):
+        dropped, _ = _RESOLVED.popitem(last=False)
+        replay.forget_calls_of(dropped)
 
 
 def _ag_tensors(args, outputs):
@@ -149,7 +180,7 @@ def _resolve(kind, fast_key, group_name, world_size, variants, shapes, dtype, de
     name = choose.choose(key, calls, args, group, device)
     replay.forget((fast_key, other) for other in calls if other != name)
     if not torch.cuda.is_current_stream_capturing():  # a capture's fallback is not a choice
-        _RESOLVED[fast_key] = calls[name]
+        _remember(fast_key, calls[name])
     return calls[name]
 
 
@@ -164,7 +195,7 @@ def all_gather_matmul(
         tuple(_signature(o) for o in contract_with), tuple(gathered_left),
         tuple(_signature(p) for p in passengers), config.implementation,
     )  # fmt: skip
-    run = _RESOLVED.get(fast_key)
+    run = _resolved(fast_key)
     if run is not None:
         return run(
             shard, mat2s, biases, gather_dim % shard.dim(), world_size, group_name, return_gathered,
@@ -192,7 +223,7 @@ def matmul_reduce_scatter(
         mrs.KIND, tuple(_signature(a) for a in inputs), tuple(_signature(m) for m in mat2s),
         _signature(bias), reduce_op, scatter_dim, world_size, group_name, out_dtype, config.implementation,
     )  # fmt: skip
-    run = _RESOLVED.get(fast_key)
+    run = _resolved(fast_key)
     if run is not None:
         dim = scatter_dim % inputs[0].dim()
         return run(inputs, mat2s, bias, reduce_op, dim, world_size, group_name, out_dtype)
@@ -249,7 +280,7 @@ def all_gather_scaled_matmul(
         world_size, group_name, out_dtype, use_fast_accum, return_gathered,
         tuple(_signature(p) for p in passengers), config.implementation,
     )  # fmt: skip
-    run = _RESOLVED.get(fast_key)
+    run = _resolved(fast_key)
     if run is None:  # first call of these arguments: checked before anything indexes them
         scaled_ops._check_all_gather(
             shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype, passengers
@@ -279,7 +310,7 @@ def scaled_matmul_reduce_scatter(
         tuple(_signature(m) for m in mat2s), tuple(_signature(m) for m in mat2_scales), _signature(bias),
         reduce_op, scatter_dim, world_size, group_name, mm_dtype, out_dtype, use_fast_accum, config.implementation,
     )  # fmt: skip
-    run = _RESOLVED.get(fast_key)
+    run = _resolved(fast_key)
     if run is None:  # first call of these arguments: checked before anything indexes them
         scaled_ops._check_reduce_scatter(
             inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, mm_dtype, out_dtype

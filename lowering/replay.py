@@ -98,6 +98,12 @@ def forget(signatures) -> None:
         _SIGNATURES.pop(signature, None)
 
 
+def forget_calls_of(fast_key: tuple) -> None:
+    """Drops the graphs of every variant's calls of ``fast_key`` (a call signature dispatch no
+    longer keeps)."""
+    forget([signature for signature in _SIGNATURES if signature[0] == fast_key])
+
+
 def _capture(run, args: tuple, outputs, workspace):
     """One call of ``run`` captured into a CUDA graph (nothing runs), or None where it cannot be.
     The graphs of one workspace share a memory pool for what a call allocates inside (a

@@ -6,9 +6,9 @@
 
 from . import config, ops
 from .backend import overlap_backend
-from .graph_pass import OverlapPass, install
+from .graph_pass import OverlapNotApplied, OverlapPass, install
 
-__all__ = ["OverlapPass", "config", "ops", "overlap_backend"]
+__all__ = ["OverlapNotApplied", "OverlapPass", "config", "ops", "overlap_backend"]
 
 # Registration, like the ops: the default Inductor compile gets a hook that stays inert until
 # config.enabled is set.

@@ -46,6 +46,11 @@ fold_rowwise_float8: bool = Config(default=True, env_name_default="OVERLAP_PASS_
 # own (passengers.py).
 gather_passengers: bool = Config(default=True, env_name_default="OVERLAP_PASS_GATHER_PASSENGERS")
 
+# Raise (OverlapNotApplied) instead of warning where a compiled graph holds tensor-parallel
+# collectives next to matmuls and the pass rewrites none of them: for CI and benchmarks, which
+# must not pass on a model that quietly runs without overlap.
+strict: bool = Config(default=False, env_name_default="OVERLAP_PASS_STRICT")
+
 # Which implementation the rewritten ops run. "auto": on CUDA with an NCCL group, the fastest of
 # the variants measured at a shape's first call (lowering/choose.py); elsewhere the reference
 # decomposition. "reference" forces the torch.distributed decomposition; "fused",
@@ -57,6 +62,12 @@ implementation: str = Config(default="auto", env_name_default="OVERLAP_PASS_IMPL
 # at addresses seen before (lowering/replay.py): one launch instead of the protocol's dozen host
 # steps. Off: every call queues its steps eagerly.
 op_graphs: bool = Config(default=True, env_name_default="OVERLAP_PASS_OP_GRAPHS")
+
+# Call signatures (shapes, strides, dtypes) whose resolved variant and per-call CUDA graphs are
+# kept, least recently used dropped first: a model whose token counts change from call to call
+# (dynamic shapes) keeps the graphs of its most recent shapes, not of every shape it met. A
+# dropped shape that comes back resolves again (its bucket's choice, tried once; no measurement).
+shapes_kept: int = int(os.environ.get("OVERLAP_PASS_SHAPES_KEPT", 64))
 
 # Polls before a wait on a peer gives up (barrier, chunk flags). It then records which rank or
 # chunk it missed and the op raises ChunkTimeout (at the latest 16 calls later). Each poll is a

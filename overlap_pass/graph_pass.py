@@ -6,6 +6,7 @@ post-grad pattern passes and before ``_micro_pipeline_tp``, so neither can take 
 collective -> matmul patterns first.
 """
 
+import collections
 import functools
 import glob
 import os
@@ -43,6 +44,8 @@ class OverlapPass(CustomGraphPass):
             return
         try:
             overlap_graph_pass(graph)
+        except OverlapNotApplied:  # config.strict: the user asked for this to fail the compile
+            raise
         except Exception as error:  # the graph is whole (see _rewrite_all); compile goes on
             log.warning("overlap_pass failed on %s: %r", debug.graph_name(), error)
 
@@ -106,6 +109,10 @@ def install() -> None:
         inductor.post_grad_custom_pre_pass = with_overlap_pass(slot, OverlapPass(always=False))
 
 
+class OverlapNotApplied(RuntimeError):
+    """Raised under config.strict where a graph's tensor-parallel collectives all stay plain."""
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -115,6 +122,7 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
     on one graph; returns the decision records."""
     dumping = debug.dumping()
     before = debug.graph_text(graph) if dumping else ""
+    tensor_parallel = _tensor_parallel_collectives(graph)
     merged_waits = _merge_repeated_waits(graph)
     folded = _fold_rowwise_epilogues(graph)
     split_records = _split_all_reduces(graph)
@@ -143,7 +151,37 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
     _count_and_log(records)
     if dumping:
         _dump(before, debug.graph_text(graph), records)
+    _tell_if_none_rewritten(records, tensor_parallel)
     return records
+
+
+def _tensor_parallel_collectives(graph: Graph) -> set[str]:
+    """Names of the collectives next to matmuls (patterns.next_to_matmul), before any edit."""
+    targets = (patterns.ALL_GATHER, patterns.REDUCE_SCATTER, all_reduce_split.ALL_REDUCE)
+    return {
+        node.name
+        for target in targets
+        for node in graph.find_nodes(op="call_function", target=target)
+        if patterns.next_to_matmul(node)
+    }
+
+
+def _tell_if_none_rewritten(records: list[dict], tensor_parallel: set[str]) -> None:
+    """A graph with tensor-parallel collectives of which the pass rewrote none runs exactly as
+    plain Inductor would: say so once per graph, with the reasons counted (PyTorch's async TP
+    is most often reported for doing nothing silently), or raise under config.strict."""
+    skipped = [r for r in records if r["collective"]["name"] in tensor_parallel]
+    if not skipped or any(r["rewritten"] for r in records):
+        return
+    reasons = collections.Counter(f"{r['kind']}: {r['reason']}" for r in skipped)
+    message = (
+        f"overlap: graph {debug.graph_name()} has {len(skipped)} tensor-parallel collective(s) next "
+        f"to matmuls and rewrote none of them, so it runs as plain Inductor would: "
+        + "; ".join(f"{n}x {reason}" for reason, n in reasons.most_common())
+    )
+    if config.strict:
+        raise OverlapNotApplied(message)
+    log.warning("%s (OVERLAP_PASS_STRICT=1 raises instead)", message)
 
 
 def _rewrite_all(graph: Graph, decisions: list[tuple[Candidate, dict]]) -> None:

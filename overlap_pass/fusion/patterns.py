@@ -485,10 +485,27 @@ def depends_on(node: Node, ancestor: Node, order: dict[Node, int]) -> bool:
     return False
 
 
+MATMULS = (aten.mm.default, aten.addmm.default, SCALED_MM, BMM)
+
+
 def _reaches_matmul(node: Node, depth: int = 4) -> bool:
-    if node.target in (aten.mm.default, aten.addmm.default, SCALED_MM, BMM):
+    if node.target in MATMULS:
         return True
     return depth > 0 and any(_reaches_matmul(u, depth - 1) for u in node.users)
+
+
+def _reached_from_matmul(node: Node, depth: int = 4) -> bool:
+    if node.target in MATMULS:
+        return True
+    return depth > 0 and any(_reached_from_matmul(a, depth - 1) for a in node.all_input_nodes)
+
+
+def next_to_matmul(collective: Node) -> bool:
+    """Whether a collective is a tensor-parallel one: an all-gather whose result a matmul reads
+    within a few nodes, or a reduce-scatter or all-reduce of a matmul's result."""
+    if collective.target is ALL_GATHER:
+        return _reaches_matmul(collective, depth=6)
+    return _reached_from_matmul(collective.args[0], depth=6)
 
 
 def _under_views(node: Node) -> Node:

@@ -163,9 +163,38 @@ def fallback(scenario: str, cache_path: str, seed: int = 0) -> dict:
 
             mp.setattr(choose, "_captured", captured)
         dist.barrier()
-        errors = [_call(s, rows) for s, rows in ((seed, ROWS), (seed + 1, ROWS)) + ((seed + 2, 2 * ROWS),) * 2]
+        # the second shape two token buckets away from the first: measured too (choose.py)
+        errors = [_call(s, rows) for s, rows in ((seed, ROWS), (seed + 1, ROWS)) + ((seed + 2, 4 * ROWS),) * 2]
         chosen, cached = _chosen(), choose.load_cache()
     return {"chosen": chosen, "log": messages, "error": max(errors), "cache": cached}
+
+
+def changing_rows(cache_path: str, rows: list[int], refused: int, kept: int) -> dict:
+    """Calls at each of ``rows`` (a new seed each), the Gluon stand-in refusing the calls of
+    ``refused`` rows (NotImplementedError, as a variant refuses operands it cannot take), at
+    most ``kept`` call signatures kept. Returns the choice per token bucket, what was measured,
+    how many first calls of a variant each call made, and the largest error."""
+    first_calls, measured = [], []
+
+    def refusing(*args, **kwargs):
+        if args[0].shape[0] == refused:
+            raise NotImplementedError(f"{refused} rows (stand-in)")
+        return _local_result(*args, **kwargs)
+
+    with _dispatch_on_cpu(set(), cache_path, shapes_kept=kept) as (mp, messages):
+        mp.setattr(scaled, "variants", lambda kind, num_inputs=1: {**_variants(set()), GLUON: refusing})
+        real_first_call, real_measure = choose._first_call, choose._measure
+        mp.setattr(choose, "_first_call", lambda *a, **k: first_calls.append(a[0]) or real_first_call(*a, **k))
+        mp.setattr(choose, "_measure", lambda *a, **k: measured.append(a[1][0].shape[0]) or real_measure(*a, **k))
+        dist.barrier()
+        errors, calls = [], []
+        for seed, count in enumerate(rows):
+            before = len(first_calls)
+            errors.append(_call(seed, count))
+            calls.append(len(first_calls) - before)
+        chosen = {choose.token_bucket(int(k.split("tokens=")[1].split(" ")[0])): v for (_, k), v in choose._DECIDED.items()}
+        kept_now = len(dispatch._RESOLVED)
+    return {"chosen": chosen, "measured": measured, "first_calls": calls, "error": max(errors), "kept": kept_now}
 
 
 class _WallClockEvent:

@@ -136,9 +136,10 @@ def test_public_api():
 
 
 @pytest.mark.parametrize("value", ["1", "0"])
-def test_env_var_sets_a_flag(value):
-    script = "import overlap_pass; print(overlap_pass.config.enabled)"
-    env = {"OVERLAP_PASS_ENABLED": value, "PATH": ""}
+@pytest.mark.parametrize("flag", ["enabled", "strict"])
+def test_env_var_sets_a_flag(flag, value):
+    script = f"import overlap_pass; print(overlap_pass.config.{flag})"
+    env = {f"OVERLAP_PASS_{flag.upper()}": value, "PATH": ""}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert result.stdout.strip() == str(value == "1"), result.stderr[-2000:]
 
@@ -173,3 +174,41 @@ def test_launch_runs_a_program_with_the_pass_in_the_default_compile(tmp_path, fo
     assert result.returncode == 0, result.stderr[-3000:]
     expected = "['--compile.enable', 'x'] {'all_gather_matmul_rewritten': 1, 'matmul_reduce_scatter_rewritten': 1}"
     assert result.stdout.strip().splitlines()[-1] == expected, result.stdout + result.stderr[-2000:]
+
+
+def _compile_chain(group) -> torch.Tensor:
+    return torch.compile(chain, backend="overlap")(torch.randn(4, 8), torch.randn(8, 8), torch.randn(8, 8), group)
+
+
+def test_a_graph_with_nothing_rewritten_warns_once_with_its_reasons(caplog):
+    with fake_world(2) as group, config.patch(all_gather_matmul=False, matmul_reduce_scatter=False):
+        with caplog.at_level("WARNING", logger="overlap_pass"):
+            _compile_chain(group)
+    told = [r.getMessage() for r in caplog.records if "rewrote none" in r.getMessage()]
+    assert len(told) == 1, told
+    assert "2 tensor-parallel collective(s)" in told[0]
+    assert "1x all_gather_matmul: disabled by overlap_pass.config.all_gather_matmul" in told[0]
+    assert "1x matmul_reduce_scatter: disabled by overlap_pass.config.matmul_reduce_scatter" in told[0]
+
+
+def test_a_graph_with_a_rewrite_or_no_tensor_parallel_collective_does_not_warn(caplog):
+    def no_matmul(x, group):  # a gather whose result no matmul reads: nothing to overlap
+        return funcol.all_gather_tensor(x, 0, group).relu()
+
+    with fake_world(2) as group, caplog.at_level("WARNING", logger="overlap_pass"):
+        _compile_chain(group)
+        torch.compile(no_matmul, backend="overlap")(torch.randn(4, 8), group)
+    assert not [r for r in caplog.records if "rewrote none" in r.getMessage()]
+
+
+def test_strict_mode_raises_where_nothing_is_rewritten():
+    with fake_world(2) as group, config.patch(strict=True, all_gather_matmul=False, matmul_reduce_scatter=False):
+        with pytest.raises(Exception) as raised:
+            _compile_chain(group)
+    chain_of_causes, error = [], raised.value
+    while error is not None:
+        chain_of_causes.append(error)
+        error = error.__cause__ or error.__context__
+    assert any(isinstance(e, overlap_pass.OverlapNotApplied) for e in chain_of_causes), raised.value
+    with fake_world(2) as group, config.patch(strict=True):
+        _compile_chain(group)  # everything rewritten: strict has nothing to say

@@ -22,7 +22,7 @@ def test_decisions_show_the_choice_of_the_mode_compiled_for(monkeypatch, tmp_pat
     from overlap_pass import config
     from overlap_pass.lowering import choose
 
-    monkeypatch.setattr(decide, "meta_val", lambda node: SimpleNamespace(device=torch.device("cuda", 0)))
+    monkeypatch.setattr(decide, "meta_val", lambda node: SimpleNamespace(device=torch.device("cuda", 0), shape=(8, 16)))
     monkeypatch.setattr(decide, "_choice_key", lambda match: "shape")
     names = ["copy_engine_cublas", "nccl_cublas"]
     monkeypatch.setattr(decide, "_variant_names", lambda match: names)

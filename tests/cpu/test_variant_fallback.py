@@ -50,6 +50,23 @@ def test_a_variant_that_cannot_run_drops_out_of_the_choice(gloo_world, tmp_path,
     assert all(math.isinf(e["times_us"][cases.GLUON]) for e in entries), cache  # measured as out
 
 
+def test_token_counts_that_change_are_measured_once_per_bucket(gloo_world, tmp_path):
+    """Dynamic shapes: 32 rows are measured; 24 (the same bucket) and 40 (the bucket next to
+    it) run that choice, tried once each; at 56 rows (40's bucket) the choice refuses the call,
+    so that bucket is measured again without it; 200 rows (far from every bucket) are measured;
+    200 again is kept (no first call); 32 again was dropped (two signatures kept), so it is
+    tried once more, not measured."""
+    rows = [32, 24, 40, 56, 200, 200, 32]
+    ranks = gloo_world(2).run(cases.changing_rows, str(tmp_path / "choices.json"), rows, 56, 2)
+    for rank, result in enumerate(ranks):
+        assert result["error"] <= 1e-2, (rank, result)
+        assert result["measured"] == [32, 56, 200], (rank, result)
+        # measuring runs each candidate's first call; a choice made at another count runs one
+        assert result["first_calls"] == [3, 1, 1, 1 + 2, 3, 0, 1], (rank, result)
+        assert result["chosen"] == {32: cases.GLUON, 64: cases.COPY_ENGINE, 256: cases.GLUON}, (rank, result)
+        assert result["kept"] == 2, (rank, result)
+
+
 def test_a_variant_raising_while_timed_is_out_on_every_rank(gloo_world):
     """A sample that raises on one rank (a ChunkTimeout told at a later call) does not leave
     choose on that rank while its peers wait in the next sample's collective: every rank times
