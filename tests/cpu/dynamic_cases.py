@@ -128,3 +128,43 @@ def dtensor_at_lengths(lengths: list[int], block: bool) -> list[dict]:
             torch.testing.assert_close(_local(pc.grad), _local(pe.grad), **TOL, msg=name)
             pe.grad = pc.grad = None
     return counts
+
+
+@_decided
+def float8_at_lengths(lengths: list[int], recipe: str) -> list[int]:
+    """The SP block in bf16 with torchao's Float8 linears (``recipe``), trained at each of
+    ``lengths`` tokens a rank, against eager (as numerics_cases.float8_tp_block compares).
+    Returns the op counts of each call."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    from .numerics_cases import FLOAT8_CPU_INDUCTOR, _float8_close
+
+    torch.manual_seed(0)
+    world = dist.get_world_size()
+    block = TransformerBlock(dim=64, heads=world, hidden=128).to(torch.bfloat16)
+    convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name(recipe))
+    block = parallelize_block(block, _mesh())
+    eager, compiled = block, copy.deepcopy(block)
+    counts = []
+    with torch._inductor.config.patch(FLOAT8_CPU_INDUCTOR):
+        compiled_fn = torch.compile(compiled, backend="overlap")
+        for length in lengths:
+            torch.manual_seed(length + 1000 * dist.get_rank())
+            x = torch.randn(2, length, 64, dtype=torch.bfloat16)
+            xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+            out_e = eager(xe)
+            grad = torch.randn_like(out_e)
+            out_e.backward(grad)
+
+            def step():
+                out_c = compiled_fn(xc)
+                out_c.backward(grad)
+                step.out = out_c
+
+            counts.append(count_overlap_ops(step))
+            _float8_close(step.out, out_e, world, f"output at {length} tokens")
+            _float8_close(xc.grad, xe.grad, world, f"input grad at {length} tokens")
+            for (name, pe), pc in zip(eager.named_parameters(), compiled.parameters()):
+                _float8_close(_local(pc.grad), _local(pe.grad), world, name)
+                pe.grad = pc.grad = None
+    return counts

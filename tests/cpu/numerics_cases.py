@@ -282,6 +282,12 @@ def tp_inside_dp(seed: int = 0):
     _compare_module(mlp, lambda: torch.randn(2, 3, 16), seed)
 
 
+# Inductor's CPU kernels for the float8 block: precision casts emulated (as torchtitan compiles),
+# and 256-bit vectors. On CPUs with AVX512-FP16, torch 2.13's 512-bit kernels gave NaN input
+# gradients (plain backend="inductor" too, eager not; seen 2026-11-27).
+FLOAT8_CPU_INDUCTOR = {"emulate_precision_casts": True, "cpp.simdlen": 256}
+
+
 @_decided
 def float8_tp_block(recipe: str, batch: int, seed: int = 0, fold: bool = True) -> dict:
     """The SP block in bf16 with torchao's Float8 linears (``recipe``: tensorwise or rowwise),
@@ -302,7 +308,7 @@ def float8_tp_block(recipe: str, batch: int, seed: int = 0, fold: bool = True) -
     torch.manual_seed(seed + 1000 * dist.get_rank())
     x = torch.randn(batch, 32 // world, 64, dtype=torch.bfloat16)
     forced = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0)
-    with forced, config.patch(fold_rowwise_float8=fold), torch._inductor.config.patch(emulate_precision_casts=True):
+    with forced, config.patch(fold_rowwise_float8=fold), torch._inductor.config.patch(FLOAT8_CPU_INDUCTOR):
         compiled_fn = torch.compile(compiled, backend="overlap")
         for _ in range(2):
             xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()

@@ -35,3 +35,15 @@ def test_dtensor_sequence_parallel_at_changing_lengths(gloo_world, block):
     decisions, counts = results[0]
     assert all(done for _, done, _ in decisions), decisions
     _every_call_fused(counts, 8 if block else 4)
+
+
+FLOAT8_LENGTHS = [16, 24, 40, 16]  # multiples of 16, as _scaled_mm takes them
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_block_at_changing_lengths(gloo_world, recipe):
+    pytest.importorskip("torchao")
+    results = gloo_world(2).run(cases.float8_at_lengths, FLOAT8_LENGTHS, recipe)
+    decisions, counts = results[0]
+    assert decisions and all(done for _, done, _ in decisions), decisions
+    assert counts == [counts[0]] * len(FLOAT8_LENGTHS) and counts[0] >= 8, counts

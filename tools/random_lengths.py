@@ -1,0 +1,168 @@
+"""Shapes that change: one compiled TP/SP block called at random token counts, every call checked.
+
+    torchrun --nproc-per-node 2 -m tools.random_lengths --calls 1000
+
+The sequence-parallel transformer block (tools/tp_models, DTensor's ColwiseParallel and
+RowwiseParallel, Llama 3 8B widths by default) is compiled once with backend="overlap". Each call
+draws a sequence of --min-tokens to --max-tokens tokens (a multiple of W: each rank holds an
+equal shard, odd counts a rank included), runs forward and backward, and compares the output and
+the input's gradient with the same block run eagerly (NCCL + cuBLAS) on the same input. From
+the second count on, torch.compile runs a graph with a symbolic token dim (automatic dynamic).
+
+Printed last: calls and mismatches; the overlap op calls and the path each took (symmetric-memory
+variants eager, captured or replayed from per-call CUDA graphs; NCCL + cuBLAS where the per-shape
+choice picked it); per token bucket, the time of the call that measured its choice against the
+bucket's steady calls; device memory in use (cudaMemGetInfo) after the first checked call and
+at the end. Exit status 1 on any mismatch.
+"""
+
+import argparse
+import collections
+import copy
+import os
+import random
+import statistics
+import time
+
+for _var, _value in (
+    ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"),
+    ("OVERLAP_PASS_SPIN_LIMIT", "20000000"),
+):  # fmt: skip
+    os.environ.setdefault(_var, _value)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from tools.measure import relative_error  # noqa: E402
+
+# (dim, heads, K/V heads, hidden)
+SIZES = {"llama3-8b": (4096, 32, 8, 14336), "small": (1024, 8, 8, 3584)}
+TOLERANCE = 2e-2  # bf16, another summation order than eager's (as choose.py's check)
+OPS = ("all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter")
+
+
+def _counting_ops(counts: collections.Counter) -> None:
+    """Counts each overlap op call made on CUDA tensors (ops.py resolves dispatch's function of
+    the op's name at every call)."""
+    from overlap_pass.lowering import dispatch
+
+    for name in OPS:
+        real = getattr(dispatch, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            counts[_name] += 1
+            return _real(*args, **kwargs)
+
+        setattr(dispatch, name, counted)
+
+
+def _block(size: str, mesh):
+    from tools.tp_models import TransformerBlock, parallelize_block
+
+    dim, heads, kv_heads, hidden = SIZES[size]
+    torch.manual_seed(0)  # the same full weights on every rank
+    block = TransformerBlock(dim=dim, heads=heads, hidden=hidden, kv_heads=kv_heads)
+    return parallelize_block(block.to(device="cuda", dtype=torch.bfloat16), mesh), dim
+
+
+def _step(model, shard: torch.Tensor, grad: torch.Tensor):
+    x = shard.clone().requires_grad_()
+    out = model(x)
+    out.backward(grad)
+    for p in model.parameters():
+        p.grad = None
+    return out.detach(), x.grad
+
+
+def _memory_in_use() -> int:
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def _slowest(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--min-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=8192)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--size", choices=sorted(SIZES), default="llama3-8b")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    from torch._dynamo.utils import counters
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from overlap_pass.lowering import choose, dispatch, replay
+
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    eager, dim = _block(args.size, init_device_mesh("cuda", (world,)))
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, backend="overlap")
+    op_calls = collections.Counter()
+    _counting_ops(op_calls)
+
+    draw = random.Random(args.seed)  # the same counts on every rank
+    low, high = -(-args.min_tokens // world), args.max_tokens // world
+    mismatches, times, memory = [], collections.defaultdict(lambda: {"first": [], "steady": []}), {}
+    for call in range(args.calls):
+        rows = draw.randint(low, high)  # tokens a rank
+        gen = torch.Generator(device="cuda").manual_seed(args.seed * 100003 + call)
+        full = torch.randn(args.batch, rows * world, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+        shard = full.chunk(world, dim=1)[rank].contiguous()
+        grad = torch.randn(shard.shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+        measured_before = sum(c.get("source") == "measured" for c in choose.CHOICES.values())
+        graphs_before = counters["stats"]["unique_graphs"]
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        out, x_grad = _step(compiled, shard, grad)
+        torch.cuda.synchronize()
+        took = _slowest(time.perf_counter() - begin)
+        ref_out, ref_grad = _step(eager, shard, grad)
+        errors = (relative_error(out, ref_out), relative_error(x_grad, ref_grad))
+        if not all(e < TOLERANCE for e in errors):  # NaN fails too
+            mismatches.append((call, rows, errors))
+        bucket = choose.token_bucket(rows * args.batch)
+        if counters["stats"]["unique_graphs"] != graphs_before:
+            continue  # a compile: not an op's cost
+        measured = sum(c.get("source") == "measured" for c in choose.CHOICES.values()) > measured_before
+        times[bucket]["first" if measured else "steady"].append(took * 1e3)
+        if "after_first" not in memory:
+            memory["after_first"] = _memory_in_use()
+    memory["end"] = _memory_in_use()
+    failed = int(_slowest(len(mismatches)))
+    if rank == 0:
+        _report(args, world, op_calls, replay.stats, times, memory, len(dispatch._RESOLVED), mismatches, failed)
+    dist.destroy_process_group()
+    return 1 if failed else 0
+
+
+def _report(args, world, op_calls, paths, times, memory, kept, mismatches, failed) -> None:
+    print(f"\n{args.calls} calls at W={world}, {args.min_tokens}-{args.max_tokens} tokens, batch {args.batch}, "
+          f"{args.size}, forward+backward, every output and input gradient against eager")  # fmt: skip
+    for call, rows, errors in mismatches[:20]:
+        print(f"  MISMATCH call {call}: {rows} tokens a rank, relative errors {errors[0]:.3g} / {errors[1]:.3g}")
+    print(f"mismatches: {failed} (slowest rank); rank 0: {len(mismatches)}")
+    print(f"overlap op calls: {dict(op_calls)}; symmetric-memory variant calls: {dict(paths)} "
+          f"(the rest ran NCCL + cuBLAS, as chosen); call signatures kept: {kept}")  # fmt: skip
+    print("| tokens a rank (bucket) | calls | call that measured the bucket (ms) | steady calls, median (ms) |")
+    print("|---|---|---|---|")
+    for bucket in sorted(times):
+        first, steady = times[bucket]["first"], times[bucket]["steady"]
+        print(f"| <= {bucket} | {len(first) + len(steady)} | {max(first) if first else 0:.1f} | "
+              f"{statistics.median(steady) if steady else 0:.1f} |")  # fmt: skip
+    print(f"device memory in use: {memory.get('after_first', 0) / 2**20:.0f} MiB after the first checked call, "
+          f"{memory['end'] / 2**20:.0f} MiB at the end (rank 0)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
