@@ -14,15 +14,15 @@ A choice that is not measured now (one config.implementation forces, or one read
 runs this call once first: where it raises on any rank (a kernel this triton cannot compile) it
 is out on every rank and the shape is measured among the rest, the baseline always among them.
 Why a variant is out is logged once per variant and reason, not at every shape.
-
-Shapes that change (dynamic shapes): a key files the gathered or scattered dim's size under its
-power-of-two bucket (token_bucket). The first call of a bucket is measured; a later call at
-another token count of the same bucket, or of a bucket next to a measured one, runs that choice,
-tried once at its own count as a cached choice is; a bucket far from every measured one is
-measured (once per bucket, and once per machine with the cache file).
 An entry counts only where its times name exactly the variants of this run: an overlap that has
 added or dropped a variant since measures the shape again, as does one whose VARIANTS_REVISION
 (in every key) differs: a variant that now takes calls it refused, or runs a new kernel.
+
+Shapes that change (dynamic shapes): a key files the rows (the shard's, or the scattered
+inputs') under their power-of-two bucket (token_bucket). The first call of a bucket is measured;
+a later call at another token count of the same bucket, or of a bucket next to a measured one,
+runs that choice, tried once at its own count as a cached choice is; a bucket far from every
+measured one is measured (once per bucket, and once per machine with the cache file).
 
 Samples run the calls as the model will: through dispatch's wrappers, so calls that replay
 per-call CUDA graphs (replay.py) are timed replaying them. A first call made while CUDA graph
@@ -81,8 +81,8 @@ def _platform() -> list[str]:
 
 
 def token_bucket(size: int) -> int:
-    """The bucket of a gathered or scattered dim's size, which a choice is filed under: the
-    next power of two. Token counts that change from call to call (dynamic shapes) then share a
+    """The bucket of a call's token count (its rows), which a choice is filed under: the next
+    power of two. Token counts that change from call to call (dynamic shapes) then share a
     measurement with their bucket rather than each measuring anew."""
     return 1 << max(size - 1, 0).bit_length()
 

@@ -2,6 +2,7 @@
 
 import collections
 import functools
+import math
 
 import torch
 import torch.distributed as dist
@@ -29,19 +30,20 @@ def _layouts(mat2s) -> list:
     return [[*m.shape, "t" if m.stride(0) == 1 and m.dim() == 2 else "n"] for m in mat2s]
 
 
-def _bucketed(shape, dim: int) -> tuple[list, int]:
-    """``shape`` with its gathered or scattered dim as "*", and that dim's bucket."""
+def _bucketed(shape) -> tuple[list, int]:
+    """``shape`` with its leading (token) dims as "*", and the bucket of their product: the
+    rows a matmul runs on, wherever the sequence and the batch sit (DTensor's batch-1 sequence
+    gather runs along dim 0 of [1, S / W, K] once the pass has moved its permute)."""
     shape = list(shape)
-    size, shape[dim] = shape[dim], "*"
-    return shape, choose.token_bucket(size)
+    return ["*"] * (len(shape) - 1) + shape[-1:], choose.token_bucket(math.prod(shape[:-1]))
 
 
 def all_gather_matmul_shapes(shard_shape, mat2s, biases, gather_dim, contractions=(), passengers=()) -> dict:
     """What the all_gather_matmul choice depends on; decide.py builds the same from graph
-    metadata to show a cached choice in decisions.json. The gathered dim counts by its bucket
+    metadata to show a cached choice in decisions.json. The shard's rows count by their bucket
     (choose.token_bucket). ``contractions``: (K_j, gathered_left); ``passengers``: the bytes of
     a row of each (they travel too)."""
-    shard, tokens = _bucketed(shard_shape, gather_dim)
+    shard, tokens = _bucketed(shard_shape)
     shapes = {
         "shard": shard,
         "tokens": tokens,
@@ -64,11 +66,11 @@ def matmul_reduce_scatter_shapes(
     input_shapes, mat2s, has_bias, reduce_op, scatter_dim, out_dtype=None
 ) -> dict:
     """What the matmul_reduce_scatter choice depends on (decide.py builds the same), the
-    scattered dim by its bucket; an ``out_dtype`` other than the inputs' adds a key (the
+    inputs' rows by their bucket; an ``out_dtype`` other than the inputs' adds a key (the
     reduction writes more bytes)."""
     shapes = {
-        "inputs": [_bucketed(s, scatter_dim)[0] for s in input_shapes],
-        "tokens": _bucketed(input_shapes[0], scatter_dim)[1],
+        "inputs": [_bucketed(s)[0] for s in input_shapes],
+        "tokens": _bucketed(input_shapes[0])[1],
         "mat2s": _layouts(mat2s),
         "bias": has_bias,
         "reduce_op": reduce_op,

@@ -19,6 +19,8 @@ at the end. Exit status 1 on any mismatch.
 import argparse
 import collections
 import copy
+import faulthandler
+import logging
 import os
 import random
 import statistics
@@ -43,10 +45,10 @@ OPS = ("all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul",
 
 def _counting_ops(counts: collections.Counter) -> None:
     """Counts each overlap op call made on CUDA tensors (ops.py resolves dispatch's function of
-    the op's name at every call)."""
+    the op's name at every call), and each call signature resolved (a new shape's variant)."""
     from overlap_pass.lowering import dispatch
 
-    for name in OPS:
+    for name in (*OPS, "_resolve"):
         real = getattr(dispatch, name)
 
         def counted(*args, _real=real, _name=name, **kwargs):
@@ -94,7 +96,13 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--size", choices=sorted(SIZES), default="llama3-8b")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--progress-every", type=int, default=50, help="calls between two progress lines (rank 0)")
+    parser.add_argument("--stacks-after", type=float, default=0, help="dump every thread's stack after this many s")
     args = parser.parse_args()
+    if args.stacks_after:
+        faulthandler.dump_traceback_later(args.stacks_after, exit=False)
+    logging.basicConfig(format="%(asctime)s %(message)s")
+    logging.getLogger("overlap_pass").setLevel(logging.INFO)  # choices measured, variants out
 
     from torch._dynamo.utils import counters
     from torch.distributed.device_mesh import init_device_mesh
@@ -113,15 +121,19 @@ def main() -> int:
 
     draw = random.Random(args.seed)  # the same counts on every rank
     low, high = -(-args.min_tokens // world), args.max_tokens // world
-    mismatches, times, memory = [], collections.defaultdict(lambda: {"first": [], "steady": []}), {}
+    mismatches, memory = [], {}
+    times = collections.defaultdict(lambda: {"measured": [], "new shape": [], "steady": []})
+    start = time.perf_counter()
     for call in range(args.calls):
+        if rank == 0 and call % args.progress_every == 0:
+            print(f"call {call}: {time.perf_counter() - start:.0f} s, {len(mismatches)} mismatches", flush=True)
         rows = draw.randint(low, high)  # tokens a rank
         gen = torch.Generator(device="cuda").manual_seed(args.seed * 100003 + call)
         full = torch.randn(args.batch, rows * world, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
         shard = full.chunk(world, dim=1)[rank].contiguous()
         grad = torch.randn(shard.shape, device="cuda", dtype=torch.bfloat16, generator=gen)
         measured_before = sum(c.get("source") == "measured" for c in choose.CHOICES.values())
-        graphs_before = counters["stats"]["unique_graphs"]
+        graphs_before, resolved_before = counters["stats"]["unique_graphs"], op_calls["_resolve"]
         torch.cuda.synchronize()
         begin = time.perf_counter()
         out, x_grad = _step(compiled, shard, grad)
@@ -134,8 +146,11 @@ def main() -> int:
         bucket = choose.token_bucket(rows * args.batch)
         if counters["stats"]["unique_graphs"] != graphs_before:
             continue  # a compile: not an op's cost
-        measured = sum(c.get("source") == "measured" for c in choose.CHOICES.values()) > measured_before
-        times[bucket]["first" if measured else "steady"].append(took * 1e3)
+        if sum(c.get("source") == "measured" for c in choose.CHOICES.values()) > measured_before:
+            kind = "measured"  # a bucket's choice measured in this call
+        else:
+            kind = "new shape" if op_calls["_resolve"] > resolved_before else "steady"
+        times[bucket][kind].append(took * 1e3)
         if "after_first" not in memory:
             memory["after_first"] = _memory_in_use()
     memory["end"] = _memory_in_use()
@@ -152,14 +167,19 @@ def _report(args, world, op_calls, paths, times, memory, kept, mismatches, faile
     for call, rows, errors in mismatches[:20]:
         print(f"  MISMATCH call {call}: {rows} tokens a rank, relative errors {errors[0]:.3g} / {errors[1]:.3g}")
     print(f"mismatches: {failed} (slowest rank); rank 0: {len(mismatches)}")
-    print(f"overlap op calls: {dict(op_calls)}; symmetric-memory variant calls: {dict(paths)} "
-          f"(the rest ran NCCL + cuBLAS, as chosen); call signatures kept: {kept}")  # fmt: skip
-    print("| tokens a rank (bucket) | calls | call that measured the bucket (ms) | steady calls, median (ms) |")
+    resolved = op_calls.pop("_resolve", 0)
+    print(f"overlap op calls: {dict(op_calls)}, {resolved} of them a signature's first; symmetric-memory "
+          f"variant calls: {dict(paths)} (the rest ran NCCL + cuBLAS, as chosen); signatures kept: {kept}")  # fmt: skip
+    print("Compiled steps (forward+backward, slowest rank, ms) by what their op calls did: measured a")
+    print("token bucket's choice; ran a choice at a count new to it (tried once); neither.")
+    print("| tokens (bucket) | measured: calls, max | new count: calls, median | steady: calls, median |")
     print("|---|---|---|---|")
     for bucket in sorted(times):
-        first, steady = times[bucket]["first"], times[bucket]["steady"]
-        print(f"| <= {bucket} | {len(first) + len(steady)} | {max(first) if first else 0:.1f} | "
-              f"{statistics.median(steady) if steady else 0:.1f} |")  # fmt: skip
+        cells = [
+            f"{len(t)}, {(max(t) if kind == 'measured' else statistics.median(t)):.1f}" if t else "0"
+            for kind, t in times[bucket].items()
+        ]
+        print(f"| <= {bucket} | " + " | ".join(cells) + " |")
     print(f"device memory in use: {memory.get('after_first', 0) / 2**20:.0f} MiB after the first checked call, "
           f"{memory['end'] / 2**20:.0f} MiB at the end (rank 0)")  # fmt: skip
 
