@@ -21,8 +21,10 @@ added or dropped a variant since measures the shape again, as does one whose VAR
 Shapes that change (dynamic shapes): a key files the rows (the shard's, or the scattered
 inputs') under their power-of-two bucket (token_bucket). The first call of a bucket is measured;
 a later call at another token count of the same bucket, or of a bucket next to a measured one,
-runs that choice, tried once at its own count as a cached choice is; a bucket far from every
-measured one is measured (once per bucket, and once per machine with the cache file).
+runs that choice with no measurement and no collective (where the variant refuses the count:
+NotImplementedError, or a kernel that does not compile for it, the same on every rank, NCCL +
+cuBLAS runs that count, lowering/dispatch.py); a bucket far from every measured one is measured
+(once per bucket, and once per machine with the cache file).
 
 Samples run the calls as the model will: through dispatch's wrappers, so calls that replay
 per-call CUDA graphs (replay.py) are timed replaying them. A first call made while CUDA graph
@@ -67,6 +69,8 @@ CHOICES: dict[str, dict] = {}
 # (group name, key) -> name: what each group decided, collectively (a rank in two groups with the
 # same shapes must not skip a measurement its peers in the other group run)
 _DECIDED: dict[tuple[str, str], str] = {}
+# (group name, key) -> name: a token bucket's choice taken from a measured bucket next to it
+_PREDICTED: dict[tuple[str, str], str] = {}
 # (variant, reason) pairs logged: a variant out for one reason at every shape (a kernel this
 # triton cannot compile) is told once, not at each shape's first call
 _TOLD: set[tuple[str, str]] = set()
@@ -374,9 +378,11 @@ def choose(key: str, variants: dict, args: tuple, group, device) -> str:
             return _forced(key, matches[0], variants, args, group, device)
         # e.g. cublas_push for an all-gather, or fused for a sum of matmuls: measure instead
         log.warning("overlap: implementation %r is not one of %s here; choosing by measurement", forced, sorted(variants))
+    known = _known(group, key)
+    if known is not None:
+        return known
     if torch.cuda.is_current_stream_capturing():
-        # nothing can be measured, tried or broadcast inside a capture; the same answer on
-        # every rank
+        # nothing can be measured or broadcast inside a capture; the same answer on every rank
         log.warning("overlap: first call of %s inside a CUDA graph capture: running %s", key, BASELINE)
         return BASELINE
     graphs = replays_graphs(device)  # graph trees keep their state per thread: asked here
@@ -384,17 +390,33 @@ def choose(key: str, variants: dict, args: tuple, group, device) -> str:
     return symm.outside_graph_pool(device, _choose_collectively, key, variants, args, group, device, graphs)
 
 
-def _known(group, key: str) -> tuple[str | None, str]:
-    """What this process decided for ``key``'s bucket, else for a bucket next to it (the
-    same on every rank: decisions are collective); with where it comes from."""
-    decided = _DECIDED.get((group.group_name, key))
+def _known(group, key: str) -> str | None:
+    """What this process decided for ``key``'s token bucket (at another count: the same on
+    every rank, as decisions are collective), else the choice measured for a bucket next to
+    it, taken for this one without measuring (predicted, never a base for another
+    prediction). No call is made here: dispatch runs the choice, and where it refuses a
+    count (the same on every rank), NCCL + cuBLAS runs that count."""
+    decided = _DECIDED.get((group.group_name, key)) or _PREDICTED.get((group.group_name, key))
     if decided is not None:
-        return decided, "bucket"
+        return decided
     for neighbour in neighbour_keys(key):
         decided = _DECIDED.get((group.group_name, neighbour))
         if decided is not None:
-            return decided, "neighbour"
-    return None, ""
+            _PREDICTED[(group.group_name, key)] = decided
+            CHOICES.setdefault(key, {"choice": decided, "source": f"predicted from {neighbour}"})
+            return decided
+    return None
+
+
+@functools.cache
+def refusals() -> tuple[type, ...]:
+    """The errors a variant raises, the same on every rank, when it cannot take a call's
+    operands: before it starts (NotImplementedError), or when a kernel does not compile for
+    them."""
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources
+
+    return NotImplementedError, CompilationError, OutOfResources
 
 
 def _forced(key: str, name: str, variants: dict, args: tuple, group, device) -> str:
@@ -424,31 +446,27 @@ def _forced(key: str, name: str, variants: dict, args: tuple, group, device) -> 
 
 
 def _choose_collectively(key: str, variants: dict, args: tuple, group, device, graphs: bool, out=()) -> str:
-    """choose's collective part: the choice this process made for the key's token bucket or
-    a bucket next to it, the cache file's (rank 0's), or a measurement now (timing replayed
-    CUDA graphs if ``graphs``). ``out``: variants known not to run (the same on every rank),
-    timed as inf without running. A choice not measured on this call, other than the
-    baseline, is tried once on it; where it fails on a rank, it is out and the shape measured
-    again."""
+    """choose's collective part: the cache file's choice for the key's token bucket or one
+    next to it (rank 0's), or a measurement now (timing replayed CUDA graphs if ``graphs``).
+    ``out``: variants known not to run (the same on every rank), timed as inf without running.
+    A cached choice other than the baseline is tried once on this call; where it fails on a
+    rank, it is out and the shape measured again."""
     decided_key = key
     if graphs:  # timed apart and cached apart: host time does not count
         key += GRAPHS_KEY
     names = list(variants)
     rank = group.rank()
-    # a token count new to this call's signature: its bucket's choice (made at another count),
-    # or a neighbouring bucket's, tried once at this count; else the cache file's (rank 0's)
-    known, source = _known(group, decided_key)
-    if known is None or known in out:
-        known, source = (_cached_among([key, *neighbour_keys(key)], names) if rank == 0 else None), "cache"
-        known = None if known in out else known
-        known = _broadcast_name(known, names, group, device)
-    if known is not None and (known == BASELINE or runs_everywhere(known, variants, args, group, device)):
-        CHOICES[key] = {"choice": known, "source": source}
-        _DECIDED[(group.group_name, decided_key)] = known
-        return known
-    if known is not None:
-        log.warning("overlap: the choice %s for %s (from its %s) does not run here; measuring again", known, key, source)
-        out = (*out, known)
+    # the cache file's choice for this token bucket, or for one next to it (rank 0's)
+    found = _cached_among([key, *neighbour_keys(key)], names) if rank == 0 else None
+    found = None if found in out else found
+    found = _broadcast_name(found, names, group, device)
+    if found is not None and (found == BASELINE or runs_everywhere(found, variants, args, group, device)):
+        CHOICES[key] = {"choice": found, "source": "cache"}
+        _DECIDED[(group.group_name, decided_key)] = found
+        return found
+    if found is not None:
+        log.warning("overlap: the cached choice %s for %s does not run here; measuring again", found, key)
+        out = (*out, found)
     begin = time.perf_counter()
     candidates = {n: v for n, v in variants.items() if n not in out}
     times = {n: float("inf") for n in names} | _measure(candidates, args, group, device, graphs)

@@ -2,6 +2,7 @@
 
 import collections
 import functools
+import logging
 import math
 
 import torch
@@ -106,7 +107,7 @@ def _resolved(fast_key: tuple):
 def _remember(fast_key: tuple, run) -> None:
     """Keeps ``run`` for ``fast_key``; drops the least recently used signature past
     config.shapes_kept, and its per-call graphs (a later call of it resolves again: its
-    bucket's choice, tried once)."""
+    bucket's choice, no measurement)."""
     _RESOLVED[fast_key] = run
     while len(_RESOLVED) > max(config.shapes_kept, 1):
         dropped, _ = _RESOLVED.popitem(last=False)
@@ -166,24 +167,35 @@ def variant_calls(kind: str, fast_key: tuple, variants: dict) -> dict:
     }
 
 
-def _resolve(kind, fast_key, group_name, world_size, variants, shapes, dtype, device, args):
-    """The variant for a call seen the first time, as variant_calls wraps it: None for the
-    reference decomposition (forced, or a group without symmetric memory), else choose.py's
-    pick, made on the calls it will run."""
+def _first_call(kind, fast_key, group_name, world_size, variants, shapes, dtype, device, args, reference):
+    """The first call of a signature: runs the reference decomposition (forced, or a group
+    without symmetric memory), else choose.py's pick, made on the calls it will run; the
+    variant is kept for the signature's later calls. A pick made at another token count of its
+    bucket that refuses this count (choose.refusals: the same on every rank) leaves this
+    signature to NCCL + cuBLAS."""
     group = torch_compat.resolve_process_group(group_name)
     torch_compat.check(
         group.size() == world_size,
         lambda: f"group {group_name} has {group.size()} ranks, the op was given {world_size}",
     )
     if config.implementation == "reference" or not _symmetric_memory_usable(group):
-        return None
+        return reference(*args)
     calls = variant_calls(kind, fast_key, variants)
     key = choose.shape_key(kind, world_size, shapes, dtype)
     name = choose.choose(key, calls, args, group, device)
+    try:
+        result = calls[name](*args)
+    except choose.refusals() as error:
+        if name == choose.BASELINE:
+            raise
+        reason = f"this token count ({choose.failure(error)}); NCCL + cuBLAS runs it"
+        choose.tell_once(logging.INFO, "overlap: variant %s does not take %s", name, reason)
+        name = choose.BASELINE
+        result = calls[name](*args)
     replay.forget((fast_key, other) for other in calls if other != name)
     if not torch.cuda.is_current_stream_capturing():  # a capture's fallback is not a choice
         _remember(fast_key, calls[name])
-    return calls[name]
+    return result
 
 
 def all_gather_matmul(
@@ -212,8 +224,8 @@ def all_gather_matmul(
     contractions = [(o.shape[-1], left) for o, left in zip(contract_with, gathered_left)]
     shapes = all_gather_matmul_shapes(shard.shape, mat2s, biases, dim, contractions, _row_bytes(passengers))
     variants = _ag_variants(len(mat2s))
-    run = _resolve(agm.KIND, fast_key, group_name, world_size, variants, shapes, shard.dtype, shard.device, args)
-    return ops.all_gather_matmul_reference(*args) if run is None else run(*args)
+    reference = ops.all_gather_matmul_reference
+    return _first_call(agm.KIND, fast_key, group_name, world_size, variants, shapes, shard.dtype, shard.device, args, reference)
 
 
 def matmul_reduce_scatter(
@@ -235,8 +247,8 @@ def matmul_reduce_scatter(
         [a.shape for a in inputs], mat2s, bias is not None, reduce_op, dim, out_dtype
     )
     variants = _rs_variants(len(inputs))
-    run = _resolve(mrs.KIND, fast_key, group_name, world_size, variants, shapes, inputs[0].dtype, inputs[0].device, args)
-    return ops.matmul_reduce_scatter_reference(*args) if run is None else run(*args)
+    reference, dtype, device = ops.matmul_reduce_scatter_reference, inputs[0].dtype, inputs[0].device
+    return _first_call(mrs.KIND, fast_key, group_name, world_size, variants, shapes, dtype, device, args, reference)
 
 
 def _scale_kind(scale: torch.Tensor) -> str:
@@ -297,8 +309,8 @@ def all_gather_scaled_matmul(
         shard, shard_scale, mat2s, mat2_scales, biases, args[5], out_dtype, use_fast_accum, passengers
     )
     variants = scaled.variants(scaled.AG_KIND)
-    run = _resolve(scaled.AG_KIND, fast_key, group_name, world_size, variants, shapes, shard.dtype, shard.device, args)
-    return scaled_ops.all_gather_scaled_matmul_reference(*args) if run is None else run(*args)
+    reference = scaled_ops.all_gather_scaled_matmul_reference
+    return _first_call(scaled.AG_KIND, fast_key, group_name, world_size, variants, shapes, shard.dtype, shard.device, args, reference)
 
 
 def scaled_matmul_reduce_scatter(
@@ -327,5 +339,5 @@ def scaled_matmul_reduce_scatter(
         inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, args[6], mm_dtype, out_dtype, use_fast_accum
     )
     variants = scaled.variants(scaled.RS_KIND, len(inputs))
-    run = _resolve(scaled.RS_KIND, fast_key, group_name, world_size, variants, shapes, inputs[0].dtype, inputs[0].device, args)
-    return scaled_ops.scaled_matmul_reduce_scatter_reference(*args) if run is None else run(*args)
+    reference, dtype, device = scaled_ops.scaled_matmul_reduce_scatter_reference, inputs[0].dtype, inputs[0].device
+    return _first_call(scaled.RS_KIND, fast_key, group_name, world_size, variants, shapes, dtype, device, args, reference)

@@ -48,7 +48,7 @@ def _counting_ops(counts: collections.Counter) -> None:
     the op's name at every call), and each call signature resolved (a new shape's variant)."""
     from overlap_pass.lowering import dispatch
 
-    for name in (*OPS, "_resolve"):
+    for name in (*OPS, "_first_call"):
         real = getattr(dispatch, name)
 
         def counted(*args, _real=real, _name=name, **kwargs):
@@ -133,7 +133,7 @@ def main() -> int:
         shard = full.chunk(world, dim=1)[rank].contiguous()
         grad = torch.randn(shard.shape, device="cuda", dtype=torch.bfloat16, generator=gen)
         measured_before = sum(c.get("source") == "measured" for c in choose.CHOICES.values())
-        graphs_before, resolved_before = counters["stats"]["unique_graphs"], op_calls["_resolve"]
+        graphs_before, resolved_before = counters["stats"]["unique_graphs"], op_calls["_first_call"]
         torch.cuda.synchronize()
         begin = time.perf_counter()
         out, x_grad = _step(compiled, shard, grad)
@@ -149,7 +149,7 @@ def main() -> int:
         if sum(c.get("source") == "measured" for c in choose.CHOICES.values()) > measured_before:
             kind = "measured"  # a bucket's choice measured in this call
         else:
-            kind = "new shape" if op_calls["_resolve"] > resolved_before else "steady"
+            kind = "new shape" if op_calls["_first_call"] > resolved_before else "steady"
         times[bucket][kind].append(took * 1e3)
         if "after_first" not in memory:
             memory["after_first"] = _memory_in_use()
@@ -167,7 +167,7 @@ def _report(args, world, op_calls, paths, times, memory, kept, mismatches, faile
     for call, rows, errors in mismatches[:20]:
         print(f"  MISMATCH call {call}: {rows} tokens a rank, relative errors {errors[0]:.3g} / {errors[1]:.3g}")
     print(f"mismatches: {failed} (slowest rank); rank 0: {len(mismatches)}")
-    resolved = op_calls.pop("_resolve", 0)
+    resolved = op_calls.pop("_first_call", 0)
     print(f"overlap op calls: {dict(op_calls)}, {resolved} of them a signature's first; symmetric-memory "
           f"variant calls: {dict(paths)} (the rest ran NCCL + cuBLAS, as chosen); signatures kept: {kept}")  # fmt: skip
     print("Compiled steps (forward+backward, slowest rank, ms) by what their op calls did: measured a")

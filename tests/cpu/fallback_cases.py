@@ -98,7 +98,7 @@ class _Records(logging.Handler):
 def _dispatch_on_cpu(failing_ranks, cache_path: str, **patches):
     """dispatch's CUDA path on CPU tensors with the stand-in variants, this process's choices
     forgotten (and restored after), the overlap log collected."""
-    remembered = (choose.CHOICES, choose._DECIDED, choose._TOLD, dispatch._RESOLVED)
+    remembered = (choose.CHOICES, choose._DECIDED, choose._PREDICTED, choose._TOLD, dispatch._RESOLVED)
     saved = [type(table)(table) for table in remembered]
     for table in remembered:
         table.clear()
@@ -172,29 +172,47 @@ def fallback(scenario: str, cache_path: str, seed: int = 0) -> dict:
 def changing_rows(cache_path: str, rows: list[int], refused: int, kept: int) -> dict:
     """Calls at each of ``rows`` (a new seed each), the Gluon stand-in refusing the calls of
     ``refused`` rows (NotImplementedError, as a variant refuses operands it cannot take), at
-    most ``kept`` call signatures kept. Returns the choice per token bucket, what was measured,
-    how many first calls of a variant each call made, and the largest error."""
-    first_calls, measured = [], []
+    most ``kept`` call signatures kept. Returns the choice per token bucket (measured, or
+    predicted from a neighbour), the rows of each measurement, the variant each call ran, and
+    the largest error."""
+    ran, measured = [], []
+
+    def recorded(name, variant):
+        def run(*args, **kwargs):
+            ran.append(name)
+            return variant(*args, **kwargs)
+
+        return run
 
     def refusing(*args, **kwargs):
         if args[0].shape[0] == refused:
             raise NotImplementedError(f"{refused} rows (stand-in)")
         return _local_result(*args, **kwargs)
 
+    def variants(kind, num_inputs=1):
+        return {n: recorded(n, v) for n, v in {**_variants(set()), GLUON: refusing}.items()}
+
     with _dispatch_on_cpu(set(), cache_path, shapes_kept=kept) as (mp, messages):
-        mp.setattr(scaled, "variants", lambda kind, num_inputs=1: {**_variants(set()), GLUON: refusing})
-        real_first_call, real_measure = choose._first_call, choose._measure
-        mp.setattr(choose, "_first_call", lambda *a, **k: first_calls.append(a[0]) or real_first_call(*a, **k))
+        mp.setattr(scaled, "variants", variants)
+        real_measure = choose._measure
         mp.setattr(choose, "_measure", lambda *a, **k: measured.append(a[1][0].shape[0]) or real_measure(*a, **k))
         dist.barrier()
-        errors, calls = [], []
+        errors, last_ran = [], []
         for seed, count in enumerate(rows):
-            before = len(first_calls)
+            del ran[:]
             errors.append(_call(seed, count))
-            calls.append(len(first_calls) - before)
-        chosen = {choose.token_bucket(int(k.split("tokens=")[1].split(" ")[0])): v for (_, k), v in choose._DECIDED.items()}
+            last_ran.append(ran[-1])
+
+        def bucket(key: str) -> int:
+            return int(key.split("tokens=")[1].split(" ")[0])
+
+        chosen = {bucket(k): v for (_, k), v in choose._DECIDED.items()}
+        predicted = {bucket(k): v for (_, k), v in choose._PREDICTED.items()}
         kept_now = len(dispatch._RESOLVED)
-    return {"chosen": chosen, "measured": measured, "first_calls": calls, "error": max(errors), "kept": kept_now}
+    return {
+        "chosen": chosen, "predicted": predicted, "measured": measured, "ran": last_ran, "error": max(errors),
+        "kept": kept_now, "log": messages,
+    }  # fmt: skip
 
 
 class _WallClockEvent:

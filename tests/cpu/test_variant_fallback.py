@@ -51,19 +51,21 @@ def test_a_variant_that_cannot_run_drops_out_of_the_choice(gloo_world, tmp_path,
 
 
 def test_token_counts_that_change_are_measured_once_per_bucket(gloo_world, tmp_path):
-    """Dynamic shapes: 32 rows are measured; 24 (the same bucket) and 40 (the bucket next to
-    it) run that choice, tried once each; at 56 rows (40's bucket) the choice refuses the call,
-    so that bucket is measured again without it; 200 rows (far from every bucket) are measured;
-    200 again is kept (no first call); 32 again was dropped (two signatures kept), so it is
-    tried once more, not measured."""
+    """Dynamic shapes: 32 rows are measured (the Gluon stand-in fastest); 24 (the same bucket)
+    runs that choice, and so does 40 (the bucket next to it: predicted), neither measured; 56
+    rows (40's bucket) the choice refuses, so NCCL + cuBLAS runs them, told once; 200 rows (far
+    from every measured bucket) are measured; 32 again, dropped meanwhile (two signatures
+    kept), runs its bucket's choice again without measuring."""
     rows = [32, 24, 40, 56, 200, 200, 32]
     ranks = gloo_world(2).run(cases.changing_rows, str(tmp_path / "choices.json"), rows, 56, 2)
     for rank, result in enumerate(ranks):
         assert result["error"] <= 1e-2, (rank, result)
-        assert result["measured"] == [32, 56, 200], (rank, result)
-        # measuring runs each candidate's first call; a choice made at another count runs one
-        assert result["first_calls"] == [3, 1, 1, 1 + 2, 3, 0, 1], (rank, result)
-        assert result["chosen"] == {32: cases.GLUON, 64: cases.COPY_ENGINE, 256: cases.GLUON}, (rank, result)
+        assert result["measured"] == [32, 200], (rank, result)
+        assert result["ran"] == [cases.GLUON] * 3 + [choose.BASELINE] + [cases.GLUON] * 3, (rank, result)
+        assert result["chosen"] == {32: cases.GLUON, 256: cases.GLUON}, (rank, result)
+        assert result["predicted"] == {64: cases.GLUON}, (rank, result)
+        told = [m for m in result["log"] if "does not take this token count" in m]
+        assert len(told) == 1 and "56 rows (stand-in)" in told[0], (rank, result["log"])
         assert result["kept"] == 2, (rank, result)
 
 
