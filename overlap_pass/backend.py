@@ -2,12 +2,19 @@
 
 Inductor (compile_fx) with OverlapPass installed for the forward and the backward graphs, and
 Inductor's own ``_micro_pipeline_tp`` off. ``mode`` and ``options`` work as for
-backend="inductor".
+backend="inductor". Inductor's shape padding is off (SAME_GRAPH_ON_EVERY_RANK).
 """
 
 import torch
 
 from .graph_pass import OverlapPass, with_overlap_pass
+
+# Inductor settings every rank must share for its graphs to be the same: shape padding
+# (pad_mm) benchmarks padded and unpadded matmuls on each rank on its own, so at a token count
+# that is not a multiple of 8 one rank's graph padded K and V while the other's did not, the
+# pass fused Q, K and V on one rank and Q alone on the other, and the ranks' collectives no
+# longer matched (seen on 2xH100, 2026-11-27). overlap's ops are collective: off.
+SAME_GRAPH_ON_EVERY_RANK = {"shape_padding": False}
 
 
 def overlap_config_patches(mode: str | None = None, options: dict | None = None) -> dict:
@@ -19,6 +26,7 @@ def overlap_config_patches(mode: str | None = None, options: dict | None = None)
     slot = patches.get("post_grad_custom_pre_pass", torch._inductor.config.post_grad_custom_pre_pass)
     patches["post_grad_custom_pre_pass"] = with_overlap_pass(slot, OverlapPass(always=True))
     patches["_micro_pipeline_tp"] = False
+    patches.update(SAME_GRAPH_ON_EVERY_RANK)
     return patches
 
 

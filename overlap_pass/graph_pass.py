@@ -42,6 +42,8 @@ class OverlapPass(CustomGraphPass):
     def __call__(self, graph: Graph) -> None:
         if not self.active():
             return
+        if not self.always:
+            _tell_if_ranks_may_differ()
         try:
             overlap_graph_pass(graph)
         except OverlapNotApplied:  # config.strict: the user asked for this to fail the compile
@@ -56,6 +58,22 @@ class OverlapPass(CustomGraphPass):
             return None  # no FX graph cache, so every compile writes its dump
         # the all-reduce split slices each rank's rows into its graph
         return (_source_hash(), config.get_hash(), _rank() if config.split_all_reduce else None)
+
+
+@functools.cache
+def _tell_if_ranks_may_differ() -> None:
+    """Inside the default compile (config.enabled), Inductor's settings are the user's: say
+    once where they can give ranks different graphs (backend.SAME_GRAPH_ON_EVERY_RANK)."""
+    from .backend import SAME_GRAPH_ON_EVERY_RANK
+
+    differing = {k: v for k, v in SAME_GRAPH_ON_EVERY_RANK.items() if getattr(torch._inductor.config, k) != v}
+    if differing:
+        log.warning(
+            "overlap: Inductor's %s can give ranks different graphs (shape padding benchmarks each rank on "
+            "its own), and overlap's ops are collective: set %s in torch._inductor.config "
+            "(TORCHINDUCTOR_SHAPE_PADDING=0), as backend=\"overlap\" and overlap_pass.launch do",
+            ", ".join(differing), ", ".join(f"{k} = {v!r}" for k, v in differing.items()),
+        )
 
 
 def _rank() -> int | None:

@@ -8,8 +8,9 @@
 For programs whose compile call cannot say backend="overlap". torchtitan 0.3.0 is one: its
 apply_compile refuses every backend but "inductor" and "aot_eager" for models with
 FlexAttention, its Llama 3 configs among them. Here the program keeps backend="inductor" and
-the pass runs in it, as with ``overlap_pass.config.enabled = True``; everything else is the
-program's own (it runs as ``__main__``, with its own arguments).
+the pass runs in it, as with ``overlap_pass.config.enabled = True``, and Inductor's shape
+padding is off (backend.SAME_GRAPH_ON_EVERY_RANK); everything else is the program's own (it
+runs as ``__main__``, with its own arguments).
 """
 
 import runpy
@@ -23,9 +24,14 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip() + "\n\n" + USAGE)
         return
+    import torch
+
     import overlap_pass
+    from overlap_pass.backend import SAME_GRAPH_ON_EVERY_RANK
 
     overlap_pass.config.enabled = True
+    for name, value in SAME_GRAPH_ON_EVERY_RANK.items():
+        setattr(torch._inductor.config, name, value)
     target, sys.argv = argv[0], list(argv)
     if target.endswith(".py"):
         runpy.run_path(target, run_name="__main__")

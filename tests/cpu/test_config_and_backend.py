@@ -53,6 +53,16 @@ def test_config_enabled_applies_the_pass_to_the_default_compile():
     assert "_c10d_functional.all_gather_into_tensor.default" in off
 
 
+def test_inside_the_default_compile_shape_padding_is_told_once(caplog):
+    graph_pass._tell_if_ranks_may_differ.cache_clear()
+    with caplog.at_level("WARNING", logger="overlap_pass"):
+        _compiled_targets(enabled=True, shape_padding=True)
+        _compiled_targets(enabled=True, shape_padding=True)
+    told = [r.getMessage() for r in caplog.records if "different graphs" in r.getMessage()]
+    assert len(told) == 1 and "TORCHINDUCTOR_SHAPE_PADDING=0" in told[0], told
+    graph_pass._tell_if_ranks_may_differ.cache_clear()
+
+
 def test_micro_pipeline_tp_does_not_take_the_patterns():
     targets = _compiled_targets(enabled=True, _micro_pipeline_tp=True)
     assert {"overlap.all_gather_matmul.default", "overlap.matmul_reduce_scatter.default"} <= targets
@@ -67,6 +77,7 @@ def test_backend_turns_micro_pipeline_tp_off_and_keeps_user_passes():
     with torch._inductor.config.patch(post_grad_custom_pre_pass=user):
         patches = overlap_config_patches(mode="max-autotune-no-cudagraphs")
     assert patches["_micro_pipeline_tp"] is False
+    assert patches["shape_padding"] is False  # it can give ranks different graphs
     assert patches["max_autotune"] is True
     chained = patches["post_grad_custom_pre_pass"]
     assert isinstance(chained, ChainedGraphPass)
@@ -177,7 +188,11 @@ def test_launch_runs_a_program_with_the_pass_in_the_default_compile(tmp_path, fo
 
 
 def _compile_chain(group) -> torch.Tensor:
-    return torch.compile(chain, backend="overlap")(torch.randn(4, 8), torch.randn(8, 8), torch.randn(8, 8), group)
+    """A compile of ``chain`` that runs the pass (a graph cache hit would skip it, and its
+    warning: the pass speaks where it runs)."""
+    caches = {"fx_graph_cache": False, "autotune_local_cache": False}
+    with torch._inductor.config.patch(caches), torch._functorch.config.patch(enable_autograd_cache=False):
+        return torch.compile(chain, backend="overlap")(torch.randn(4, 8), torch.randn(8, 8), torch.randn(8, 8), group)
 
 
 def test_a_graph_with_nothing_rewritten_warns_once_with_its_reasons(caplog):

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 from overlap_pass import config
+from overlap_pass.fusion import patterns
 from tools.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
 
 from .fake_world import Dump, compile_and_dump, fake_world, rewritten
@@ -488,7 +489,27 @@ def test_config_disables_one_kind(tmp_path, flag, kind):
     assert on["rewritten"]
 
 
-def test_dynamic_shapes_are_skipped_with_a_reason(tmp_path):
+def test_symbolic_token_dims_are_rewritten(tmp_path):
+    """The rows dynamic (mark_dynamic), the weights static: both collectives fuse (on CUDA
+    their variant is chosen per shape at run time; here the reference runs)."""
+    with fake_world(2) as group:
+        args = (torch.randn(8, 16), torch.randn(16, 8), group)
+        torch._dynamo.reset()
+        with config.patch(debug_dir=str(tmp_path / "dump")):
+            compiled = torch.compile(chain, backend="overlap")
+            for rows in (4, 6):
+                x = torch.randn(rows, 8)
+                torch._dynamo.mark_dynamic(x, 0)
+                assert list(compiled(x, *args).shape) == [rows, 8]
+        candidates = Dump(str(tmp_path / "dump")).all_candidates()
+    assert len(candidates) == 2 and all(c["rewritten"] for c in candidates), candidates
+    assert {c["implementation"] for c in candidates} == {"reference"}
+    assert all(not isinstance(c["collective"]["shape"][0], int) for c in candidates), candidates
+
+
+def test_symbolic_feature_dims_are_skipped_with_a_reason(tmp_path):
+    """dynamic=True makes every dim of every input symbolic, the weights' too: a matmul's K
+    then is, and the pass keeps the collectives."""
     with fake_world(2) as group:
         args = (torch.randn(4, 8), torch.randn(8, 16), torch.randn(16, 8), group)
         torch._dynamo.reset()
@@ -498,10 +519,7 @@ def test_dynamic_shapes_are_skipped_with_a_reason(tmp_path):
                 out = compiled(torch.randn(rows, 8), *args[1:])
                 assert list(out.shape) == [rows, 8]
         candidates = Dump(str(tmp_path / "dump")).all_candidates()
-    assert candidates and all(
-        not c["rewritten"] and c["reason"] == "dynamic shapes are not supported yet"
-        for c in candidates
-    )
+    assert candidates and all(not c["rewritten"] and c["reason"] == patterns.SYMBOLIC_FEATURES for c in candidates)
 
 
 def mat2_from_gathered(x, group):
