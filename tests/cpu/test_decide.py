@@ -37,3 +37,12 @@ def test_decisions_show_the_choice_of_the_mode_compiled_for(monkeypatch, tmp_pat
         # chosen by an overlap with other variants: the first call will measure again
         choose._store("shape", {"choice": "nccl_cublas", "times_us": {"nccl_cublas": 1.0}})
         assert decide.choose_implementation(match) == "auto: measured at the first call"
+
+
+def test_a_symbolic_match_is_chosen_per_shape_at_run_time(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    monkeypatch.setattr(decide, "meta_val", lambda node: SimpleNamespace(device=torch.device("cuda", 0), shape=("s0", 16)))
+    assert decide.choose_implementation(SimpleNamespace(scattered=None)) == decide.PER_SHAPE
