@@ -114,15 +114,15 @@ def main() -> int:
     dist.init_process_group("nccl")
     world, rank = dist.get_world_size(), dist.get_rank()
     eager, dim = _block(args.size, init_device_mesh("cuda", (world,)))
-    compiled_model = copy.deepcopy(eager)
-    compiled = torch.compile(compiled_model, backend="overlap")
+    compiled = torch.compile(copy.deepcopy(eager), backend="overlap")
+    inductor = torch.compile(copy.deepcopy(eager), backend="inductor")  # the same step, plain
     op_calls = collections.Counter()
     _counting_ops(op_calls)
 
     draw = random.Random(args.seed)  # the same counts on every rank
     low, high = -(-args.min_tokens // world), args.max_tokens // world
     mismatches, memory = [], {}
-    times = collections.defaultdict(lambda: {"measured": [], "new shape": [], "steady": []})
+    times = collections.defaultdict(lambda: {"measured": [], "new shape": [], "steady": [], "inductor": []})
     start = time.perf_counter()
     for call in range(args.calls):
         if rank == 0 and call % args.progress_every == 0:
@@ -139,6 +139,11 @@ def main() -> int:
         out, x_grad = _step(compiled, shard, grad)
         torch.cuda.synchronize()
         took = _slowest(time.perf_counter() - begin)
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        _step(inductor, shard, grad)
+        torch.cuda.synchronize()
+        plain = _slowest(time.perf_counter() - begin)
         ref_out, ref_grad = _step(eager, shard, grad)
         errors = (relative_error(out, ref_out), relative_error(x_grad, ref_grad))
         if not all(e < TOLERANCE for e in errors):  # NaN fails too
@@ -151,6 +156,7 @@ def main() -> int:
         else:
             kind = "new shape" if op_calls["_first_call"] > resolved_before else "steady"
         times[bucket][kind].append(took * 1e3)
+        times[bucket]["inductor"].append(plain * 1e3)
         if "after_first" not in memory:
             memory["after_first"] = _memory_in_use()
     memory["end"] = _memory_in_use()
@@ -172,11 +178,13 @@ def _report(args, world, op_calls, paths, times, memory, kept, mismatches, faile
           f"variant calls: {dict(paths)} (the rest ran NCCL + cuBLAS, as chosen); signatures kept: {kept}")  # fmt: skip
     print("Compiled steps (forward+backward, slowest rank, ms) by what their op calls did: measured a")
     print("token bucket's choice; ran a choice at a count new to it (tried once); neither.")
-    print("| tokens (bucket) | measured: calls, max | new count: calls, median | steady: calls, median |")
-    print("|---|---|---|---|")
+    print("| tokens (bucket) | measured: calls, max | new count: calls, median | steady: calls, median "
+          "| plain Inductor, same calls: median |")  # fmt: skip
+    print("|---|---|---|---|---|")
     for bucket in sorted(times):
         cells = [
             f"{len(t)}, {(max(t) if kind == 'measured' else statistics.median(t)):.1f}" if t else "0"
+            if kind != "inductor" else (f"{statistics.median(t):.1f}" if t else "")
             for kind, t in times[bucket].items()
         ]
         print(f"| <= {bucket} | " + " | ".join(cells) + " |")
