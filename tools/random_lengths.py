@@ -6,8 +6,9 @@ The sequence-parallel transformer block (tools/tp_models, DTensor's ColwiseParal
 RowwiseParallel, Llama 3 8B widths by default) is compiled once with backend="overlap". Each call
 draws a sequence of --min-tokens to --max-tokens tokens (a multiple of W: each rank holds an
 equal shard, odd counts a rank included), runs forward and backward, and compares the output and
-the input's gradient with the same block run eagerly (NCCL + cuBLAS) on the same input. From
-the second count on, torch.compile runs a graph with a symbolic token dim (automatic dynamic).
+the input's gradient with the same block run eagerly (NCCL + cuBLAS) on the same input; the
+same step compiled by plain Inductor is timed beside it. From the second count on,
+torch.compile runs a graph with a symbolic token dim (automatic dynamic).
 
 Printed last: calls and mismatches; the overlap op calls and the path each took (symmetric-memory
 variants eager, captured or replayed from per-call CUDA graphs; NCCL + cuBLAS where the per-shape
