@@ -141,7 +141,7 @@ def produce_fused(call, flats, mat2s, bias, *, gemm_config, scales=None, fast_ac
         terms = {"terms": list(zip(flats[1:], mat2s[1:], scales[1:]))}
     launch(
         flats[0], mat2s[0], None if bias is None else bias.contiguous(),
-        ws.peer_data_addresses(call.slots_shape, call.dtype), ws.peer_flag_addresses(),
+        ws.peer_data_addresses(), ws.peer_flag_addresses(),
         ws.counters, ws.epoch, rank=call.rank, world_size=call.world, config=gemm_config,
         inner=call.layout.inner, scales=scales[0] if scales else None, out_dtype=call.dtype, fast_accum=fast_accum,
         **terms,

@@ -33,6 +33,7 @@ on the workspace refuses every call with a ChunkTimeout (refuse_if_out_of_step):
 missed a call stays an epoch behind its peers for good.
 """
 
+import collections
 import contextlib
 import dataclasses
 import itertools
@@ -52,6 +53,7 @@ log = logging.getLogger("overlap_pass")
 CONTROL_BYTES = 4096  # flags, pads and late flags, padded so that data starts 4 KiB-aligned
 MIN_DATA_BYTES = 1 << 20
 CHECK_EVERY = 16  # calls between two host reads of the timeout words
+VIEWS_KEPT = 4096  # views of the allocation kept for reuse (_cached_view)
 
 
 def _next_power_of_two(n: int) -> int:
@@ -170,7 +172,8 @@ class Workspace:
         self.first_graph: torch.cuda.CUDAGraph | None = None
         # allocations outgrown, kept: a captured CUDA graph may still hold their addresses
         self._retired: list[_Allocation] = []
-        self._views: dict[tuple, torch.Tensor] = {}  # get_buffer views, made once (host time)
+        self._views: collections.OrderedDict[tuple, torch.Tensor] = collections.OrderedDict()  # _cached_view
+        self._tables: dict[str, torch.Tensor] = {}  # device tables of peer addresses (_lasting)
         self._calls = 0
         # the first ChunkTimeout this workspace raised: its ranks' epochs may differ from then on
         # (a rank that missed a call stays one behind), so it takes no more calls (refuse_if_out_of_step)
@@ -201,6 +204,7 @@ class Workspace:
             self._retired.append(self._alloc)
         self._alloc = None
         self._views.clear()
+        self._tables.clear()
         outside_graph_pool(self.device, self._allocate, size)
 
     def _rendezvous(self, nbytes: int) -> tuple[torch.Tensor, object]:
@@ -262,41 +266,48 @@ class Workspace:
         """Rows start:stop of ``peer_data(peer, shape, dtype, offset)`` (cached: built once per
         shape)."""
         key = ("rows", peer, tuple(shape), dtype, start, stop, offset)
-        view = self._views.get(key)
-        if view is None:
-            view = self._views[key] = self.peer_data(peer, shape, dtype, offset)[start:stop]
-        return view
+        return self._cached_view(key, lambda: self.peer_data(peer, shape, dtype, offset)[start:stop])
 
     def peer_flag(self, peer: int, slot: int, count: int = 1) -> torch.Tensor:
         """Words ``slot`` to ``slot + count`` of rank ``peer``'s flags (int32)."""
         return self._view(peer, (count,), torch.int32, slot)
 
-    def peer_data_addresses(self, shape, dtype: torch.dtype) -> torch.Tensor:
-        """int64 device tensor: every rank's data region (viewed as ``shape``) as this rank
-        addresses it, for kernels that store straight into peers."""
-        key = ("data_ptrs", tuple(shape), dtype)
-        table = self._views.get(key)
+    def peer_data_addresses(self) -> torch.Tensor:
+        """int64 device tensor: the start of every rank's data region as this rank addresses
+        it, for kernels that store straight into peers. One table per allocation, whatever the
+        shapes of the calls (a table per shape took a symmetric allocation, 2 MiB, at every
+        token count of a dynamic-shape model)."""
+        table = self._tables.get("data_ptrs")
         if table is None:
-            ptrs = [self.peer_data(p, shape, dtype).data_ptr() for p in range(self.world_size)]
+            ptrs = [self.peer_data(p, (1,), torch.uint8).data_ptr() for p in range(self.world_size)]
             if any(ptr % 16 for ptr in ptrs):  # the producer's stores assume it (vector width)
                 raise RuntimeError(f"overlap: peer data regions of group {self.group_name} are not 16-byte aligned")
-            table = self._views[key] = _lasting(ptrs, torch.int64, self.device)
+            table = self._tables["data_ptrs"] = _lasting(ptrs, torch.int64, self.device)
         return table
 
     def peer_flag_addresses(self) -> torch.Tensor:
         """int64 device tensor: the address of flags[rank] of every rank, where this rank
         signals each of them."""
-        table = self._views.get("flag_ptrs")
+        table = self._tables.get("flag_ptrs")
         if table is None:
             ptrs = [self.peer_flag(p, self.rank).data_ptr() for p in range(self.world_size)]
-            table = self._views["flag_ptrs"] = _lasting(ptrs, torch.int64, self.device)
+            table = self._tables["flag_ptrs"] = _lasting(ptrs, torch.int64, self.device)
         return table
 
     def _view(self, peer: int, shape: tuple, dtype: torch.dtype, offset: int) -> torch.Tensor:
-        key = (peer, shape, dtype, offset)
+        return self._cached_view((peer, shape, dtype, offset), lambda: self._alloc.handle.get_buffer(peer, shape, dtype, storage_offset=offset))
+
+    def _cached_view(self, key: tuple, make) -> torch.Tensor:
+        """A view of the allocation, made once per key (host time); the VIEWS_KEPT most
+        recently used are kept (every token count of a dynamic-shape model has views of its
+        own). Dropping one frees nothing on the device."""
         view = self._views.get(key)
         if view is None:
-            view = self._views[key] = self._alloc.handle.get_buffer(peer, shape, dtype, storage_offset=offset)
+            view = self._views[key] = make()
+            if len(self._views) > VIEWS_KEPT:
+                self._views.popitem(last=False)
+        else:
+            self._views.move_to_end(key)
         return view
 
     # -- protocol steps ---------------------------------------------------------------------------
