@@ -57,6 +57,20 @@ def prod(shape):
     return math.prod(shape) if static_shape(shape) else math.prod(shape, start=1)
 
 
+def hint(size, fallback: int = 4096) -> int:
+    """An int for a cost model: the size itself, or the value a symbolic size had when the
+    graph was traced."""
+    if is_static(size):
+        return size
+    value = getattr(size.node, "hint", None)
+    return int(value) if value is not None else fallback
+
+
+def size_arg(graph: Graph, size, sources):
+    """``size`` as a graph argument: an int, or a node holding it (as shape_arg finds one)."""
+    return size if is_static(size) else _size_node(graph, size, sources)
+
+
 def shape_arg(graph: Graph, shape, sources) -> list:
     """``shape`` as a reshape's argument in ``graph``: ints as they are; one symbolic dim as -1;
     several as nodes holding their values: a SymInt input of the graph, or a dim of one of the
@@ -66,7 +80,7 @@ def shape_arg(graph: Graph, shape, sources) -> list:
     symbolic = [i for i, s in enumerate(shape) if not is_static(s)]
     if len(symbolic) <= 1:
         return [-1 if i in symbolic else int(s) for i, s in enumerate(shape)]
-    return [s if is_static(s) else _size_node(graph, s, sources) for s in shape]
+    return [size_arg(graph, s, sources) for s in shape]
 
 
 def _held_sizes(graph: Graph, sources):

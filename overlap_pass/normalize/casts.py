@@ -22,6 +22,7 @@ from torch.fx import Graph, Node
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..fusion.patterns import ALL_GATHER, CASTS, SPLITS, VIEWS, WAIT, cast_dtype
+from ..fusion.sizes import same_shape
 
 aten = torch.ops.aten
 CONVERT = torch.ops.prims.convert_element_type.default
@@ -44,7 +45,7 @@ def _keeps_layout(cast: Node) -> bool:
     before, after = cast.args[0].meta.get("val"), cast.meta.get("val")
     if not (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor)):
         return False
-    return before.shape == after.shape and before.stride() == after.stride()
+    return same_shape(tuple(before.shape), tuple(after.shape)) and same_shape(before.stride(), after.stride())
 
 
 def _dtype(node: Node) -> torch.dtype | None:

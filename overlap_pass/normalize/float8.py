@@ -19,6 +19,7 @@ from torch.fx import Graph, Node
 
 from ..fusion.patterns import SCALED_MM, cast_dtype, meta_val, scaled_mm_args
 from ..fusion.rewrite import call, erase_dead
+from ..fusion.sizes import same_shape
 
 aten = torch.ops.aten
 
@@ -33,11 +34,11 @@ def _shape(node) -> tuple | None:
     return tuple(val.shape) if isinstance(val, torch.Tensor) else None
 
 
-def _row_and_column_scales(outer: Node, rows: int, cols: int) -> tuple[Node, Node] | None:
+def _row_and_column_scales(outer: Node, rows, cols: int) -> tuple[Node, Node] | None:
     if outer.target is not aten.mul.Tensor or not all(isinstance(a, Node) for a in outer.args[:2]):
         return None
-    scales = {_shape(a): a for a in outer.args[:2]}
-    row, col = scales.get((rows, 1)), scales.get((1, cols))
+    row = next((a for a in outer.args[:2] if same_shape(_shape(a), (rows, 1))), None)
+    col = next((a for a in outer.args[:2] if same_shape(_shape(a), (1, cols))), None)
     if row is None or col is None or {meta_val(row).dtype, meta_val(col).dtype} != {torch.float32}:
         return None
     return row, col

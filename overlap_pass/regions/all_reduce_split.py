@@ -66,6 +66,7 @@ from ..fusion.patterns import (
     meta_val,
 )
 from ..fusion.rewrite import call, erase_dead, reshape
+from ..fusion.sizes import divisible, hint, is_static, same_shape, size_arg
 from . import rows
 
 aten = torch.ops.aten
@@ -142,19 +143,18 @@ def _why_not(all_reduce: Node) -> str | None:
     if reduce_op != "sum":
         return f"reduce op {reduce_op!r} (only sum)"
     shape = rows.tensor_shape(x)
-    if shape is None or not all(isinstance(s, int) for s in shape):
-        return "dynamic shapes are not supported yet"
     tokens = rows.tokens(shape)
     if tokens is None:
-        return "a 1-D all-reduce has no rows to shard"
+        return "a 1-D all-reduce, or one of a symbolic last dim, has no rows to shard"
     try:
         world_size = _group(group_name).size()
     except Exception as error:
         return f"group {group_name!r} cannot be resolved ({error})"
     if world_size == 1:
         return "group of size 1"
-    if tokens % world_size:
-        return f"the token count {tokens} (the leading dims of {list(shape)}) is not divisible by {world_size}"
+    if not divisible(tokens, world_size):
+        known = "divisible" if is_static(tokens) else "known to be divisible (uneven shards are not padded yet)"
+        return f"the token count {tokens} (the leading dims of {list(shape)}) is not {known} by {world_size}"
     if not meta_val(x).dtype.is_floating_point:
         return f"dtype {meta_val(x).dtype} is not a floating-point dtype"
     return None
@@ -170,7 +170,7 @@ def _entries(graph: Graph, eligible: list[Node]) -> dict[Node, tuple[list[Node],
         a, b = node.args
         if a in sums and b in sums and a is not b and len(a.users) == 1 and len(b.users) == 1:
             (ars_a, on_a), (ars_b, on_b) = sums[a], sums[b]
-            if len({(ar.args[2], rows.tensor_shape(ar), meta_val(ar).dtype) for ar in ars_a + ars_b}) == 1:
+            if _all_alike([(ar.args[2], rows.tensor_shape(ar), meta_val(ar).dtype) for ar in ars_a + ars_b]):
                 del sums[a], sums[b]
                 sums[node] = (ars_a + ars_b, on_a | on_b | {a, b})
     return sums
@@ -316,9 +316,9 @@ def plan(graph: Graph, all_reduces: bool = True, gathers: bool = True) -> Plan:
         if not inside:
             continue
         keys = [regions.of[a] for a in inside]
-        kinds = {(r.group_name, r.tokens, r.layout) for r in (regions.region(a) for a in inside)}
+        kinds = [(r.group_name, (r.tokens,), r.layout.dim, r.layout.shape) for r in (regions.region(a) for a in inside)]
         rule, sliced = None, set()
-        if len(kinds) == 1:
+        if _all_alike(kinds):
             region = regions.region(inside[0])
             rule = rows.rule(node, inside[0], lambda n: n in regions.of, region.tokens)
             if rule == rows.POINTWISE:
@@ -352,9 +352,18 @@ def plan(graph: Graph, all_reduces: bool = True, gathers: bool = True) -> Plan:
     return Plan(tuple(found), records)
 
 
+def _all_alike(kinds: list[tuple]) -> bool:
+    """Whether tuples of (a name, a shape, ...) are equal, shapes for every value of their
+    symbols."""
+    first = kinds[0]
+    return all(
+        all(same_shape(x, y) if isinstance(x, tuple) else x == y for x, y in zip(kind, first)) for kind in kinds[1:]
+    )
+
+
 def _bytes(node: Node) -> int:
     val = meta_val(node)
-    return val.numel() * val.element_size()
+    return hint(val.numel()) * val.element_size()
 
 
 def _decide(region: Region, order: dict[Node, int]) -> tuple[bool, str]:
@@ -491,6 +500,10 @@ class _Sharder:
         self.graph, self.region = graph, region
         self.rows = region.tokens // region.world_size
         self.start = region.rank * self.rows
+        # tensors that stay, whose dims hold the region's symbolic sizes (beside the graph's
+        # SymInt inputs): the all-reduced and the gathered tensors' inputs
+        self.sources = [ar.args[0] for ars in region.entries.values() for ar in ars]
+        self.sources += [g.args[0] for g in region.gathers.values()]
         self.shard: dict[Node, Node] = {}
         self.cut: dict[Node, Node] = {}  # replicated operand -> this rank's rows of it
         self.made: dict[str, Node] = {}
@@ -527,13 +540,16 @@ class _Sharder:
         if node not in self.cut:
             full = node
             rows_shape = [*out_shape[:-1], shape[-1]]
-            if list(shape) != rows_shape:  # broadcast along some rows: make every row explicit
-                full = call(self.graph, aten.expand.default, (node, rows_shape))
+            if not same_shape(shape, rows_shape):  # broadcast along some rows: make every row explicit
+                full = call(self.graph, aten.expand.default, (node, self._sizes(rows_shape)))
             flat = reshape(self.graph, full, [self.region.tokens, shape[-1]])
-            self.cut[node] = call(
-                self.graph, aten.slice.Tensor, (flat, 0, self.start, self.start + self.rows)
-            )
+            bounds = self._sizes([self.start, self.start + self.rows])
+            self.cut[node] = call(self.graph, aten.slice.Tensor, (flat, 0, *bounds))
         return self.cut[node]
+
+    def _sizes(self, sizes) -> list:
+        """Sizes as graph arguments: symbolic ones as nodes (sizes.size_arg)."""
+        return [size_arg(self.graph, s, self.sources) for s in sizes]
 
     def _call(self, target, args: tuple, kwargs: dict | None = None) -> Node:
         """One node per distinct op on the shard: torchao quantizes a gathered tensor twice
@@ -563,7 +579,7 @@ class _Sharder:
         if rule == rows.GETITEM:
             return self._call(operator.getitem, (self.shard[source], node.args[1]))
         if rule == rows.EXPAND:
-            return self._call(aten.expand.default, (self.shard[source], [self.rows, node.args[1][-1]]))
+            return self._call(aten.expand.default, (self.shard[source], self._sizes([self.rows, node.args[1][-1]])))
         if rule == rows.REDUCE_LAST:
             args = (self.shard[source], [-1], *node.args[2:])
             return self._call(node.target, args, dict(node.kwargs))
@@ -621,7 +637,8 @@ class _Sharder:
         gathered = call(self.graph, WAIT, (gather,))
         layout, world_size = self.region.layout, self.region.world_size
         if layout != FLAT:
-            pieces = call(self.graph, aten.split.Tensor, (gathered, rows.tensor_shape(gathered)[0] // world_size))
+            (size,) = self._sizes([rows.tensor_shape(gathered)[0] // world_size])
+            pieces = call(self.graph, aten.split.Tensor, (gathered, size))
             chunks = [call(self.graph, operator.getitem, (pieces, i)) for i in range(world_size)]
             gathered = call(self.graph, aten.cat.default, (chunks, layout.dim))
         if meta_val(gathered).dtype != dtype:

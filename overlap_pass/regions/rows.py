@@ -11,13 +11,13 @@ maxima or minima, all-reduced, give it (a float8 scale's amax, a norm weight's g
 Sharded tensors are 2-D, [tokens / W, last dim]: a reshape between row forms is then no op.
 """
 
-import math
 import operator
 
 import torch
 from torch.fx import Node
 
 from ..fusion.patterns import VIEWS, meta_val
+from ..fusion.sizes import is_static, prod, same, same_shape
 
 aten = torch.ops.aten
 
@@ -48,16 +48,17 @@ def tensor_shape(node) -> tuple | None:
     return tuple(val.shape) if isinstance(val, torch.Tensor) else None
 
 
-def tokens(shape: tuple | None) -> int | None:
-    """How many rows a tensor of ``shape`` has in row form (None: not a row-form tensor)."""
-    if shape is None or len(shape) < 2 or not all(isinstance(s, int) for s in shape):
+def tokens(shape: tuple | None):
+    """How many rows a tensor of ``shape`` has in row form, an int or a SymInt (None: not a
+    row-form tensor, or one whose last dim is symbolic)."""
+    if shape is None or len(shape) < 2 or not is_static(shape[-1]):
         return None
-    return math.prod(shape[:-1])
+    return prod(shape[:-1])
 
 
 def row_free(shape: tuple) -> bool:
     """A shape that broadcasts the same values to every row: [n], [1, ..., 1, n] or a scalar."""
-    return all(s == 1 for s in shape[:-1])
+    return all(same(s, 1) for s in shape[:-1])
 
 
 def _reduction_dims(node: Node) -> tuple[list[int], bool] | None:
@@ -91,10 +92,10 @@ def rule(node: Node, source: Node, in_region, rows: int) -> str | None:
         return None
     source_shape = tensor_shape(source)
     if node.target in VIEWS:
-        same_rows = shape is not None and tokens(shape) == rows and shape[-1] == source_shape[-1]
+        same_rows = shape is not None and same(tokens(shape), rows) and same(shape[-1], source_shape[-1])
         return SAME if same_rows else None
     if node.target is aten.expand.default:
-        ok = shape is not None and shape[:-1] == source_shape[:-1] and source_shape[-1] == 1
+        ok = shape is not None and same_shape(shape[:-1], source_shape[:-1]) and same(source_shape[-1], 1)
         return EXPAND if ok else None
     if node.target in (aten.sum.default, aten.max.default, aten.min.default):
         return ACROSS_TOKENS if node.args[0] is source and len(node.args) == 1 else None
@@ -109,13 +110,13 @@ def rule(node: Node, source: Node, in_region, rows: int) -> str | None:
         if node.target in TOKEN_REDUCE_OPS and dims in (list(range(last)), list(range(last + 1))):
             return ACROSS_TOKENS
         return None
-    if is_pointwise(node) and shape is not None and tokens(shape) == rows:
+    if is_pointwise(node) and shape is not None and tokens(shape) is not None and same(tokens(shape), rows):
         for arg in node.all_input_nodes:
             arg_shape = tensor_shape(arg)
             if arg_shape is None:
                 return None
             if in_region(arg) or arg is source:
-                if arg_shape[:-1] != shape[:-1]:
+                if not same_shape(arg_shape[:-1], shape[:-1]):
                     return None  # a region tensor broadcast along rows
             elif len(arg_shape) > len(shape):
                 return None
