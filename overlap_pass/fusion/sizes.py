@@ -10,7 +10,6 @@ answer is known for all sizes, and a match that cannot be proven is not taken.
 import math
 import operator
 
-import sympy
 import torch
 from torch.fx import Graph, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -67,7 +66,11 @@ def hint(size, fallback: int = 4096) -> int:
 
 
 def size_arg(graph: Graph, size, sources):
-    """``size`` as a graph argument: an int, or a node holding it (as shape_arg finds one)."""
+    """``size`` as a graph argument: an int (a SymInt of a constant value too: rank 0's first
+    row, 0 * s0), or a node holding it (as shape_arg finds one). Ranks that differ only in such
+    values must build the same graph: the collectives of the ranks' graphs must match."""
+    if not is_static(size) and size.node.expr.is_number:
+        return int(size.node.expr)
     return size if is_static(size) else _size_node(graph, size, sources)
 
 
@@ -101,7 +104,7 @@ def _size_node(graph: Graph, size, sources) -> Node:
     for held, make in _held_sizes(graph, sources):
         if same(held, size):
             return make()
-        ratio = sympy.simplify(size.node.expr / held.node.expr)
+        ratio = size.node.expr / held.node.expr  # (sympy's own evaluation: 2*s0 / s0 is 2)
         if ratio.is_Integer and ratio > 0:
             return _new(graph, operator.mul, (make(), int(ratio)), size)
     raise ValueError(f"no node in the graph holds the size {size}")

@@ -171,3 +171,25 @@ def float8_at_lengths(lengths: list[int], recipe: str) -> list[int]:
                 _float8_close(_local(pc.grad), _local(pe.grad), world, name)
                 pe.grad = pc.grad = None
     return counts
+
+
+@_decided
+def plain_tp_at_lengths(lengths: list[int], batch: int, backend: str = "overlap") -> list[int]:
+    """The plain-TP block (activations whole on every rank, an all-reduce after each row-parallel
+    linear) for inference (a prefill) at each of ``lengths`` tokens a sequence, ``batch``
+    sequences; the all-reduce split forced at these sizes, as in numerics_cases.plain_tp_block.
+    Returns the op counts of each call."""
+    from tools.tp_models import parallelize_block_plain
+
+    torch.manual_seed(0)
+    world = dist.get_world_size()
+    block = parallelize_block_plain(TransformerBlock(dim=32, heads=max(4, world), hidden=64), _mesh())
+    compiled = torch.compile(copy.deepcopy(block), backend=backend)
+    counts = []
+    with unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0), torch.no_grad():
+        for length in lengths:
+            torch.manual_seed(length)  # the same input on every rank
+            x = torch.randn(batch, length, 32)
+            counts.append(count_overlap_ops(lambda: setattr(compiled, "out", compiled(x))))
+            torch.testing.assert_close(compiled.out, block(x), **TOL)
+    return counts

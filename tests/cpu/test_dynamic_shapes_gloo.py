@@ -58,3 +58,23 @@ def test_float8_block_at_changing_lengths(gloo_world, recipe):
     # two compiles of the forward and the backward: static at 16 tokens, symbolic from 24 on
     assert done == {kind: 2 * n for kind, n in per_graph_pair.items()}, [d for d in decisions if not d[1]]
     assert counts == [counts[0]] * len(FLOAT8_LENGTHS) and counts[0] >= 8, counts
+
+
+def test_plain_tp_prefill_at_changing_lengths(gloo_world):
+    """Plain TP (Hugging Face's tp_plan's form), 2 sequences a batch at W=2: the token count
+    2 * s is divisible by W for every length s, so the symbolic graph splits its all-reduces
+    and fuses as the static one does, and every call runs as many fused ops."""
+    results = gloo_world(2).run(cases.plain_tp_at_lengths, [6, 8, 11, 6], 2)
+    decisions, counts = results[0]
+    done = collections.Counter(kind for kind, rewritten, _ in decisions if rewritten)
+    assert done and all(n % 2 == 0 for n in done.values()), done  # static and symbolic alike
+    assert counts == [counts[0]] * 4 and counts[0] > 0, counts
+
+
+def test_plain_tp_uneven_token_counts_keep_their_all_reduces(gloo_world):
+    """One sequence of a length W does not divide: the symbolic graph cannot shard its tokens
+    (not padded yet), keeps its all-reduces with that reason, and computes what eager does."""
+    results = gloo_world(2).run(cases.plain_tp_at_lengths, [6, 7, 9, 6], 1)
+    decisions, counts = results[0]
+    reasons = {reason for kind, rewritten, reason in decisions if kind == "all_reduce_split" and not rewritten}
+    assert any("not known to be divisible" in (r or "") for r in reasons), reasons
