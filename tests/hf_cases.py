@@ -91,3 +91,38 @@ def forward_backward(folder: str, batch: int, seq: int, family: str = "llama") -
         with open(os.path.join(os.path.dirname(path), "after.txt")) as f:
             graphs[record["graph"]] = f.read()
     return {"decisions": decisions, "graphs": graphs}
+
+
+def prefill_at_lengths(folder: str, batch: int, lengths: list[int]) -> dict:
+    """The compiled Llama (backend="overlap", eval, no grad) called once at each of
+    ``lengths`` tokens a sequence, as a server prefills prompts of any length, against eager:
+    logits at fp32 tolerance. After the second length torch.compile runs a graph with a
+    symbolic length. Returns the decisions (forward_backward's form), the graphs, and the
+    overlap op calls each prefill ran."""
+    from tests.cpu.dynamic_cases import count_overlap_ops
+
+    torch._dynamo.reset()
+    if dist.get_rank() == 0:
+        config_class, model_class = _classes("llama")
+        torch.manual_seed(0)
+        model_class(config_class(**SMALL)).save_pretrained(folder)
+    dist.barrier()
+    eager, compiled = _load(folder, "llama").eval(), _load(folder, "llama").eval()
+    compiled_fn = torch.compile(compiled, backend="overlap")
+    dump, calls = tempfile.mkdtemp(prefix="overlap-hf-"), []
+    with config.patch(debug_dir=dump), unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0), torch.no_grad():
+        for seq in lengths:
+            ids = torch.randint(0, 128, (batch, seq), generator=torch.Generator().manual_seed(seq))
+            calls.append(count_overlap_ops(lambda: setattr(compiled_fn, "out", compiled_fn(input_ids=ids))))
+            torch.testing.assert_close(compiled_fn.out.logits, eager(input_ids=ids).logits, **TOL)
+    decisions, graphs = [], {}
+    for path in sorted(glob.glob(os.path.join(dump, "*", "*", "decisions.json"))):
+        with open(path) as f:
+            record = json.load(f)
+        decisions += [
+            {"graph": record["graph"], "kind": c["kind"], "rewritten": c["rewritten"], "reason": c["reason"]}
+            for c in record["candidates"]
+        ]
+        with open(os.path.join(os.path.dirname(path), "after.txt")) as f:
+            graphs[record["graph"]] = f.read()
+    return {"decisions": decisions, "graphs": graphs, "calls": calls}
