@@ -9,19 +9,18 @@ counts the overlap op calls that ran: a graph that lost its rewrite runs none.
 
 import copy
 import functools
-import tempfile
 import unittest.mock
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from overlap_pass import config, ops
+from overlap_pass import ops
 from overlap_pass.regions import all_reduce_split
 
 from tools.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
 
-from .numerics_cases import TOL, _decisions, _group_name, _local, _mesh
+from .numerics_cases import TOL, _group_name, _local, _mesh, run_decided
 
 def count_overlap_ops(step) -> int:
     """Runs ``step()``; how many overlap op calls ran in it (their reference decomposition
@@ -43,13 +42,39 @@ def _decided(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        torch._dynamo.reset()
-        folder = tempfile.mkdtemp(prefix="overlap-test-")
-        with config.patch(debug_dir=folder):
-            result = fn(*args, **kwargs)
-        return _decisions(folder), result
+        return run_decided(fn, *args, **kwargs)
 
     return wrapper
+
+
+def _train_at(inputs, eager, compiled_fn, close) -> list[int]:
+    """For each input (a rank's tensor): a training step eagerly and compiled, compared by
+    ``close(got, want, what)`` (output, input grad, each parameter's grad); returns the op
+    calls of each compiled step."""
+    counts = []
+    for x in inputs:
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out_e = eager(xe)
+        grad = torch.randn_like(out_e)
+        out_e.backward(grad)
+
+        def step():
+            out_c = compiled_fn(xc)
+            out_c.backward(grad)
+            step.out = out_c
+
+        counts.append(count_overlap_ops(step))
+        rows = f"at {x.shape[1]} tokens a rank"
+        close(_local(step.out), _local(out_e), f"output {rows}")
+        close(_local(xc.grad), _local(xe.grad), f"input grad {rows}")
+        for (name, pe), pc in zip(eager.named_parameters(), compiled_fn.parameters()):
+            close(_local(pc.grad), _local(pe.grad), f"{name} {rows}")
+            pe.grad = pc.grad = None
+    return counts
+
+
+def _close(got, want, what: str) -> None:
+    torch.testing.assert_close(got, want, **TOL, msg=what)
 
 
 def sp_mlp(x, w_up, w_down, gather_dim: int):
@@ -106,29 +131,13 @@ def dtensor_at_lengths(lengths: list[int], block: bool) -> list[dict]:
     else:
         model = parallelize_mlp(MLP(dim=16, hidden=8 * world), _mesh())
     dim = 32 if block else 16
-    eager, compiled = model, copy.deepcopy(model)
-    compiled_fn = torch.compile(compiled, backend="overlap")
-    counts = []
-    for length in lengths:
+    compiled_fn = torch.compile(copy.deepcopy(model), backend="overlap")
+
+    def shard(length: int) -> torch.Tensor:
         torch.manual_seed(length)
-        shard = torch.randn(2, length * world, dim).chunk(world, dim=1)[dist.get_rank()]
-        xe, xc = shard.clone().requires_grad_(), shard.clone().requires_grad_()
-        out_e = eager(xe)
-        grad = torch.randn_like(out_e)
-        out_e.backward(grad)
+        return torch.randn(2, length * world, dim).chunk(world, dim=1)[dist.get_rank()]
 
-        def step():
-            out_c = compiled_fn(xc)
-            out_c.backward(grad)
-            step.out = out_c
-
-        counts.append(count_overlap_ops(step))
-        torch.testing.assert_close(_local(step.out), _local(out_e), **TOL)
-        torch.testing.assert_close(_local(xc.grad), _local(xe.grad), **TOL)
-        for (name, pe), pc in zip(eager.named_parameters(), compiled.parameters()):
-            torch.testing.assert_close(_local(pc.grad), _local(pe.grad), **TOL, msg=name)
-            pe.grad = pc.grad = None
-    return counts
+    return _train_at([shard(length) for length in lengths], model, compiled_fn, _close)
 
 
 @_decided
@@ -145,32 +154,17 @@ def float8_at_lengths(lengths: list[int], recipe: str) -> list[int]:
     block = TransformerBlock(dim=64, heads=world, hidden=128).to(torch.bfloat16)
     convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name(recipe))
     block = parallelize_block(block, _mesh())
-    eager, compiled = block, copy.deepcopy(block)
-    counts = []
     # at these sizes the cost model keeps the float8 gathers: forced, as in float8_tp_block
     forced = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0)
     with forced, torch._inductor.config.patch(FLOAT8_CPU_INDUCTOR):
-        compiled_fn = torch.compile(compiled, backend="overlap")
-        for length in lengths:
+        compiled_fn = torch.compile(copy.deepcopy(block), backend="overlap")
+
+        def x(length: int) -> torch.Tensor:
             torch.manual_seed(length + 1000 * dist.get_rank())
-            x = torch.randn(2, length, 64, dtype=torch.bfloat16)
-            xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
-            out_e = eager(xe)
-            grad = torch.randn_like(out_e)
-            out_e.backward(grad)
+            return torch.randn(2, length, 64, dtype=torch.bfloat16)
 
-            def step():
-                out_c = compiled_fn(xc)
-                out_c.backward(grad)
-                step.out = out_c
-
-            counts.append(count_overlap_ops(step))
-            _float8_close(step.out, out_e, world, f"output at {length} tokens")
-            _float8_close(xc.grad, xe.grad, world, f"input grad at {length} tokens")
-            for (name, pe), pc in zip(eager.named_parameters(), compiled.parameters()):
-                _float8_close(_local(pc.grad), _local(pe.grad), world, name)
-                pe.grad = pc.grad = None
-    return counts
+        close = lambda got, want, what: _float8_close(got, want, world, what)  # noqa: E731
+        return _train_at([x(length) for length in lengths], block, compiled_fn, close)
 
 
 @_decided

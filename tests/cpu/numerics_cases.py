@@ -43,16 +43,23 @@ def _decisions(folder: str) -> list[tuple]:
     return sorted(found, key=str)
 
 
+def run_decided(fn, *args, **kwargs) -> tuple[list[tuple], object]:
+    """Runs fn with dumps on: (the decisions of every graph it compiled, what fn returned)."""
+    torch._dynamo.reset()
+    folder = tempfile.mkdtemp(prefix="overlap-test-")
+    with config.patch(debug_dir=folder):
+        result = fn(*args, **kwargs)
+    return _decisions(folder), result
+
+
 def _decided(fn):
-    """Runs fn with dumps on and returns the decisions of every graph it compiled."""
+    """Runs fn with dumps on and returns the decisions of every graph it compiled (or why the
+    case was skipped, if fn returns a reason)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        torch._dynamo.reset()
-        folder = tempfile.mkdtemp(prefix="overlap-test-")
-        with config.patch(debug_dir=folder):
-            skip = fn(*args, **kwargs)
-        return {"skip": skip} if skip else _decisions(folder)
+        decisions, skip = run_decided(fn, *args, **kwargs)
+        return {"skip": skip} if skip else decisions
 
     return wrapper
 
