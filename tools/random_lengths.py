@@ -178,7 +178,7 @@ def _report(args, world, op_calls, paths, times, memory, kept, mismatches, faile
     print(f"overlap op calls: {dict(op_calls)}, {resolved} of them a signature's first; symmetric-memory "
           f"variant calls: {dict(paths)} (the rest ran NCCL + cuBLAS, as chosen); signatures kept: {kept}")  # fmt: skip
     print("Compiled steps (forward+backward, slowest rank, ms) by what their op calls did: measured a")
-    print("token bucket's choice; ran a choice at a count new to it (tried once); neither.")
+    print("token bucket's choice; ran a choice at a count new to it (its bucket's, not measured); neither.")
     print("| tokens (bucket) | measured: calls, max | new count: calls, median | steady: calls, median "
           "| plain Inductor, same calls: median |")  # fmt: skip
     print("|---|---|---|---|---|")
