@@ -299,7 +299,7 @@ def _equal_chunks(pieces: list[Node], world_size: int) -> tuple[Node, int] | Non
 
 def _slices(piece: Node, source: Node, dim: int, start, end) -> bool:
     """Whether ``piece`` is source[start:end] along ``dim`` (bounds as ints or SymInt nodes)."""
-    args = tuple(piece.args) + (1,) * (5 - len(piece.args))
+    args = tuple(piece.args) + (None, 0, None, None, 1)[len(piece.args) :]  # slice.Tensor's defaults
     bounds = [meta_val(a) if isinstance(a, Node) else a for a in args[2:4]]
     return args[:2] == (source, dim) and args[4] == 1 and same(bounds[0], start) and same(bounds[1], end)
 
