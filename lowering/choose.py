@@ -88,7 +88,7 @@ def token_bucket(size: int) -> int:
     """The bucket of a call's token count (its rows), which a choice is filed under: the next
     power of two. Token counts that change from call to call (dynamic shapes) then share a
     measurement with their bucket rather than each measuring anew."""
-    return 1 << max(size - 1, 0).bit_length()
+    return symm.next_power_of_two(size)
 
 
 _TOKENS = re.compile(r"tokens=(\d+)")

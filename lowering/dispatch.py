@@ -69,9 +69,10 @@ def matmul_reduce_scatter_shapes(
     """What the matmul_reduce_scatter choice depends on (decide.py builds the same), the
     inputs' rows by their bucket; an ``out_dtype`` other than the inputs' adds a key (the
     reduction writes more bytes)."""
+    _, tokens = _bucketed(input_shapes[0])  # the inputs share their rows
     shapes = {
         "inputs": [_bucketed(s)[0] for s in input_shapes],
-        "tokens": _bucketed(input_shapes[0])[1],
+        "tokens": tokens,
         "mat2s": _layouts(mat2s),
         "bias": has_bias,
         "reduce_op": reduce_op,

@@ -56,7 +56,7 @@ CHECK_EVERY = 16  # calls between two host reads of the timeout words
 VIEWS_KEPT = 4096  # views of the allocation kept for reuse (_cached_view)
 
 
-def _next_power_of_two(n: int) -> int:
+def next_power_of_two(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
@@ -199,7 +199,7 @@ class Workspace:
                 f"{data_bytes} bytes while a CUDA graph is being captured; run the model once "
                 "before capturing (torch.compile's reduce-overhead mode does) so it is allocated"
             )
-        size = _next_power_of_two(max(data_bytes, MIN_DATA_BYTES))
+        size = next_power_of_two(max(data_bytes, MIN_DATA_BYTES))
         if self._alloc is not None:
             self._retired.append(self._alloc)
         self._alloc = None
@@ -357,7 +357,7 @@ class Workspace:
     def barrier(self, spin_limit: int) -> None:
         """Step 1: advance the epoch and wait until every rank has reached it."""
         self._raise_on_earlier_timeouts()
-        block = max(_next_power_of_two(self.world_size), 2)
+        block = max(next_power_of_two(self.world_size), 2)
         signals.BARRIER[(1,)](
             self._alloc.pad_ptrs, self.epoch, self.barrier_timeouts, self.rank, self.world_size,
             SPIN_LIMIT=spin_limit, BLOCK_W=block, num_warps=1,

@@ -18,7 +18,9 @@ aten = torch.ops.aten
 
 
 def is_static(size) -> bool:
-    return isinstance(size, int)
+    """An int, or a SymInt whose value is a constant (rank 0's first row, 0 * s0): ranks whose
+    sizes differ only there must build the same graph, as their collectives must match."""
+    return isinstance(size, int) or (isinstance(size, torch.SymInt) and size.node.expr.is_number)
 
 
 def static_shape(shape) -> bool:
@@ -28,7 +30,7 @@ def static_shape(shape) -> bool:
 def same(a, b) -> bool:
     """``a == b`` for every value of the symbols (ints compare as ints)."""
     if is_static(a) and is_static(b):
-        return a == b
+        return int(a) == int(b)
     return statically_known_true(a == b)
 
 
@@ -45,33 +47,22 @@ def divisible(size, by: int) -> bool:
     return same(size % by, 0)
 
 
-def known_not(size, value: int) -> bool:
-    """``size != value`` for every value of the symbols."""
-    if is_static(size):
-        return size != value
-    return statically_known_true(size != value)
-
-
 def prod(shape):
-    return math.prod(shape) if static_shape(shape) else math.prod(shape, start=1)
+    return math.prod(int(s) for s in shape) if static_shape(shape) else math.prod(shape, start=1)
 
 
 def hint(size, fallback: int = 4096) -> int:
     """An int for a cost model: the size itself, or the value a symbolic size had when the
     graph was traced."""
     if is_static(size):
-        return size
+        return int(size)
     value = getattr(size.node, "hint", None)
     return int(value) if value is not None else fallback
 
 
 def size_arg(graph: Graph, size, sources):
-    """``size`` as a graph argument: an int (a SymInt of a constant value too: rank 0's first
-    row, 0 * s0), or a node holding it (as shape_arg finds one). Ranks that differ only in such
-    values must build the same graph: the collectives of the ranks' graphs must match."""
-    if not is_static(size) and size.node.expr.is_number:
-        return int(size.node.expr)
-    return size if is_static(size) else _size_node(graph, size, sources)
+    """``size`` as a graph argument: an int, or a node holding it (as shape_arg finds one)."""
+    return int(size) if is_static(size) else _size_node(graph, size, sources)
 
 
 def shape_arg(graph: Graph, shape, sources) -> list:
