@@ -1,6 +1,7 @@
 """Shapes that change: one compiled TP/SP block called at random token counts, every call checked.
 
     torchrun --nproc-per-node 2 -m tools.random_lengths --calls 1000
+    torchrun --nproc-per-node 2 -m tools.random_lengths --size small --calls 200 --repeat 2 --profile 20
 
 The sequence-parallel transformer block (tools/tp_models, DTensor's ColwiseParallel and
 RowwiseParallel, Llama 3 8B widths by default) is compiled once with backend="overlap". Each call
@@ -13,16 +14,19 @@ torch.compile runs a graph with a symbolic token dim (automatic dynamic).
 Printed last: calls and mismatches; the overlap op calls and the path each took (symmetric-memory
 variants eager, captured or replayed from per-call CUDA graphs; NCCL + cuBLAS where the per-shape
 choice picked it); per token bucket, the time of the call that measured its choice against the
-bucket's steady calls; device memory in use (cudaMemGetInfo) after the first checked call and
+bucket's steady calls (--repeat runs each count again: a count's later calls are steady); device memory in use (cudaMemGetInfo) after the first checked call and
 at the end. Exit status 1 on any mismatch.
 """
 
 import argparse
+import cProfile
 import collections
 import copy
 import faulthandler
+import io
 import logging
 import os
+import pstats
 import random
 import statistics
 import time
@@ -97,6 +101,9 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--size", choices=sorted(SIZES), default="llama3-8b")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat", type=int, default=1, help="calls at each drawn count (the later ones steady)")
+    parser.add_argument("--profile", type=int, default=0,
+                        help="cProfile rank 0's compiled step at this many counts new to it (host time), printed last")  # fmt: skip
     parser.add_argument("--progress-every", type=int, default=50, help="calls between two progress lines (rank 0)")
     parser.add_argument("--stacks-after", type=float, default=0, help="dump every thread's stack after this many s")
     args = parser.parse_args()
@@ -124,21 +131,30 @@ def main() -> int:
     low, high = -(-args.min_tokens // world), args.max_tokens // world
     mismatches, memory = [], {}
     times = collections.defaultdict(lambda: {"measured": [], "new shape": [], "steady": [], "inductor": []})
+    profiler, profiled = cProfile.Profile(), 0
     start = time.perf_counter()
     for call in range(args.calls):
         if rank == 0 and call % args.progress_every == 0:
             print(f"call {call}: {time.perf_counter() - start:.0f} s, {len(mismatches)} mismatches", flush=True)
-        rows = draw.randint(low, high)  # tokens a rank
+        if call % max(args.repeat, 1) == 0:
+            rows = draw.randint(low, high)  # tokens a rank
         gen = torch.Generator(device="cuda").manual_seed(args.seed * 100003 + call)
         full = torch.randn(args.batch, rows * world, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
         shard = full.chunk(world, dim=1)[rank].contiguous()
         grad = torch.randn(shard.shape, device="cuda", dtype=torch.bfloat16, generator=gen)
         measured_before = sum(c.get("source") == "measured" for c in choose.CHOICES.values())
         graphs_before, resolved_before = counters["stats"]["unique_graphs"], op_calls["_first_call"]
+        # a count new to the process, past the compiles: its host time profiled (rank 0)
+        profile = rank == 0 and profiled < args.profile and call >= 2 * max(args.repeat, 1) and call % max(args.repeat, 1) == 0
         torch.cuda.synchronize()
         begin = time.perf_counter()
+        if profile:
+            profiler.enable()
         out, x_grad = _step(compiled, shard, grad)
         torch.cuda.synchronize()
+        if profile:
+            profiler.disable()
+            profiled += 1
         took = _slowest(time.perf_counter() - begin)
         torch.cuda.synchronize()
         begin = time.perf_counter()
@@ -164,6 +180,11 @@ def main() -> int:
     failed = int(_slowest(len(mismatches)))
     if rank == 0:
         _report(args, world, op_calls, replay.stats, times, memory, len(dispatch._RESOLVED), mismatches, failed)
+        if profiled:
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
+            print(f"\nrank 0, {profiled} compiled steps at new counts (compiles included if any), by cumulative time:")
+            print(text.getvalue())
     dist.destroy_process_group()
     return 1 if failed else 0
 
