@@ -38,7 +38,7 @@ from .gemm import (
     tma_mainloop,
     tma_operand,
 )
-from .launch import DirectKernel
+from .launch import TOKEN_COUNTS, DirectKernel
 from .signals import wait_flag, wait_flag_in_pipeline
 from .tiles import block_rows, chunk_tile, tile_counts
 
@@ -58,7 +58,7 @@ def _store_tile(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=TOKEN_COUNTS)
 def all_gather_matmul_consumer_kernel(
     a_ptr, a_local_ptr, b_ptr, bias_ptr, c_ptr, flags_ptr, epoch_ptr, timeouts_ptr, tile_log_ptr,
     outer, inner, N, K,
@@ -121,7 +121,7 @@ def _tma_tile(local, tiles_m, Ns, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     return b, tile_m, tile_n
 
 
-@triton.jit
+@triton.jit(do_not_specialize=TOKEN_COUNTS)
 def all_gather_matmul_tma_kernel(
     a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, bias_ptrs, c_ptrs, Ns, strides_cm,
     flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, K, rank, world_size, num_programs,

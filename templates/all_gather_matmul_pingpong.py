@@ -45,6 +45,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .all_gather_matmul import own_rows
 from .gemm import FLOAT8, sm_count, tma_operand
 from .gluon_hopper import async_tma_load
+from .launch import TOKEN_COUNTS
 
 TILE = 128  # a warpgroup's tile is TILE x TILE, in TILE-deep K blocks (128-byte float8 rows)
 BLOCK_M = BLOCK_N = BLOCK_K = gl.constexpr(TILE)  # (what the kernels read)
@@ -351,7 +352,7 @@ def allocate_ring(a_desc, b_desc, NUM_STAGES: gl.constexpr, RELEASES: gl.constex
     return a_bufs, b_bufs, ready, empty, turns
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=TOKEN_COUNTS)
 def all_gather_matmul_pingpong_kernel(
     a_desc, a_local_desc, b_desc0, b_desc1, b_desc2, b_desc3, c_ptrs, strides_cm, bias_ptrs, a_scale_ptr,
     a_local_scale_ptr, b_scale_ptrs, flags_ptr, epoch_ptr, timeouts_ptr, outer, inner, Ns, K, rank, world_size,

@@ -10,7 +10,8 @@ calls launch the compiled kernel.
 The specialization key follows Triton's (runtime/jit.py, specialize_impl): a tensor's dtype and
 whether its address is 16-byte aligned, an int's width and whether it is 1 or a multiple of 16,
 a tensor descriptor's dtype and block, a tuple's elements each; the constexprs and launch
-options as given.
+options as given. A kernel's ``do_not_specialize`` ints are keyed as the others (Triton then hands
+the same compiled kernel to each key).
 """
 
 import torch
@@ -18,6 +19,12 @@ from triton import knobs
 from triton.runtime.jit import JITFunction
 
 from overlap_pass.lowering import torch_compat
+
+
+# the kernels' ints that change with a call's token count (the rows of a chunk, the chunks'
+# batch): not specialized (``do_not_specialize``), so that a new count compiles nothing where
+# Triton would compile again for each of 1 / a multiple of 16 / neither (400 ms a kernel, H100)
+TOKEN_COUNTS = ("outer", "inner")
 
 
 def specialization(args) -> tuple:

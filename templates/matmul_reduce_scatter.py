@@ -46,7 +46,7 @@ from .gemm import (
     tma_fits,
     tma_mainloop,
 )
-from .launch import DirectKernel
+from .launch import TOKEN_COUNTS, DirectKernel
 from .signals import wait_flag
 from .tiles import block_rows, chunk_tile, program_chunk_tile_count, tile_counts
 
@@ -102,7 +102,7 @@ def _count_tiles(counters_ptr, flag_ptrs_ptr, tile, pid, num_programs, tiles_per
     tl.atomic_xchg(flag, epoch, mask=publish, sem="release", scope="sys")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=TOKEN_COUNTS)
 def matmul_reduce_scatter_producer_kernel(
     a_ptr, b_ptr, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch_ptr, tile_log_ptr,
     outer, inner, N, K,
@@ -145,7 +145,7 @@ def matmul_reduce_scatter_producer_kernel(
         )  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=TOKEN_COUNTS)
 def matmul_reduce_scatter_tma_kernel(
     a_desc, b_desc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch_ptr, a_scale_ptr,
     b_scale_ptr, outer, inner, N, K, rank, world_size, num_programs,
@@ -313,7 +313,7 @@ def matmul_reduce_scatter_producer(
     )  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["chunk_numel"])
 def reduce_partials_kernel(
     partials_ptr, out_ptr, flags_ptr, epoch_ptr, timeouts_ptr, chunk_numel, scale, rank, world_size,
     SPIN_LIMIT: tl.constexpr, BLOCK: tl.constexpr,

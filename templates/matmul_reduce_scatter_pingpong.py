@@ -58,6 +58,7 @@ from .all_gather_matmul_pingpong import PingpongConfig as PingpongConfig
 from .all_gather_matmul_pingpong import usable as usable
 from .gemm import sm_count
 from .gluon_hopper import thread_barrier
+from .launch import TOKEN_COUNTS
 from .matmul_reduce_scatter import check_protocol_args
 
 MAX_TERMS = MAX_B  # matmuls one launch sums (the loader's descriptors): Q, K, V's input gradient
@@ -172,7 +173,7 @@ def _producer(a_bufs, b_bufs, ready, empty, turns, dest_ptrs_ptr, flag_ptrs_ptr,
             count = 0
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=TOKEN_COUNTS)
 def matmul_reduce_scatter_pingpong_kernel(
     a_desc0, a_desc1, a_desc2, a_desc3, b_desc0, b_desc1, b_desc2, b_desc3, dest_ptrs_ptr, flag_ptrs_ptr,
     counters_ptr, epoch_ptr, bias_ptr, a_scale_ptrs, b_scale_ptrs, outer, inner, N, Ks, rank, world_size,

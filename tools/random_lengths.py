@@ -13,9 +13,10 @@ torch.compile runs a graph with a symbolic token dim (automatic dynamic).
 
 Printed last: calls and mismatches; the overlap op calls and the path each took (symmetric-memory
 variants eager, captured or replayed from per-call CUDA graphs; NCCL + cuBLAS where the per-shape
-choice picked it); per token bucket, the time of the call that measured its choice against the
-bucket's steady calls (--repeat runs each count again: a count's later calls are steady); device memory in use (cudaMemGetInfo) after the first checked call and
-at the end. Exit status 1 on any mismatch.
+choice picked it); per token bucket, the step that measured its choice, the steps at counts new
+to the process and at counts run before (--repeat), plain Inductor's beside each; device memory
+in use (cudaMemGetInfo) after the first checked call and at the end; with --profile, rank 0's
+host time at new counts. Exit status 1 on any mismatch.
 """
 
 import argparse
@@ -103,7 +104,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=1, help="calls at each drawn count (the later ones steady)")
     parser.add_argument("--profile", type=int, default=0,
-                        help="cProfile rank 0's compiled step at this many counts new to it (host time), printed last")  # fmt: skip
+                        help="cProfile rank 0's compiled steps at counts new to it (up to this many calls), printed last")  # fmt: skip
     parser.add_argument("--progress-every", type=int, default=50, help="calls between two progress lines (rank 0)")
     parser.add_argument("--stacks-after", type=float, default=0, help="dump every thread's stack after this many s")
     args = parser.parse_args()
@@ -130,8 +131,10 @@ def main() -> int:
     draw = random.Random(args.seed)  # the same counts on every rank
     low, high = -(-args.min_tokens // world), args.max_tokens // world
     mismatches, memory = [], {}
-    times = collections.defaultdict(lambda: {"measured": [], "new shape": [], "steady": [], "inductor": []})
-    profiler, profiled = cProfile.Profile(), 0
+    # bucket -> kind of call -> (overlap's step times, plain Inductor's), ms
+    times = collections.defaultdict(lambda: {kind: ([], []) for kind in ("measured", "new count", "repeat")})
+    seen = set()  # token counts run so far
+    profiles = []  # rank 0's host time of steps at counts new to it, their bucket's choice known
     start = time.perf_counter()
     for call in range(args.calls):
         if rank == 0 and call % args.progress_every == 0:
@@ -144,17 +147,15 @@ def main() -> int:
         grad = torch.randn(shard.shape, device="cuda", dtype=torch.bfloat16, generator=gen)
         measured_before = sum(c.get("source") == "measured" for c in choose.CHOICES.values())
         graphs_before, resolved_before = counters["stats"]["unique_graphs"], op_calls["_first_call"]
-        # a count new to the process, past the compiles: its host time profiled (rank 0)
-        profile = rank == 0 and profiled < args.profile and call >= 2 * max(args.repeat, 1) and call % max(args.repeat, 1) == 0
+        profiler = cProfile.Profile() if rank == 0 and len(profiles) < args.profile else None
         torch.cuda.synchronize()
         begin = time.perf_counter()
-        if profile:
+        if profiler is not None:
             profiler.enable()
         out, x_grad = _step(compiled, shard, grad)
         torch.cuda.synchronize()
-        if profile:
+        if profiler is not None:
             profiler.disable()
-            profiled += 1
         took = _slowest(time.perf_counter() - begin)
         torch.cuda.synchronize()
         begin = time.perf_counter()
@@ -167,26 +168,40 @@ def main() -> int:
             mismatches.append((call, rows, errors))
         bucket = choose.token_bucket(rows * args.batch)
         if counters["stats"]["unique_graphs"] != graphs_before:
+            seen.add(rows)
             continue  # a compile: not an op's cost
+        new = rows not in seen
+        seen.add(rows)
         if sum(c.get("source") == "measured" for c in choose.CHOICES.values()) > measured_before:
             kind = "measured"  # a bucket's choice measured in this call
         else:
-            kind = "new shape" if op_calls["_first_call"] > resolved_before else "steady"
-        times[bucket][kind].append(took * 1e3)
-        times[bucket]["inductor"].append(plain * 1e3)
+            kind = "new count" if new else "repeat"
+            if new and op_calls["_first_call"] > resolved_before and profiler is not None:
+                profiles.append(profiler)
+        times[bucket][kind][0].append(took * 1e3)
+        times[bucket][kind][1].append(plain * 1e3)
         if "after_first" not in memory:
             memory["after_first"] = _memory_in_use()
     memory["end"] = _memory_in_use()
+    memory["reserved"] = torch.cuda.memory_reserved()
     failed = int(_slowest(len(mismatches)))
     if rank == 0:
         _report(args, world, op_calls, replay.stats, times, memory, len(dispatch._RESOLVED), mismatches, failed)
-        if profiled:
-            text = io.StringIO()
-            pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
-            print(f"\nrank 0, {profiled} compiled steps at new counts (compiles included if any), by cumulative time:")
-            print(text.getvalue())
+        if profiles:
+            _print_profile(profiles)
     dist.destroy_process_group()
     return 1 if failed else 0
+
+
+def _print_profile(profiles: list) -> None:
+    text = io.StringIO()
+    stats = pstats.Stats(*profiles, stream=text)
+    stats.sort_stats("cumulative").print_stats(45)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.print_callers(8)  # who spent the most time of its own
+    print(f"\nrank 0's host time in {len(profiles)} compiled steps at counts new to the process (their buckets'")
+    print("choices known, no compile), cProfile:")
+    print(text.getvalue())
 
 
 def _report(args, world, op_calls, paths, times, memory, kept, mismatches, failed) -> None:
@@ -198,20 +213,21 @@ def _report(args, world, op_calls, paths, times, memory, kept, mismatches, faile
     resolved = op_calls.pop("_first_call", 0)
     print(f"overlap op calls: {dict(op_calls)}, {resolved} of them a signature's first; symmetric-memory "
           f"variant calls: {dict(paths)} (the rest ran NCCL + cuBLAS, as chosen); signatures kept: {kept}")  # fmt: skip
-    print("Compiled steps (forward+backward, slowest rank, ms) by what their op calls did: measured a")
-    print("token bucket's choice; ran a choice at a count new to it (its bucket's, not measured); neither.")
-    print("| tokens (bucket) | measured: calls, max | new count: calls, median | steady: calls, median "
-          "| plain Inductor, same calls: median |")  # fmt: skip
-    print("|---|---|---|---|---|")
+    print("Steps (forward+backward, slowest rank, ms, median) compiled by overlap | by plain Inductor, by what")
+    print("the call was: the first at its token count (overlap measured its bucket's choice, or ran the")
+    print("choice of its bucket or a bucket next to it), or a count run before (--repeat).")
+    print("| tokens (bucket) | measured: calls, overlap max | Inductor | new count: calls, overlap | Inductor "
+          "| repeated count: calls, overlap | Inductor |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for bucket in sorted(times):
-        cells = [
-            f"{len(t)}, {(max(t) if kind == 'measured' else statistics.median(t)):.1f}" if t else "0"
-            if kind != "inductor" else (f"{statistics.median(t):.1f}" if t else "")
-            for kind, t in times[bucket].items()
-        ]
+        cells = []
+        for kind, (ours, plain) in times[bucket].items():
+            summary = max if kind == "measured" else statistics.median
+            cells += [f"{len(ours)}, {summary(ours):.1f}", f"{statistics.median(plain):.1f}"] if ours else ["0", ""]
         print(f"| <= {bucket} | " + " | ".join(cells) + " |")
     print(f"device memory in use: {memory.get('after_first', 0) / 2**20:.0f} MiB after the first checked call, "
-          f"{memory['end'] / 2**20:.0f} MiB at the end (rank 0)")  # fmt: skip
+          f"{memory['end'] / 2**20:.0f} MiB at the end (rank 0), {memory['reserved'] / 2**20:.0f} MiB of it reserved "
+          "by the caching allocator (the three compiles' activations, which grow with the largest count so far)")  # fmt: skip
 
 
 if __name__ == "__main__":
