@@ -112,11 +112,7 @@ def _capture(run, args: tuple, outputs, workspace):
     first graph's, which the workspace keeps, since a pool whose graphs are all gone cannot take
     another capture (forget() may drop them all)."""
     device = workspace.device
-    stream = _CAPTURE_STREAMS.get(device.index)
-    if stream is None:
-        stream = _CAPTURE_STREAMS[device.index] = new_stream(device)
-    if (threading.get_ident(), device.index) not in _CUBLAS_READY:
-        _set_up_cublas(stream, device)
+    stream = capture_stream(device)
     first = workspace.first_graph
     graph = torch.cuda.CUDAGraph()
     try:
@@ -133,6 +129,16 @@ def _capture(run, args: tuple, outputs, workspace):
     if first is None:
         workspace.first_graph = graph
     return graph
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream calls of ``device`` are captured on, with cuBLAS set up on it for this thread."""
+    stream = _CAPTURE_STREAMS.get(device.index)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[device.index] = new_stream(device)
+    if (threading.get_ident(), device.index) not in _CUBLAS_READY:
+        _set_up_cublas(stream, device)
+    return stream
 
 
 def _set_up_cublas(stream: torch.cuda.Stream, device: torch.device) -> None:

@@ -23,7 +23,7 @@ import math
 
 import torch
 from overlap_pass import config
-from overlap_pass.lowering import symm
+from overlap_pass.lowering import replay, symm
 
 KINDS = ("all_gather_matmul", "matmul_reduce_scatter")
 DATA_BYTES = 64 << 20  # reserved up front on every rank: no workspace grows during a run
@@ -114,6 +114,9 @@ class SimWorld:
                 self._workspaces.append(ws)
         for ws in self._workspaces:  # every rank zeroes its flags before any rank signals
             ws.reserve(data_bytes)
+        # cuBLAS's first kernels on the capture stream load lazily, which may wait for the device
+        # to be idle: done here, not in a rank's first capture while a peer's barrier spins
+        replay.capture_stream(self.device)
         torch.cuda.synchronize(self.device)
 
     def buffers(self, kind: str, nbytes: int) -> list[torch.Tensor]:

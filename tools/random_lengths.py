@@ -147,7 +147,9 @@ def main() -> int:
         grad = torch.randn(shard.shape, device="cuda", dtype=torch.bfloat16, generator=gen)
         measured_before = sum(c.get("source") == "measured" for c in choose.CHOICES.values())
         graphs_before, resolved_before = counters["stats"]["unique_graphs"], op_calls["_first_call"]
-        profiler = cProfile.Profile() if rank == 0 and len(profiles) < args.profile else None
+        # rank 0 slowed by the profiler at a compile would leave its peers' waits to give up
+        past_compiles = call >= 2 * max(args.repeat, 1)
+        profiler = cProfile.Profile() if rank == 0 and past_compiles and len(profiles) < args.profile else None
         torch.cuda.synchronize()
         begin = time.perf_counter()
         if profiler is not None:
