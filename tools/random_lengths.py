@@ -20,14 +20,12 @@ host time at new counts. Exit status 1 on any mismatch.
 """
 
 import argparse
-import cProfile
 import collections
+import contextlib
 import copy
 import faulthandler
-import io
 import logging
 import os
-import pstats
 import random
 import statistics
 import time
@@ -104,7 +102,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=1, help="calls at each drawn count (the later ones steady)")
     parser.add_argument("--profile", type=int, default=0,
-                        help="cProfile rank 0's compiled steps at counts new to it (up to this many calls), printed last")  # fmt: skip
+                        help="profile rank 0's compiled steps at counts new to it (up to this many calls), printed last")  # fmt: skip
     parser.add_argument("--progress-every", type=int, default=50, help="calls between two progress lines (rank 0)")
     parser.add_argument("--stacks-after", type=float, default=0, help="dump every thread's stack after this many s")
     args = parser.parse_args()
@@ -149,15 +147,14 @@ def main() -> int:
         graphs_before, resolved_before = counters["stats"]["unique_graphs"], op_calls["_first_call"]
         # rank 0 slowed by the profiler at a compile would leave its peers' waits to give up
         past_compiles = call >= 2 * max(args.repeat, 1)
-        profiler = cProfile.Profile() if rank == 0 and past_compiles and len(profiles) < args.profile else None
+        profiler = None
+        if rank == 0 and past_compiles and len(profiles) < args.profile:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True)
         torch.cuda.synchronize()
         begin = time.perf_counter()
-        if profiler is not None:
-            profiler.enable()
-        out, x_grad = _step(compiled, shard, grad)
-        torch.cuda.synchronize()
-        if profiler is not None:
-            profiler.disable()
+        with profiler or contextlib.nullcontext():
+            out, x_grad = _step(compiled, shard, grad)
+            torch.cuda.synchronize()
         took = _slowest(time.perf_counter() - begin)
         torch.cuda.synchronize()
         begin = time.perf_counter()
@@ -196,14 +193,11 @@ def main() -> int:
 
 
 def _print_profile(profiles: list) -> None:
-    text = io.StringIO()
-    stats = pstats.Stats(*profiles, stream=text)
-    stats.sort_stats("cumulative").print_stats(45)
-    stats.sort_stats("tottime").print_stats(25)
-    stats.print_callers(8)  # who spent the most time of its own
     print(f"\nrank 0's host time in {len(profiles)} compiled steps at counts new to the process (their buckets'")
-    print("choices known, no compile), cProfile:")
-    print(text.getvalue())
+    print("choices known, no compile), by op (torch.profiler), the first step's then the last's:")
+    for profiler in (profiles[0], profiles[-1]):
+        table = profiler.key_averages(group_by_stack_n=8).table(sort_by="self_cpu_time_total", row_limit=12)
+        print(table)
 
 
 def _report(args, world, op_calls, paths, times, memory, kept, mismatches, failed) -> None:

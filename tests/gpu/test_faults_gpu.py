@@ -93,8 +93,11 @@ def _named(problem, rank: int, missing: int) -> str:
 
 def _missing_round(world, problem, name, variant, mode, missing: int) -> str:
     """A checked round of every rank first, then one without rank ``missing``: returns the
-    ChunkTimeout's message, having checked that it came within BOUND_S."""
-    assert not any(cases.run_in(world, problem, name, variant, mode).values())
+    ChunkTimeout's message, having checked that it came within BOUND_S. Replayed, the capture
+    falls in the warm-up (a second round): in one process a rank's capture can hold the host
+    past a peer's spin bound (a cuBLAS kernel loaded inside it), which a real peer would not see."""
+    warm_up = 2 if mode == "replayed" else 1
+    assert not any(cases.run_in(world, problem, name, variant, mode, warm_up=warm_up).values())
     start = time.perf_counter()
     with pytest.raises(symm.ChunkTimeout) as raised:
         cases.run_in(world, problem, name, variant, mode, absent={missing}, warm_up=False)
@@ -115,7 +118,7 @@ def test_a_missing_rank_is_named(fresh_world, op, kind, name, mode):
         replayed = replay.stats["replayed"]
         message = _missing_round(world, problem, name, variant, mode, missing=1)
         assert _named(problem, 0, 1) in message, message
-        if mode == "replayed":  # the checked round captured rank 0's graph; the missing round replayed it
+        if mode == "replayed":  # the warm-up captured rank 0's graph; the missing round replayed it
             assert replay.stats["replayed"] - replayed == 1
     finally:
         cases.forget(problem, name, world.group_names)
