@@ -97,8 +97,8 @@ def prefill_at_lengths(folder: str, batch: int, lengths: list[int]) -> dict:
     """The compiled Llama (backend="overlap", eval, no grad) called once at each of
     ``lengths`` tokens a sequence, as a server prefills prompts of any length, against eager:
     logits at fp32 tolerance. After the second length torch.compile runs a graph with a
-    symbolic length. Returns the decisions (forward_backward's form), the graphs, and the
-    overlap op calls each prefill ran."""
+    symbolic length. Returns the decisions (forward_backward's form, with each split's
+    padding), the graphs, and the overlap op calls each prefill ran."""
     from tests.cpu.dynamic_cases import count_overlap_ops
 
     torch._dynamo.reset()
@@ -120,7 +120,10 @@ def prefill_at_lengths(folder: str, batch: int, lengths: list[int]) -> dict:
         with open(path) as f:
             record = json.load(f)
         decisions += [
-            {"graph": record["graph"], "kind": c["kind"], "rewritten": c["rewritten"], "reason": c["reason"]}
+            {
+                "graph": record["graph"], "kind": c["kind"], "rewritten": c["rewritten"], "reason": c["reason"],
+                "padded": (c.get("split") or {}).get("padded"),
+            }  # fmt: skip
             for c in record["candidates"]
         ]
         with open(os.path.join(os.path.dirname(path), "after.txt")) as f:

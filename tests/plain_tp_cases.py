@@ -49,5 +49,12 @@ def rank_local_operand(x, residual, w_row, w_col, norm_weight, group):
     return rms_norm(h, norm_weight) @ w_col, h + x @ (w_row * 2)
 
 
+def sums_over_tokens(x, residual, w_row, w_col, norm_weight, group):
+    """A bias added after the all-reduce, then reductions over every token (a bias's gradient,
+    float8's amax): on padded shards the padding rows hold the bias, which they must not read."""
+    h = funcol.all_reduce(x @ w_row, "sum", group) + norm_weight
+    return rms_norm(h, norm_weight) @ w_col, h.sum(0), h.amax(0), h.amin(0)
+
+
 def max_reduced(x, residual, w_row, w_col, norm_weight, group):
     return rms_norm(funcol.all_reduce(x @ w_row, "max", group), norm_weight) @ w_col

@@ -77,6 +77,17 @@ def shape_arg(graph: Graph, shape, sources) -> list:
     return [size_arg(graph, s, sources) for s in shape]
 
 
+def arith(graph: Graph, target, a, b):
+    """``target(a, b)`` (operator.add, floordiv, mul, sub) of sizes that are ints or nodes
+    holding SymInts: an int where both are, else a node computing it in the graph."""
+    if not isinstance(a, Node) and not isinstance(b, Node):
+        return target(a, b)
+    if target is operator.mul and b in (0, 1):  # (rank 0's first row, rank 0's end)
+        return 0 if b == 0 else a
+    value = target(*(x.meta["val"] if isinstance(x, Node) else x for x in (a, b)))
+    return _new(graph, target, (a, b), value)
+
+
 def _held_sizes(graph: Graph, sources):
     """(SymInt, how to make its node) for the graph's SymInt inputs and the symbolic dims of
     ``sources``."""

@@ -43,6 +43,7 @@ such a region reads no row-shaped operand from outside.
 """
 
 import dataclasses
+import math
 import operator
 
 import torch
@@ -66,7 +67,7 @@ from ..fusion.patterns import (
     meta_val,
 )
 from ..fusion.rewrite import call, erase_dead, reshape
-from ..fusion.sizes import divisible, hint, is_static, same_shape, size_arg
+from ..fusion.sizes import arith, divisible, hint, is_static, same, same_shape, size_arg
 from . import rows
 
 aten = torch.ops.aten
@@ -152,9 +153,6 @@ def _why_not(all_reduce: Node) -> str | None:
         return f"group {group_name!r} cannot be resolved ({error})"
     if world_size == 1:
         return "group of size 1"
-    if not divisible(tokens, world_size):
-        known = "divisible" if is_static(tokens) else "known to be divisible (uneven shards are not padded yet)"
-        return f"the token count {tokens} (the leading dims of {list(shape)}) is not {known} by {world_size}"
     if not meta_val(x).dtype.is_floating_point:
         return f"dtype {meta_val(x).dtype} is not a floating-point dtype"
     return None
@@ -481,8 +479,21 @@ def _region_record(region: Region, all_reduces: list[Node]) -> dict:
                 for n, users in sorted(region.exits.items(), key=lambda item: item[0].name)
             ],
             "reduced_over_tokens": sorted(n.name for n in region.token_reductions),
+            "padded": _padding_note(region),
         },
     }
+
+
+def _padding_note(region: Region) -> str | None:
+    """How the shards are padded where W does not divide the token count (for every value of
+    its symbols), else None."""
+    if divisible(region.tokens, region.world_size):
+        return None
+    return (
+        f"{region.tokens} tokens padded with zero rows to a multiple of {region.world_size}: each shard "
+        "holds ceil(tokens / W) rows; the padding is sliced off the gathered rows, and reductions "
+        "over tokens read the real rows alone"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -498,8 +509,14 @@ class _Sharder:
 
     def __init__(self, graph: Graph, region: Region) -> None:
         self.graph, self.region = graph, region
-        self.rows = region.tokens // region.world_size
+        world = region.world_size
+        # a token count W does not divide (for every value of its symbols): every shard holds
+        # ceil(T / W) rows, the last ones zero rows past the real tokens
+        self.padded = not divisible(region.tokens, world)
+        self.rows = (region.tokens + world - 1) // world if self.padded else region.tokens // world
         self.start = region.rank * self.rows
+        self.dead: list[Node] = []  # matmuls made again on padded rows, and their views
+        self._padding_args: dict | None = None
         # tensors that stay, whose dims hold the region's symbolic sizes (beside the graph's
         # SymInt inputs): the all-reduced and the gathered tensors' inputs
         self.sources = [ar.args[0] for ars in region.entries.values() for ar in ars]
@@ -513,7 +530,10 @@ class _Sharder:
         if node in self.region.gathers:  # the gathered tensor's shard is the collective's input
             shard = self.region.gathers[node].args[0]
             return reshape(self.graph, shard, [self.rows, rows.tensor_shape(shard)[-1]])
-        terms = [reshape(self.graph, ar.args[0], self._rows_shape(ar)) for ar in self.region.entries[node]]
+        if self.padded:
+            terms = [self._padded_term(ar.args[0]) for ar in self.region.entries[node]]
+        else:
+            terms = [reshape(self.graph, ar.args[0], self._rows_shape(ar)) for ar in self.region.entries[node]]
         summed = terms[0]
         for term in terms[1:]:
             summed = call(self.graph, aten.add.Tensor, (summed, term))
@@ -521,6 +541,59 @@ class _Sharder:
             self.graph, REDUCE_SCATTER, (summed, "sum", self.region.world_size, self.region.group_name)
         )
         return call(self.graph, WAIT, (scattered,))
+
+    def _padding(self) -> dict:
+        """The padded layout's sizes as graph arguments (ints where static; nodes made once, at
+        the first entry, before every use): tokens, rows a shard, this rank's start and end,
+        the zero rows added."""
+        if self._padding_args is None:
+            graph, world, rank = self.graph, self.region.world_size, self.region.rank
+            tokens = size_arg(graph, self.region.tokens, self.sources)
+            shard_rows = arith(graph, operator.floordiv, arith(graph, operator.add, tokens, world - 1), world)
+            self._padding_args = {
+                "tokens": tokens,
+                "rows": shard_rows,
+                "start": arith(graph, operator.mul, shard_rows, rank),
+                "end": arith(graph, operator.mul, shard_rows, rank + 1),
+                "pad": arith(graph, operator.sub, arith(graph, operator.mul, shard_rows, world), tokens),
+            }
+        return self._padding_args
+
+    def _pad_rows(self, node: Node) -> Node:
+        """A [T, n] tensor with zero rows added to W * ceil(T / W)."""
+        return call(self.graph, aten.constant_pad_nd.default, (node, [0, 0, 0, self._padding()["pad"]], 0.0))
+
+    def _padded_term(self, reduced: Node) -> Node:
+        """An all-reduced tensor on the padded rows. A matmul's result is made again from its
+        rows padded with zeros, so that the reduce-scatter still fuses with a matmul (Inductor
+        fuses the padding into the kernel that writes those rows); anything else is padded."""
+        views, producer = [], reduced
+        while producer.target in VIEWS:
+            views.append(producer)
+            producer = producer.args[0]
+        position = 1 if producer.target is aten.addmm.default else 0
+        if producer.target in _MATMULS:
+            operand = producer.args[position]
+            shape = rows.tensor_shape(operand)
+            if len(shape) == 2 and same(shape[0], self.region.tokens):
+                args = list(producer.args)
+                args[position] = self._pad_rows(operand)
+                self.dead += [*views, producer]
+                return call(self.graph, producer.target, tuple(args), dict(producer.kwargs))
+        return self._pad_rows(reshape(self.graph, reduced, [self.region.tokens, rows.tensor_shape(reduced)[-1]]))
+
+    def _real_rows(self, shard: Node, reduce_op: str) -> Node:
+        """``shard`` with its padding rows set to ``reduce_op``'s identity, so that a reduction
+        over the tokens reads the real rows alone (padding rows may hold a bias added, say)."""
+        padding, val = self._padding(), meta_val(shard)
+        index = call(
+            self.graph, torch.ops.prims.iota.default, (padding["rows"],),
+            {"start": padding["start"], "step": 1, "dtype": torch.int64, "device": val.device, "requires_grad": False},
+        )  # fmt: skip
+        real = call(self.graph, aten.lt.Scalar, (index, padding["tokens"]))
+        real = call(self.graph, aten.reshape.default, (real, [-1] + [1] * (val.dim() - 1)))
+        identity = {"sum": 0.0, "max": -math.inf, "min": math.inf}[reduce_op]
+        return call(self.graph, aten.where.ScalarOther, (real, shard, identity))
 
     def _rows_shape(self, node: Node) -> list[int]:
         shape = rows.tensor_shape(node)
@@ -543,13 +616,22 @@ class _Sharder:
             if not same_shape(shape, rows_shape):  # broadcast along some rows: make every row explicit
                 full = call(self.graph, aten.expand.default, (node, self._sizes(rows_shape)))
             flat = reshape(self.graph, full, [self.region.tokens, shape[-1]])
-            bounds = self._sizes([self.start, self.start + self.rows])
+            if self.padded:  # (Inductor reads the slice of the padding in place)
+                flat = self._pad_rows(flat)
+                bounds = [self._padding()["start"], self._padding()["end"]]
+            else:
+                bounds = self._sizes([self.start, self.start + self.rows])
             self.cut[node] = call(self.graph, aten.slice.Tensor, (flat, 0, *bounds))
         return self.cut[node]
 
     def _sizes(self, sizes) -> list:
-        """Sizes as graph arguments: symbolic ones as nodes (sizes.size_arg)."""
-        return [size_arg(self.graph, s, self.sources) for s in sizes]
+        """Sizes as graph arguments: symbolic ones as nodes (sizes.size_arg; a padded shard's
+        rows as the node computing them)."""
+        return [
+            self._padding()["rows"] if self.padded and not is_static(s) and same(s, self.rows)
+            else size_arg(self.graph, s, self.sources)
+            for s in sizes
+        ]  # fmt: skip
 
     def _call(self, target, args: tuple, kwargs: dict | None = None) -> Node:
         """One node per distinct op on the shard: torchao quantizes a gathered tensor twice
@@ -590,6 +672,8 @@ class _Sharder:
     def across_tokens(self, node: Node) -> Node:
         """A sum, max or min over every token = the shard's, all-reduced with the same op."""
         shard = self.shard[node.args[0]]
+        if self.padded:
+            shard = self._real_rows(shard, rows.TOKEN_REDUCE_OPS[node.target])
         if len(node.args) == 1:  # over every dim: max.default and the like
             local = self._call(node.target, (shard,), dict(node.kwargs))
         else:  # over the leading dims (the shard's dim 0), or every dim
@@ -613,13 +697,44 @@ class _Sharder:
                 gather = self._all_gather(shard)
             with self.graph.inserting_before(readers[0]):
                 gathered = self._gathered(gather, meta_val(shard).dtype)
+                real = gathered
+                if self.padded:  # the padding rows off
+                    real = call(self.graph, aten.slice.Tensor, (gathered, 0, 0, self._padding()["tokens"]))
                 for node in nodes:
-                    full = reshape(self.graph, gathered, meta_val(node).shape)
+                    full = reshape(self.graph, real, meta_val(node).shape)
                     # in graph order: the order ``full`` gains its users is the order later
                     # matches list them in, and every rank must build the same collectives
                     # (a set's order differs between processes)
                     for user in sorted(set(outside[node]), key=order.__getitem__):
-                        user.replace_input_with(node, full)
+                        if not (self.padded and self._on_padded_rows(user, node, gathered)):
+                            user.replace_input_with(node, full)
+
+    def _on_padded_rows(self, user: Node, node: Node, gathered: Node) -> bool:
+        """Where ``user`` is a matmul reading ``node`` ([T, n]) as its rows, or a reshape of it
+        to [T, n] read only so: each matmul made again on the padded gathered rows and its
+        result sliced to the real ones (a view), so that the all-gather fuses with it. Whether
+        it was."""
+        matmuls = [user]
+        if user.target in VIEWS:
+            matmuls = list(user.users)
+        tokens, width = self.region.tokens, rows.tensor_shape(gathered)[-1]
+        source = user if user.target in VIEWS else node
+        if not same_shape(rows.tensor_shape(source), (tokens, width)) or not matmuls:
+            return False
+        position = {aten.mm.default: 0, aten.addmm.default: 1}
+        if not all(m.target in position and m.args[position[m.target]] is source for m in matmuls):
+            return False
+        for matmul in matmuls:
+            args = list(matmul.args)
+            args[position[matmul.target]] = gathered
+            with self.graph.inserting_before(matmul):
+                remade = call(self.graph, matmul.target, tuple(args), dict(matmul.kwargs))
+                real = call(self.graph, aten.slice.Tensor, (remade, 0, 0, self._padding()["tokens"]))
+            matmul.replace_all_uses_with(real)
+            self.dead.append(matmul)
+        if source is user:
+            self.dead.append(user)
+        return True
 
     def _all_gather(self, shard: Node) -> Node:
         """The all-gather of a [rows, n] shard in the region's layout; float8 moves as bytes
@@ -662,5 +777,5 @@ def apply(graph: Graph, split_plan: Plan) -> None:
                 else:
                     node.replace_all_uses_with(sharder.across_tokens(node))
         sharder.gather_exits(order)
-        dead += [*region.nodes, *region.token_reductions, *region.absorbed]
+        dead += [*region.nodes, *region.token_reductions, *region.absorbed, *sharder.dead]
     erase_dead(graph, dead)

@@ -103,30 +103,32 @@ def tp_block(bias: bool, seed: int = 0, autocast: bool = False) -> dict:
 
 
 @_decided
-def plain_tp_block(bias: bool, batch: int, seed: int = 0, autocast: bool = False) -> dict:
+def plain_tp_block(bias: bool, batch: int, seed: int = 0, autocast: bool = False, extra_tokens: int = 0) -> dict:
     """The block without sequence parallel: each all-reduce split around the row-wise ops
     (all_reduce_split.py), here at a size where the cost model would keep them, so the split is
     forced (collectives' latency counted as nothing). ``autocast``: fp32 block under autocast to
-    bf16, compared to bf16 tolerance."""
+    bf16, compared to bf16 tolerance. ``extra_tokens``: a sequence this much longer than 3 W
+    (W does not divide the tokens: the shards are padded)."""
     torch.manual_seed(seed)
     heads = max(4, dist.get_world_size())
     block = parallelize_block_plain(TransformerBlock(dim=32, heads=heads, hidden=64, bias=bias), _mesh())
-    seq = 3 * dist.get_world_size()  # tokens divisible by W at batch 1, yet chunks cross sequences
+    # tokens divisible by W at batch 1, yet chunks cross sequences
+    seq = 3 * dist.get_world_size() + extra_tokens
     tol = dict(atol=3e-2, rtol=3e-2) if autocast else TOL
     with unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0):
         _compare_module(block, lambda: torch.randn(batch, seq, 32), seed, tol, autocast, replicated=True)
 
 
 @_decided
-def plain_tp_functional(name: str, seed: int = 0) -> dict:
+def plain_tp_functional(name: str, seed: int = 0, extra_tokens: int = 0) -> dict:
     """A hand-written plain-TP graph (tests/plain_tp_cases.py), compiled for inference, against
     eager: the residual and the norm weight are the same on every rank, the row-parallel input
-    and the linears' weights are each rank's own."""
+    and the linears' weights are each rank's own. 4 W tokens, and ``extra_tokens``."""
     from tests import plain_tp_cases
 
     fn = getattr(plain_tp_cases, name)
     torch.manual_seed(seed)
-    residual, norm_weight = torch.randn(4 * dist.get_world_size(), 32), torch.randn(32)
+    residual, norm_weight = torch.randn(4 * dist.get_world_size() + extra_tokens, 32), torch.randn(32)
     torch.manual_seed(seed + 1 + dist.get_rank())
     x, w_row, w_col = torch.randn(residual.shape[0], 24), torch.randn(24, 32), torch.randn(32, 40)
     args = (x, residual, w_row, w_col, norm_weight)

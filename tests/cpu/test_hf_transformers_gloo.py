@@ -70,20 +70,17 @@ def test_olmo2_tp_plan_gathers_qkv_outputs_alike_on_every_rank(gloo_world, tmp_p
 
 @pytest.mark.parametrize("batch, lengths", [(2, [9, 12, 17, 9]), (1, [9, 12, 17, 9])], ids=["even-tokens", "odd-tokens"])
 def test_llama_prefill_at_changing_lengths(gloo_world, tmp_path, batch, lengths):
-    """Prompts of several lengths through one compiled model. Batch 2: every token count is
-    even, so the symbolic graph splits and fuses as the static one does, and every prefill runs
-    as many fused ops. Batch 1 at odd lengths: the symbolic graph cannot shard its tokens (not
-    padded yet) and keeps its all-reduces, with that reason; logits as eager's either way."""
+    """Prompts of several lengths through one compiled model; the symbolic graph splits and
+    fuses as the static one does, and every prefill runs as many fused ops; logits as eager's.
+    Batch 2: every token count is even. Batch 1 at odd lengths: W does not divide the tokens,
+    so the shards are padded with zero rows (the record says so)."""
     results = gloo_world(2).run(cases.prefill_at_lengths, str(tmp_path), batch, lengths)
     assert_same_on_every_rank(results)
     decisions, calls = results[0]["decisions"], results[0]["calls"]
     graphs = sorted({d["graph"] for d in decisions})
     assert len(graphs) == 2, graphs  # static at the first length, symbolic from the second on
     symbolic = [d for d in decisions if d["graph"] == graphs[1] and d["kind"] == SPLIT]
-    if batch == 2:
-        assert symbolic and all(d["rewritten"] for d in symbolic), symbolic
-        assert calls == [calls[0]] * len(lengths) and calls[0] > 0, calls
-    else:
-        assert symbolic and not any(d["rewritten"] for d in symbolic), symbolic
-        assert all("not known to be divisible" in d["reason"] for d in symbolic), symbolic
-        assert calls[1:] == [0] * (len(lengths) - 1), calls
+    assert symbolic and all(d["rewritten"] for d in symbolic), symbolic
+    assert calls == [calls[0]] * len(lengths) and calls[0] > 0, calls
+    padded = [d for d in symbolic if d["padded"]]
+    assert len(padded) == (0 if batch == 2 else len(symbolic)), symbolic

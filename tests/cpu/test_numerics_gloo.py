@@ -43,6 +43,17 @@ def test_plain_tp_block(gloo_world, world_size, bias, batch):
     assert decisions[0] == plain_tp_cases.block_decisions()
 
 
+@pytest.mark.parametrize("world_size, bias, batch", [(2, True, 1), (4, True, 3)])
+def test_plain_tp_block_at_token_counts_not_divisible_by_the_world(gloo_world, world_size, bias, batch):
+    """3 W + 1 tokens a sequence: the shards are padded with zero rows to ceil(T / W) each;
+    forward and backward equal eager's (the bias and norm weight gradients, reductions over
+    the tokens, read the real rows alone), decided as at a divisible count."""
+    decisions = gloo_world(world_size).run(cases.plain_tp_block, bias, batch, 0, False, 1)
+    assert all(d == decisions[0] for d in decisions), "ranks decided differently"
+    # (the plain gathers' readers are slices taking the padding off rather than the outputs)
+    assert [d[:2] for d in decisions[0]] == [d[:2] for d in plain_tp_cases.block_decisions()], decisions[0]
+
+
 def test_plain_tp_block_under_autocast(gloo_world):
     """bf16 matmuls and all-reduces, an fp32 residual stream and norms: split as in fp32, every
     reduce-scatter and the FFN's gather fused; numerics as eager's, to bf16."""
@@ -59,6 +70,16 @@ def test_hand_written_plain_tp(gloo_world, name):
     decisions = gloo_world(2).run(cases.plain_tp_functional, name)
     assert all(d == decisions[0] for d in decisions), "ranks decided differently"
     assert (SPLIT, True, None) in decisions[0] and (MRS, True, None) in decisions[0]
+
+
+@pytest.mark.parametrize("name", ["row_then_column", "sums_over_tokens"])
+def test_hand_written_plain_tp_at_tokens_not_divisible_by_the_world(gloo_world, name):
+    """4 W + 3 tokens at W=4: padded shards; the sums, maxima and minima over the tokens read
+    the real rows alone (the padding rows hold the bias added after the all-reduce); equal to
+    eager."""
+    decisions = gloo_world(4).run(cases.plain_tp_functional, name, 0, 3)
+    assert all(d == decisions[0] for d in decisions), "ranks decided differently"
+    assert (SPLIT, True, None) in decisions[0] and (MRS, True, None) in decisions[0], decisions[0]
 
 
 @pytest.mark.parametrize("world_size, bias", [(2, False), (2, True), (4, False), (4, True), (8, False)])

@@ -199,12 +199,19 @@ def test_hand_written_row_then_column(tmp_path, latency_free, world_size):
     assert "all_gather_into_tensor" not in dump.after("inference")
 
 
-def test_tokens_not_divisible_by_the_world_are_kept(tmp_path, latency_free):
+def test_tokens_not_divisible_by_the_world_are_padded(tmp_path, latency_free):
+    """10 tokens at W=4: shards of 3 rows, the last ones zero rows; the matmul on each side is
+    made again on the padded rows, so both collectives still fuse, and the padding is sliced off
+    their results."""
     with fake_world(4) as group:
         _, dump = compile_and_dump(row_then_column, (*_args(10), group), tmp_path)
     record = _split_record(dump)
-    assert not record["rewritten"]
-    assert record["reason"] == "the token count 10 (the leading dims of [10, 32]) is not divisible by 4"
+    assert record["rewritten"], record
+    assert record["split"]["padded"].startswith("10 tokens padded with zero rows to a multiple of 4"), record
+    kinds = sorted((c["kind"], c["rewritten"]) for c in dump.all_candidates())
+    assert (MRS, True) in kinds and (AGM, True) in kinds, kinds
+    after = dump.after("inference")
+    assert "all_reduce" not in after and "constant_pad_nd" in after, after
 
 
 @pytest.mark.parametrize(
