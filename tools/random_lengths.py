@@ -6,7 +6,8 @@
 The sequence-parallel transformer block (tools/tp_models, DTensor's ColwiseParallel and
 RowwiseParallel, Llama 3 8B widths by default) is compiled once with backend="overlap". Each call
 draws a sequence of --min-tokens to --max-tokens tokens (a multiple of W: each rank holds an
-equal shard, odd counts a rank included), runs forward and backward, and compares the output and
+equal shard, odd counts a rank included; --layout plain: plain TP, the whole sequence on every
+rank, any count, padded where W does not divide it), runs forward and backward, and compares the output and
 the input's gradient with the same block run eagerly (NCCL + cuBLAS) on the same input; the
 same step compiled by plain Inductor is timed beside it. From the second count on,
 torch.compile runs a graph with a symbolic token dim (automatic dynamic).
@@ -69,13 +70,14 @@ def _counting_ops(counts: collections.Counter) -> None:
         setattr(dispatch, name, counted)
 
 
-def _block(size: str, mesh):
-    from tools.tp_models import TransformerBlock, parallelize_block
+def _block(size: str, layout: str, mesh):
+    from tools.tp_models import TransformerBlock, parallelize_block, parallelize_block_plain
 
     dim, heads, kv_heads, hidden = SIZES[size]
     torch.manual_seed(0)  # the same full weights on every rank
     block = TransformerBlock(dim=dim, heads=heads, hidden=hidden, kv_heads=kv_heads)
-    return parallelize_block(block.to(device="cuda", dtype=torch.bfloat16), mesh), dim
+    parallelize = parallelize_block if layout == "sp" else parallelize_block_plain
+    return parallelize(block.to(device="cuda", dtype=torch.bfloat16), mesh), dim
 
 
 def _step(model, shard: torch.Tensor, grad: torch.Tensor):
@@ -106,6 +108,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--size", choices=sorted(SIZES), default="llama3-8b")
+    parser.add_argument("--layout", choices=("sp", "plain"), default="sp",
+                        help="sequence parallel, or plain TP (the whole sequence on every rank, any token count)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=1, help="calls at each drawn count (the later ones steady)")
     parser.add_argument("--profile", type=int, default=0,
@@ -128,14 +132,15 @@ def main() -> int:
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl")
     world, rank = dist.get_world_size(), dist.get_rank()
-    eager, dim = _block(args.size, init_device_mesh("cuda", (world,)))
+    eager, dim = _block(args.size, args.layout, init_device_mesh("cuda", (world,)))
     compiled = torch.compile(copy.deepcopy(eager), backend="overlap")
     inductor = torch.compile(copy.deepcopy(eager), backend="inductor")  # the same step, plain
     op_calls = collections.Counter()
     _counting_ops(op_calls)
 
     draw = random.Random(args.seed)  # the same counts on every rank
-    low, high = -(-args.min_tokens // world), args.max_tokens // world
+    # tokens a rank (sp), or a sequence (plain: any count, W need not divide it)
+    low, high = (-(-args.min_tokens // world), args.max_tokens // world) if args.layout == "sp" else (args.min_tokens, args.max_tokens)
     mismatches, memory = [], {}
     # bucket -> kind of call -> (overlap's step times, plain Inductor's), ms
     times = collections.defaultdict(lambda: {kind: ([], []) for kind in ("measured", "new count", "repeat")})
@@ -147,10 +152,13 @@ def main() -> int:
         if rank == 0 and call % args.progress_every == 0:
             print(f"call {call}: {time.perf_counter() - start:.0f} s, {len(mismatches)} mismatches", flush=True)
         if call % max(args.repeat, 1) == 0:
-            rows = draw.randint(low, high)  # tokens a rank
+            rows = draw.randint(low, high)
         gen = torch.Generator(device="cuda").manual_seed(args.seed * 100003 + call)
-        full = torch.randn(args.batch, rows * world, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-        shard = full.chunk(world, dim=1)[rank].contiguous()
+        if args.layout == "sp":
+            full = torch.randn(args.batch, rows * world, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+            shard = full.chunk(world, dim=1)[rank].contiguous()
+        else:  # the whole sequence on every rank (the same generator seed)
+            shard = torch.randn(args.batch, rows, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
         grad = torch.randn(shard.shape, device="cuda", dtype=torch.bfloat16, generator=gen)
         # eager first: the libraries' per-shape setup that every compiler pays alike (cuDNN
         # attention's plans: 100 ms to 1 s at a new count, H100) is not charged to whichever runs first
@@ -179,7 +187,8 @@ def main() -> int:
         errors = (relative_error(out, ref_out), relative_error(x_grad, ref_grad))
         if not all(e < TOLERANCE for e in errors):  # NaN fails too
             mismatches.append((call, rows, errors))
-        bucket = choose.token_bucket(rows * args.batch)
+        shard_rows = rows * args.batch if args.layout == "sp" else -(-rows * args.batch // world)  # (padded)
+        bucket = choose.token_bucket(shard_rows)
         if counters["stats"]["unique_graphs"] != graphs_before:
             seen.add(rows)
             continue  # a compile: not an op's cost
@@ -217,7 +226,7 @@ def _print_profile(profiles: list) -> None:
 
 def _report(args, world, op_calls, paths, times, host, memory, kept, mismatches, failed) -> None:
     print(f"\n{args.calls} calls at W={world}, {args.min_tokens}-{args.max_tokens} tokens, batch {args.batch}, "
-          f"{args.size}, forward+backward, every output and input gradient against eager")  # fmt: skip
+          f"{args.size}, {args.layout}, forward+backward, every output and input gradient against eager")  # fmt: skip
     for call, rows, errors in mismatches[:20]:
         print(f"  MISMATCH call {call}: {rows} tokens a rank, relative errors {errors[0]:.3g} / {errors[1]:.3g}")
     print(f"mismatches: {failed} (slowest rank); rank 0: {len(mismatches)}")
