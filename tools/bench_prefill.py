@@ -1,0 +1,182 @@
+"""Hugging Face Llama with its own tensor-parallel plan (``tp_plan``: plain TP, an all-reduce after
+each row-parallel linear): prefill at prompt lengths that change from call to call, and
+decode-shaped calls, each backend compiling the model once; plain Inductor against
+backend="overlap", in one process on the same inputs.
+
+    torchrun --nproc-per-node 4 -m tools.bench_prefill --lengths 128,1001,2048,4095,8192 --out prefill.json
+
+The model: LlamaConfig at Llama 3 8B widths (--size), --layers decoder layers, --vocab tokens,
+random weights saved by rank 0 and loaded on every rank with ``DistributedConfig(tp_size=W)``, as
+users load a checkpoint; bf16, eval, no grad. Each backend is called at every length in the
+order given (batch --batch): the first length compiles a static graph, the second a symbolic one
+(automatic dynamic) that serves every later length; where W does not divide a length's tokens,
+the split all-reduces run on padded shards. Decode-shaped calls (--decode-batch sequences of one
+token, no KV cache) run the linears at a decode step's shapes, where a fused op cannot pay and
+the per-shape choice keeps NCCL + cuBLAS.
+
+Per length, each backend's first call is timed alone (a compile, or the symbolic graph's first
+call at that count, whose token bucket may be measured), and its logits are checked against the
+eager model's; then the backends' calls are timed interleaved (tools/measure.py): the slowest
+rank's median over rounds of --calls calls. Printed last: a table, and the overlap op calls of
+one overlap prefill at each length (0: nothing fused).
+"""
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+for _var, _value in (
+    ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"),
+    ("OVERLAP_PASS_SPIN_LIMIT", "20000000"),
+):  # fmt: skip
+    os.environ.setdefault(_var, _value)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from tools.measure import relative_error, slowest, time_interleaved  # noqa: E402
+
+# (hidden, heads, K/V heads, FFN)
+SIZES = {"llama3-8b": (4096, 32, 8, 14336), "llama3-70b": (8192, 64, 8, 28672), "small": (1024, 8, 8, 3584)}
+BACKENDS = ("inductor", "overlap")
+TOLERANCE = 3e-2  # bf16 logits through --layers layers, summed in another order than eager's
+
+
+def _save(folder: str, args) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden, heads, kv_heads, ffn = SIZES[args.size]
+    config = LlamaConfig(
+        vocab_size=args.vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=args.layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max(args.lengths) + 1,
+        tie_word_embeddings=False, attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+
+
+def _load(folder: str, device: torch.device):
+    from transformers import LlamaForCausalLM
+    from transformers.distributed import DistributedConfig
+
+    model = LlamaForCausalLM.from_pretrained(
+        folder, distributed_config=DistributedConfig(tp_size=dist.get_world_size()), dtype=torch.bfloat16
+    )
+    return model.to(device).eval()
+
+
+def _overlap_calls(run) -> int:
+    """The overlap op calls one ``run()`` makes (dispatch's entry points, as ops.py resolves
+    them at every call)."""
+    from overlap_pass.lowering import dispatch
+
+    names = ("all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter")
+    real, count = {n: getattr(dispatch, n) for n in names}, [0]
+
+    def counting(name):
+        def counted(*a, **k):
+            count[0] += 1
+            return real[name](*a, **k)
+
+        return counted
+
+    try:
+        for name in names:
+            setattr(dispatch, name, counting(name))
+        run()
+        torch.cuda.synchronize()
+    finally:
+        for name in names:
+            setattr(dispatch, name, real[name])
+    return count[0]
+
+
+def _first_call(run, device) -> float:
+    """One call's wall time in ms, the GPU idle before and after (slowest rank)."""
+    torch.cuda.synchronize(device)
+    dist.barrier()
+    begin = time.perf_counter()
+    run()
+    torch.cuda.synchronize(device)
+    return slowest((time.perf_counter() - begin) * 1e3, device)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--lengths", default="128,1001,2048,4095,8192", help="prompt lengths, in call order")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--decode-batch", type=int, default=8, help="decode-shaped calls: sequences of 1 token (0: none)")
+    parser.add_argument("--size", choices=sorted(SIZES), default="llama3-8b")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--out", default="bench_prefill.json")
+    args = parser.parse_args()
+    args.lengths = [int(n) for n in args.lengths.split(",")]
+
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    dist.init_process_group("nccl")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    folder = tempfile.mkdtemp(prefix="overlap-bench-prefill-") if rank == 0 else None
+    shared = [folder]
+    dist.broadcast_object_list(shared, src=0)
+    if rank == 0:
+        _save(shared[0], args)
+    dist.barrier()
+    eager = _load(shared[0], device)
+    compiled = {b: torch.compile(_load(shared[0], device), backend=b) for b in BACKENDS}
+
+    shapes = [(args.batch, n) for n in args.lengths]
+    if args.decode_batch:
+        shapes.append((args.decode_batch, 1))
+    rows = []
+    with torch.no_grad():
+        for batch, length in shapes:
+            gen = torch.Generator(device=device).manual_seed(length)  # the same prompt on every rank
+            ids = torch.randint(0, args.vocab, (batch, length), device=device, generator=gen)
+            reference = eager(input_ids=ids).logits
+            runners = {b: (lambda m=m: m(input_ids=ids)) for b, m in compiled.items()}
+            row = {"batch": batch, "length": length, "tokens": batch * length, "first_ms": {}, "error": {}}
+            for backend, run in runners.items():
+                row["first_ms"][backend] = _first_call(run, device)
+                row["error"][backend] = relative_error(run().logits, reference)
+            row["overlap_op_calls"] = _overlap_calls(runners["overlap"])
+            us, host_us = time_interleaved(runners, device, args.rounds, args.calls, args.warmup)
+            row["us"], row["host_us"] = us, host_us
+            rows.append(row)
+            if rank == 0:
+                print(f"{batch} x {length}: {us}", flush=True)
+    if rank == 0:
+        _report(args, world, rows)
+    dist.destroy_process_group()
+
+
+def _report(args, world: int, rows: list) -> None:
+    print(f"\nHugging Face Llama ({args.size} widths, {args.layers} layers, vocab {args.vocab}), tp_plan, W={world}, "
+          f"bf16, no grad; {torch.cuda.get_device_name()}, torch {torch.__version__}")  # fmt: skip
+    print("| batch x length | overlap ops a call | Inductor µs | overlap µs | speedup | first call ms: Inductor "
+          "| overlap | logits' relative error: Inductor | overlap |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ind, ours = r["us"]["inductor"], r["us"]["overlap"]
+        print(
+            f"| {r['batch']} x {r['length']} | {r['overlap_op_calls']} | {ind:.0f} | {ours:.0f} | {ind / ours:.2f}x "
+            f"| {r['first_ms']['inductor']:.0f} | {r['first_ms']['overlap']:.0f} "
+            f"| {r['error']['inductor']:.1e} | {r['error']['overlap']:.1e} |"
+        )
+    bad = [r for r in rows if not all(e < TOLERANCE for e in r["error"].values())]  # NaN fails too
+    print(f"logits within {TOLERANCE} of eager's: {len(rows) - len(bad)} of {len(rows)} shapes")
+    with open(args.out, "w") as f:
+        json.dump({"args": vars(args), "world_size": world, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
