@@ -374,19 +374,25 @@ def _decide(region: Region, order: dict[Node, int]) -> tuple[bool, str]:
     if region.gathers and not region.entries and not any(_feeds_scaled_mm(n) for n in region.exits):
         return False, "no scaled (float8) matmul reads a tensor computed from the gathered one"
     share = (region.world_size - 1) / region.world_size
+
+    def latency_bound(node: Node) -> bool:
+        # fewer bytes than a collective's latency is worth: the matmul beside it is too short
+        # to hide it (a decode step's few tokens), so a fused op saves nothing there
+        return share * _bytes(node) < LATENCY_BYTES
+
     all_reduces = [ar for ars in region.entries.values() for ar in ars]
     before = sum(2 * share * _bytes(ar) + LATENCY_BYTES for ar in all_reduces)
     before += sum(share * _bytes(g) + LATENCY_BYTES for g in region.gathers)
     after = 0.0
     for ars in region.entries.values():
-        if not all(_feeds_from_matmul(ar.args[0]) for ar in ars):
+        if not all(_feeds_from_matmul(ar.args[0]) for ar in ars) or latency_bound(ars[0]):
             after += share * _bytes(ars[0]) + LATENCY_BYTES
     # one gather per shard (reshapes share it); fused where a matmul reads any of its tensors
-    fused = {_root(region, n) for n in region.exits if _feeds_matmul(n)}
+    fused = {_root(region, n) for n in region.exits if _feeds_matmul(n) and not latency_bound(n)}
     plain = {_root(region, n) for n in region.exits} - fused
     # a rider moves behind its host's matmul, which may not cover its bytes: only its
     # collective's latency is saved
-    riders = _riders(region, plain, order)
+    riders = _riders(region, plain, fused, order)
     after += sum(share * _bytes(n) + (0 if n in riders else LATENCY_BYTES) for n in plain)
     after += sum(2 * share * _bytes(n) + LATENCY_BYTES for n in region.token_reductions)
     collectives = f"{len(all_reduces)} all-reduce(s)" if all_reduces else ""
@@ -403,13 +409,13 @@ def _decide(region: Region, order: dict[Node, int]) -> tuple[bool, str]:
     return True, summary
 
 
-def _riders(region: Region, plain: set[Node], order: dict[Node, int]) -> set[Node]:
+def _riders(region: Region, plain: set[Node], fused: set[Node], order: dict[Node, int]) -> set[Node]:
     """The plain gathers of ``plain`` that passengers.py will likely move into a fused gather of
-    the region: those that do not follow one of its matmuls (which read the gathered rows, so
-    they cannot wait for a shard computed from their results)."""
+    the region (one of ``fused``): those that do not follow one of its matmuls (which read the
+    gathered rows, so they cannot wait for a shard computed from their results)."""
     if not config.gather_passengers:
         return set()
-    hosts = [_matmul_readers(n) for n in region.exits if _feeds_matmul(n)]
+    hosts = [_matmul_readers(n) for n in region.exits if _root(region, n) in fused]
     return {
         node
         for node in plain

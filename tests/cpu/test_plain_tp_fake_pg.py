@@ -114,26 +114,38 @@ def test_a_host_with_riders_is_measured_at_its_first_call(tmp_path, latency_free
 
 
 @pytest.mark.parametrize("riders", [True, False])
-def test_small_all_reduces_are_kept_when_splitting_does_not_pay(tmp_path, riders):
-    """At the test block's size a collective's latency outweighs its bytes. The forward's split
-    leaves three gathers for two all-reduces, but two of them (the saved activations) ride in
-    the FFN's fused gather: it pays, and is kept without passengers, with the costs in the
-    reason. The backward, five all-reduces for one plain gather and two small all-reduces, is
-    split either way."""
+def test_gathers_that_ride_in_a_fused_one_cost_no_latency(tmp_path, riders, monkeypatch):
+    """A collective's latency counted as 512 B, as much as a rank sends of each all-reduce at
+    the test block's size (more would make every collective latency-bound: the test below).
+    The forward's split leaves three gathers for two all-reduces; two of them (the saved
+    activations) ride in the FFN's fused gather, and the cost in the record counts no latency
+    for them. The backward, five all-reduces for one plain gather and two small all-reduces,
+    is split either way."""
+    monkeypatch.setattr(all_reduce_split, "LATENCY_BYTES", 512)
     with fake_world(2):
         x = torch.randn(1, SEQ, DIM, requires_grad=True)
         _, dump = compile_and_dump(_plain_block(2, False), (x,), tmp_path, backward=True, gather_passengers=riders)
     forward = [c for c in dump.candidates("forward") if c["kind"] == SPLIT]
-    assert [c["rewritten"] for c in forward] == [riders] * 2
-    costs = "2 all-reduce(s) move 2.0 MiB in the open, on the shards"
-    if riders:
-        cost = [c["split"]["cost"] for c in forward]
-        assert all(c.startswith(f"{costs} 1.0 MiB") and "2 gather(s) ride in a fused one, no latency" in c for c in cost), cost
-        assert "all_reduce" not in dump.after("forward")
-    else:
-        assert all(c["reason"].startswith(f"does not pay: {costs} 3.0 MiB") for c in forward), forward
-        assert "all_reduce" in dump.after("forward")
+    assert [c["rewritten"] for c in forward] == [True] * 2
+    after = "1.5 KiB" if riders else "2.5 KiB"  # (2 latencies more)
+    expected = f"2 all-reduce(s) move 3.0 KiB in the open, on the shards {after} "
+    cost = [c["split"]["cost"] for c in forward]
+    assert all(c.startswith(expected) and (("ride in a fused one" in c) == riders) for c in cost), cost
+    assert "all_reduce" not in dump.after("forward")
     assert [c["rewritten"] for c in dump.candidates("backward") if c["kind"] == SPLIT] == [True] * 5
+
+
+def test_all_reduces_of_fewer_bytes_than_a_collective_latency_are_kept(tmp_path):
+    """At the test block's size (a decode step's few tokens, say) each all-reduce moves fewer
+    bytes than a collective's latency is worth (1 MiB): a fused op cannot hide its collective
+    behind so short a matmul, and the split's two collectives would cost more than the one
+    all-reduce, so every all-reduce stays, forward and backward, with the costs in the reason."""
+    with fake_world(2):
+        x = torch.randn(1, SEQ, DIM, requires_grad=True)
+        _, dump = compile_and_dump(_plain_block(2, False), (x,), tmp_path, backward=True)
+    records = [c for c in dump.all_candidates() if c["kind"] == SPLIT]
+    assert len(records) == 7 and not any(c["rewritten"] for c in records), records
+    assert all(c["reason"].startswith("does not pay: ") for c in records), records
 
 
 def test_config_off_keeps_every_all_reduce(tmp_path):
