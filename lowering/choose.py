@@ -23,8 +23,11 @@ inputs') under their power-of-two bucket (token_bucket). The first call of a buc
 a later call at another token count of the same bucket, or of a bucket next to a measured one,
 runs that choice with no measurement and no collective (where the variant refuses the count:
 NotImplementedError, or a kernel that does not compile for it, the same on every rank, NCCL +
-cuBLAS runs that count, lowering/dispatch.py); a bucket far from every measured one is measured
-(once per bucket, and once per machine with the cache file).
+cuBLAS runs that count, lowering/dispatch.py). A bucket far from every measured one (and not in
+the cache file) runs the nearest measured bucket's choice at its first distinct token counts, and
+is measured at its config.measure_bucket_after-th: a count met once never stalls its step on a
+measurement, a bucket that recurs gets a choice of its own (once per bucket, and once per
+machine with the cache file).
 
 Samples run the calls as the model will: through dispatch's wrappers, so calls that replay
 per-call CUDA graphs (replay.py) are timed replaying them. A first call made while CUDA graph
@@ -71,6 +74,9 @@ CHOICES: dict[str, dict] = {}
 _DECIDED: dict[tuple[str, str], str] = {}
 # (group name, key) -> name: a token bucket's choice taken from a measured bucket next to it
 _PREDICTED: dict[tuple[str, str], str] = {}
+# (group name, key) -> distinct token counts of a bucket far from the measured ones that ran the
+# nearest one's choice so far (config.measure_bucket_after)
+_UNMEASURED: dict[tuple[str, str], int] = {}
 # (variant, reason) pairs logged: a variant out for one reason at every shape (a kernel this
 # triton cannot compile) is told once, not at each shape's first call
 _TOLD: set[tuple[str, str]] = set()
@@ -101,6 +107,23 @@ def neighbour_keys(key: str) -> list[str]:
         return []
     tokens = int(found.group(1))
     return [_TOKENS.sub(f"tokens={t}", key, count=1) for t in (tokens // 2, tokens * 2) if t >= 1]
+
+
+def _nearest_measured(group_name: str, key: str) -> tuple[str, str] | None:
+    """(choice, key) of the decided token bucket nearest ``key``'s (by their ratio; the larger
+    at a tie) among the keys that differ from it in the bucket alone, if any: the same on every
+    rank, as decisions are collective."""
+    found = _TOKENS.search(key)
+    if found is None:
+        return None
+    tokens, pattern = int(found.group(1)), _TOKENS.sub("tokens=*", key, count=1)
+    candidates = []
+    for (group, other), name in _DECIDED.items():
+        match = _TOKENS.search(other)
+        if group == group_name and match and _TOKENS.sub("tokens=*", other, count=1) == pattern:
+            other_tokens = int(match.group(1))
+            candidates.append((abs(other_tokens.bit_length() - tokens.bit_length()), -other_tokens, name, other))
+    return min(candidates)[2:] if candidates else None
 
 
 def shape_key(kind: str, world_size: int, shapes: dict, dtype: torch.dtype) -> str:
@@ -386,8 +409,11 @@ def choose(key: str, variants: dict, args: tuple, group, device) -> str:
         log.warning("overlap: first call of %s inside a CUDA graph capture: running %s", key, BASELINE)
         return BASELINE
     graphs = replays_graphs(device)  # graph trees keep their state per thread: asked here
+    nearest = _nearest_measured(group.group_name, key)
     # a compiled model's first call may run with allocations routed to a CUDA graph pool
-    return symm.outside_graph_pool(device, _choose_collectively, key, variants, args, group, device, graphs)
+    return symm.outside_graph_pool(
+        device, _choose_collectively, key, variants, args, group, device, graphs, (), nearest
+    )  # fmt: skip
 
 
 def _known(group, key: str) -> str | None:
@@ -445,12 +471,16 @@ def _forced(key: str, name: str, variants: dict, args: tuple, group, device) -> 
     return decided
 
 
-def _choose_collectively(key: str, variants: dict, args: tuple, group, device, graphs: bool, out=()) -> str:
+def _choose_collectively(
+    key: str, variants: dict, args: tuple, group, device, graphs: bool, out=(), nearest=None
+) -> str:  # fmt: skip
     """choose's collective part: the cache file's choice for the key's token bucket or one
     next to it (rank 0's), or a measurement now (timing replayed CUDA graphs if ``graphs``).
     ``out``: variants known not to run (the same on every rank), timed as inf without running.
     A cached choice other than the baseline is tried once on this call; where it fails on a
-    rank, it is out and the shape measured again."""
+    rank, it is out and the shape measured again. ``nearest``: (choice, key) of the measured
+    bucket nearest this one, whose choice runs instead of a measurement until the bucket's
+    config.measure_bucket_after-th distinct token count."""
     decided_key = key
     if graphs:  # timed apart and cached apart: host time does not count
         key += GRAPHS_KEY
@@ -467,6 +497,11 @@ def _choose_collectively(key: str, variants: dict, args: tuple, group, device, g
     if found is not None:
         log.warning("overlap: the cached choice %s for %s does not run here; measuring again", found, key)
         out = (*out, found)
+    elif nearest is not None and nearest[0] not in out:
+        seen = _UNMEASURED[(group.group_name, decided_key)] = _UNMEASURED.get((group.group_name, decided_key), 0) + 1
+        if seen < config.measure_bucket_after:  # (the same count on every rank: calls are collective)
+            CHOICES[key] = {"choice": nearest[0], "source": f"predicted from {nearest[1]} until measured"}
+            return nearest[0]
     begin = time.perf_counter()
     candidates = {n: v for n, v in variants.items() if n not in out}
     times = {n: float("inf") for n in names} | _measure(candidates, args, group, device, graphs)

@@ -69,6 +69,12 @@ op_graphs: bool = Config(default=True, env_name_default="OVERLAP_PASS_OP_GRAPHS"
 # dropped shape that comes back resolves again (its bucket's choice, tried once; no measurement).
 shapes_kept: int = int(os.environ.get("OVERLAP_PASS_SHAPES_KEPT", 64))
 
+# A token bucket far from every measured one (shapes that change) runs the nearest measured
+# bucket's choice at its first token counts, and is measured at its measure_bucket_after-th
+# distinct count: a count seen once never stalls its step on a measurement (seconds), a bucket
+# that recurs gets its own choice. 1: measured at its first count.
+measure_bucket_after: int = int(os.environ.get("OVERLAP_PASS_MEASURE_BUCKET_AFTER", 3))
+
 # Polls before a wait on a peer gives up (barrier, chunk flags). It then records which rank or
 # chunk it missed and the op raises ChunkTimeout (at the latest 16 calls later). Each poll is a
 # system-scope atomic read, about a microsecond: the default gives up after some ten minutes,

@@ -98,7 +98,7 @@ class _Records(logging.Handler):
 def _dispatch_on_cpu(failing_ranks, cache_path: str, **patches):
     """dispatch's CUDA path on CPU tensors with the stand-in variants, this process's choices
     forgotten (and restored after), the overlap log collected."""
-    remembered = (choose.CHOICES, choose._DECIDED, choose._PREDICTED, choose._TOLD, dispatch._RESOLVED)
+    remembered = (choose.CHOICES, choose._DECIDED, choose._PREDICTED, choose._UNMEASURED, choose._TOLD, dispatch._RESOLVED)
     saved = [type(table)(table) for table in remembered]
     for table in remembered:
         table.clear()
@@ -145,6 +145,7 @@ def fallback(scenario: str, cache_path: str, seed: int = 0) -> dict:
     Returns what each rank chose, its log and the largest error against the reference."""
     failing = {"one_rank": {1}, "captured": set()}.get(scenario, {0, 1})
     patches = {"implementation": "fused"} if scenario == "forced" else {}
+    patches["measure_bucket_after"] = 1  # each shape's bucket measured at its first call
     with _dispatch_on_cpu(failing, cache_path, **patches) as (mp, messages):
         if scenario == "cached" and dist.get_rank() == 0:
             shard, scale, weight, weight_scale = _problem(seed, ROWS)
@@ -169,12 +170,13 @@ def fallback(scenario: str, cache_path: str, seed: int = 0) -> dict:
     return {"chosen": chosen, "log": messages, "error": max(errors), "cache": cached}
 
 
-def changing_rows(cache_path: str, rows: list[int], refused: int, kept: int) -> dict:
+def changing_rows(cache_path: str, rows: list[int], refused: int, kept: int, measure_after: int = 1) -> dict:
     """Calls at each of ``rows`` (a new seed each), the Gluon stand-in refusing the calls of
     ``refused`` rows (NotImplementedError, as a variant refuses operands it cannot take), at
-    most ``kept`` call signatures kept. Returns the choice per token bucket (measured, or
-    predicted from a neighbour), the rows of each measurement, the variant each call ran, and
-    the largest error."""
+    most ``kept`` call signatures kept, a far bucket measured at its ``measure_after``-th
+    distinct count. Returns the choice per token bucket (measured, or predicted from a
+    neighbour), the rows of each measurement, the variant each call ran, and the largest
+    error."""
     ran, measured = [], []
 
     def recorded(name, variant):
@@ -192,7 +194,7 @@ def changing_rows(cache_path: str, rows: list[int], refused: int, kept: int) -> 
     def variants(kind, num_inputs=1):
         return {n: recorded(n, v) for n, v in {**_variants(set()), GLUON: refusing}.items()}
 
-    with _dispatch_on_cpu(set(), cache_path, shapes_kept=kept) as (mp, messages):
+    with _dispatch_on_cpu(set(), cache_path, shapes_kept=kept, measure_bucket_after=measure_after) as (mp, messages):
         mp.setattr(scaled, "variants", variants)
         real_measure = choose._measure
         mp.setattr(choose, "_measure", lambda *a, **k: measured.append(a[1][0].shape[0]) or real_measure(*a, **k))

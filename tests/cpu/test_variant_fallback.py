@@ -69,6 +69,19 @@ def test_token_counts_that_change_are_measured_once_per_bucket(gloo_world, tmp_p
         assert result["kept"] == 2, (rank, result)
 
 
+def test_a_far_bucket_runs_the_nearest_choice_until_it_recurs(gloo_world, tmp_path):
+    """config.measure_bucket_after=3: 200 and 210 rows (a bucket far from 32's, the one
+    measured) run 32's choice with no measurement; the bucket's third distinct count, 220, is
+    measured; 200 and 210 again (still resolved) measure nothing more."""
+    rows = [32, 200, 210, 220, 200, 210]
+    ranks = gloo_world(2).run(cases.changing_rows, str(tmp_path / "choices.json"), rows, -1, 8, 3)
+    for rank, result in enumerate(ranks):
+        assert result["error"] <= 1e-2, (rank, result)
+        assert result["measured"] == [32, 220], (rank, result)
+        assert result["ran"] == [cases.GLUON] * len(rows), (rank, result)
+        assert result["chosen"] == {32: cases.GLUON, 256: cases.GLUON}, (rank, result)
+
+
 def test_a_variant_raising_while_timed_is_out_on_every_rank(gloo_world):
     """A sample that raises on one rank (a ChunkTimeout told at a later call) does not leave
     choose on that rank while its peers wait in the next sample's collective: every rank times
