@@ -364,6 +364,36 @@ def _bytes(node: Node) -> int:
     return hint(val.numel()) * val.element_size()
 
 
+_ROWS_OPERAND = {aten.mm.default: 0, aten.addmm.default: 1}  # which argument holds a matmul's rows
+
+
+def _padded_producer(reduced: Node, tokens) -> tuple[list[Node], Node] | None:
+    """(the views on the way, the matmul) where ``reduced`` is a matmul's result whose [T, k]
+    rows a padded split can pad and multiply again, so that its reduce-scatter still fuses."""
+    views, producer = [], reduced
+    while producer.target in VIEWS:
+        views.append(producer)
+        producer = producer.args[0]
+    if producer.target not in _ROWS_OPERAND:
+        return None
+    shape = rows.tensor_shape(producer.args[_ROWS_OPERAND[producer.target]])
+    return (views, producer) if len(shape) == 2 and same(shape[0], tokens) else None
+
+
+def _padded_readers(user: Node, node: Node, tokens) -> tuple[Node, list[Node]] | None:
+    """(what they read, the matmuls) where ``user`` is a matmul reading ``node`` ([T, n]) as
+    its rows, or a reshape of it to [T, n] read only so: a padded split runs them on the padded
+    gathered rows and slices their results, so that its all-gather fuses with them."""
+    source = user if user.target in VIEWS else node
+    matmuls = list(user.users) if user.target in VIEWS else [user]
+    shape = rows.tensor_shape(source)
+    if shape is None or len(shape) != 2 or not same(shape[0], tokens) or not matmuls:
+        return None
+    if not all(m.target in _ROWS_OPERAND and m.args[_ROWS_OPERAND[m.target]] is source for m in matmuls):
+        return None
+    return source, matmuls
+
+
 def _decide(region: Region, order: dict[Node, int]) -> tuple[bool, str]:
     """Split when the collectives left in the open (not fused with a matmul) cost less than the
     all-reduces and all-gathers do now: bytes each rank sends, plus LATENCY_BYTES a collective
@@ -380,15 +410,27 @@ def _decide(region: Region, order: dict[Node, int]) -> tuple[bool, str]:
         # to hide it (a decode step's few tokens), so a fused op saves nothing there
         return share * _bytes(node) < LATENCY_BYTES
 
+    padded = not divisible(region.tokens, region.world_size)
+
+    def fuses_reduce_scatter(ar: Node) -> bool:  # (padded: the matmuls made again on padded rows)
+        if padded:
+            return _padded_producer(ar.args[0], region.tokens) is not None
+        return _feeds_from_matmul(ar.args[0])
+
+    def fuses_gather(node: Node) -> bool:
+        if padded:
+            return any(_padded_readers(u, node, region.tokens) for u in region.exits[node])
+        return _feeds_matmul(node)
+
     all_reduces = [ar for ars in region.entries.values() for ar in ars]
     before = sum(2 * share * _bytes(ar) + LATENCY_BYTES for ar in all_reduces)
     before += sum(share * _bytes(g) + LATENCY_BYTES for g in region.gathers)
     after = 0.0
     for ars in region.entries.values():
-        if not all(_feeds_from_matmul(ar.args[0]) for ar in ars) or latency_bound(ars[0]):
+        if not all(fuses_reduce_scatter(ar) for ar in ars) or latency_bound(ars[0]):
             after += share * _bytes(ars[0]) + LATENCY_BYTES
     # one gather per shard (reshapes share it); fused where a matmul reads any of its tensors
-    fused = {_root(region, n) for n in region.exits if _feeds_matmul(n) and not latency_bound(n)}
+    fused = {_root(region, n) for n in region.exits if fuses_gather(n) and not latency_bound(n)}
     plain = {_root(region, n) for n in region.exits} - fused
     # a rider moves behind its host's matmul, which may not cover its bytes: only its
     # collective's latency is saved
@@ -573,20 +615,14 @@ class _Sharder:
         """An all-reduced tensor on the padded rows. A matmul's result is made again from its
         rows padded with zeros, so that the reduce-scatter still fuses with a matmul (Inductor
         fuses the padding into the kernel that writes those rows); anything else is padded."""
-        views, producer = [], reduced
-        while producer.target in VIEWS:
-            views.append(producer)
-            producer = producer.args[0]
-        position = 1 if producer.target is aten.addmm.default else 0
-        if producer.target in _MATMULS:
-            operand = producer.args[position]
-            shape = rows.tensor_shape(operand)
-            if len(shape) == 2 and same(shape[0], self.region.tokens):
-                args = list(producer.args)
-                args[position] = self._pad_rows(operand)
-                self.dead += [*views, producer]
-                return call(self.graph, producer.target, tuple(args), dict(producer.kwargs))
-        return self._pad_rows(reshape(self.graph, reduced, [self.region.tokens, rows.tensor_shape(reduced)[-1]]))
+        found = _padded_producer(reduced, self.region.tokens)
+        if found is None:
+            return self._pad_rows(reshape(self.graph, reduced, [self.region.tokens, rows.tensor_shape(reduced)[-1]]))
+        views, producer = found
+        args, position = list(producer.args), _ROWS_OPERAND[producer.target]
+        args[position] = self._pad_rows(args[position])
+        self.dead += [*views, producer]
+        return call(self.graph, producer.target, tuple(args), dict(producer.kwargs))
 
     def _real_rows(self, shard: Node, reduce_op: str) -> Node:
         """``shard`` with its padding rows set to ``reduce_op``'s identity, so that a reduction
@@ -716,23 +752,16 @@ class _Sharder:
                             user.replace_input_with(node, full)
 
     def _on_padded_rows(self, user: Node, node: Node, gathered: Node) -> bool:
-        """Where ``user`` is a matmul reading ``node`` ([T, n]) as its rows, or a reshape of it
-        to [T, n] read only so: each matmul made again on the padded gathered rows and its
-        result sliced to the real ones (a view), so that the all-gather fuses with it. Whether
-        it was."""
-        matmuls = [user]
-        if user.target in VIEWS:
-            matmuls = list(user.users)
-        tokens, width = self.region.tokens, rows.tensor_shape(gathered)[-1]
-        source = user if user.target in VIEWS else node
-        if not same_shape(rows.tensor_shape(source), (tokens, width)) or not matmuls:
+        """Where ``user`` reads ``node`` as _padded_readers says: each matmul made again on the
+        padded gathered rows and its result sliced to the real ones (a view), so that the
+        all-gather fuses with it. Whether it was."""
+        found = _padded_readers(user, node, self.region.tokens)
+        if found is None:
             return False
-        position = {aten.mm.default: 0, aten.addmm.default: 1}
-        if not all(m.target in position and m.args[position[m.target]] is source for m in matmuls):
-            return False
+        source, matmuls = found
         for matmul in matmuls:
             args = list(matmul.args)
-            args[position[matmul.target]] = gathered
+            args[_ROWS_OPERAND[matmul.target]] = gathered
             with self.graph.inserting_before(matmul):
                 remade = call(self.graph, matmul.target, tuple(args), dict(matmul.kwargs))
                 real = call(self.graph, aten.slice.Tensor, (remade, 0, 0, self._padding()["tokens"]))

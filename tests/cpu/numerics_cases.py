@@ -298,6 +298,35 @@ FLOAT8_CPU_INDUCTOR = {"emulate_precision_casts": True, "cpp.simdlen": 256}
 
 
 @_decided
+def float8_plain_tp_block(recipe: str, tokens: int, seed: int = 0) -> dict:
+    """The block without sequence parallel, with torchao's Float8 linears, ``tokens`` a
+    sequence (W need not divide them: the split's shards are then padded), forward and backward
+    against eager by relative error, at any W: the split's reduce-scatters sum in fp32 where
+    gloo's all-reduce sums bf16, and the next quantization moves some values an fp8 step."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    torch.manual_seed(seed)
+    block = TransformerBlock(dim=64, heads=dist.get_world_size(), hidden=128).to(torch.bfloat16)
+    convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name(recipe))
+    block = parallelize_block_plain(block, _mesh())
+    eager, compiled = block, copy.deepcopy(block)
+    torch.manual_seed(seed)  # the same input on every rank
+    x = torch.randn(1, tokens, 64, dtype=torch.bfloat16)
+    forced = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0)
+    with forced, torch._inductor.config.patch(FLOAT8_CPU_INDUCTOR):
+        compiled_fn = torch.compile(compiled, backend="overlap")
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out_e, out_c = eager(xe), compiled_fn(xc)
+        _float8_close(out_c, out_e, 0, "output")
+        grad = torch.randn_like(out_e)
+        out_e.backward(grad)
+        out_c.backward(grad)
+        _float8_close(xc.grad, xe.grad, 0, "input grad")
+        for (name, pe), pc in zip(eager.named_parameters(), compiled.parameters()):
+            _float8_close(_local(pc.grad), _local(pe.grad), 0, name)
+
+
+@_decided
 def float8_tp_block(recipe: str, batch: int, seed: int = 0, fold: bool = True) -> dict:
     """The SP block in bf16 with torchao's Float8 linears (``recipe``: tensorwise or rowwise),
     against eager. Compiled with emulate_precision_casts (as torchtitan does), Inductor rounds
@@ -334,6 +363,7 @@ def float8_tp_block(recipe: str, batch: int, seed: int = 0, fold: bool = True) -
 
 
 def _float8_close(got: torch.Tensor, want: torch.Tensor, world: int, name: str) -> None:
+    """Bitwise-close at W=2, else (or ``world`` 0) by relative error."""
     if world == 2:
         torch.testing.assert_close(got, want, msg=name)
         return

@@ -125,6 +125,16 @@ def test_functional_mlp_forward_and_backward(gloo_world, world_size, shape, gath
     assert decisions == [(AGM, True, None)] * gathers + [(MRS, True, None)] * 2
 
 
+def test_float8_plain_tp_block_at_a_token_count_not_divisible_by_the_world(gloo_world):
+    """torchao's rowwise Float8 linears without sequence parallel, 13 tokens at W=2: the split
+    (forced) runs on padded shards; the scaled matmuls are not made again on padded rows (not
+    yet), so their collectives stay plain, and forward and backward match eager's."""
+    pytest.importorskip("torchao")
+    decisions = gloo_world(2).run(cases.float8_plain_tp_block, "rowwise", 13)
+    assert all(d == decisions[0] for d in decisions), "ranks decided differently"
+    assert (SPLIT, True, None) in decisions[0], decisions[0]
+
+
 @pytest.mark.parametrize(
     "world_size, recipe, batch, fold",
     [(2, "tensorwise", 1, True), (2, "rowwise", 2, True), (4, "tensorwise", 2, True), (2, "rowwise", 2, False)],
