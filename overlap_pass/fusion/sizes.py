@@ -10,6 +10,7 @@ answer is known for all sizes, and a match that cannot be proven is not taken.
 import math
 import operator
 
+import sympy
 import torch
 from torch.fx import Graph, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -103,13 +104,37 @@ def _held_sizes(graph: Graph, sources):
 
 
 def _size_node(graph: Graph, size, sources) -> Node:
+    symbols = {}
     for held, make in _held_sizes(graph, sources):
         if same(held, size):
             return make()
         ratio = size.node.expr / held.node.expr  # (sympy's own evaluation: 2*s0 / s0 is 2)
         if ratio.is_Integer and ratio > 0:
             return _new(graph, operator.mul, (make(), int(ratio)), size)
-    raise ValueError(f"no node in the graph holds the size {size}")
+        if held.node.expr.is_Symbol:
+            symbols.setdefault(held.node.expr, make)
+    # a product or sum of held symbols (batch * sequence, both symbolic): computed in the graph
+    built = _built(graph, size.node.expr, symbols)
+    if built is None:
+        raise ValueError(f"no node in the graph holds the size {size}")
+    return built
+
+
+def _built(graph: Graph, expr, symbols: dict):
+    """``expr`` (sympy: integers, symbols of ``symbols``, sums and products of them) as a graph
+    argument, the nodes made from ``symbols`` (symbol -> a function making its node), or None."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        return symbols[expr]() if expr in symbols else None
+    target = {sympy.Mul: operator.mul, sympy.Add: operator.add}.get(type(expr))
+    parts = [_built(graph, a, symbols) for a in expr.args] if target else [None]
+    if any(p is None for p in parts):
+        return None
+    result = parts[0]
+    for part in parts[1:]:
+        result = arith(graph, target, result, part)
+    return result
 
 
 def _new(graph: Graph, target, args: tuple, val) -> Node:

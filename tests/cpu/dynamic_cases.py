@@ -168,11 +168,11 @@ def float8_at_lengths(lengths: list[int], recipe: str) -> list[int]:
 
 
 @_decided
-def plain_tp_at_lengths(lengths: list[int], batch: int, backend: str = "overlap") -> list[int]:
+def plain_tp_at_lengths(lengths: list[int], batch, backend: str = "overlap") -> list[int]:
     """The plain-TP block (activations whole on every rank, an all-reduce after each row-parallel
     linear) for inference (a prefill) at each of ``lengths`` tokens a sequence, ``batch``
-    sequences; the all-reduce split forced at these sizes, as in numerics_cases.plain_tp_block.
-    Returns the op counts of each call."""
+    sequences (or batch[i] at the i-th call); the all-reduce split forced at these sizes, as in
+    numerics_cases.plain_tp_block. Returns the op counts of each call."""
     from tools.tp_models import parallelize_block_plain
 
     torch.manual_seed(0)
@@ -181,9 +181,9 @@ def plain_tp_at_lengths(lengths: list[int], batch: int, backend: str = "overlap"
     compiled = torch.compile(copy.deepcopy(block), backend=backend)
     counts = []
     with unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0), torch.no_grad():
-        for length in lengths:
+        for call, length in enumerate(lengths):
             torch.manual_seed(length)  # the same input on every rank
-            x = torch.randn(batch, length, 32)
+            x = torch.randn(batch[call] if isinstance(batch, list) else batch, length, 32)
             counts.append(count_overlap_ops(lambda: setattr(compiled, "out", compiled(x))))
             torch.testing.assert_close(compiled.out, block(x), **TOL)
     return counts

@@ -71,6 +71,16 @@ def test_plain_tp_prefill_at_changing_lengths(gloo_world):
     assert counts == [counts[0]] * 4 and counts[0] > 0, counts
 
 
+def test_plain_tp_at_changing_batch_and_length(gloo_world):
+    """Batch and length both change (both symbolic): the token count s0 * s1 is spelled in the
+    graph as the product of the two dims, and the padded split fuses at every call."""
+    results = gloo_world(2).run(cases.plain_tp_at_lengths, [6, 7, 9, 6], [1, 2, 3, 1])
+    decisions, counts = results[0]
+    assert any(kind == "all_reduce_split" and rewritten for kind, rewritten, _ in decisions), decisions
+    assert not any("split failed" in (reason or "") for _, _, reason in decisions), decisions
+    assert counts == [counts[0]] * 4 and counts[0] > 0, counts
+
+
 def test_plain_tp_uneven_token_counts_are_padded(gloo_world):
     """One sequence of lengths W does not divide (7, 9): the symbolic graph gives each rank
     ceil(T / W) rows, zero rows past the real tokens, and fuses as the static one does; every
