@@ -171,10 +171,16 @@ def _parallel_model(
             apply_compile(model, compile_config=compile_config, parallel_dims=parallel_dims)
         return model
     folder = tempfile.mkdtemp(prefix="torchtitan-")
-    return parallelize_llama(
+    model = parallelize_llama(
         model, parallel_dims=parallel_dims, training=training, parallelism=parallelism,
         compile_config=compile_config, ac_config=None, dump_folder=folder,
     )  # fmt: skip
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():  # gloo has no PREMUL_SUM: FSDP's reduce-scatters sum, then divide
+        if isinstance(module, FSDPModule):
+            module.set_force_sum_reduction_for_comms(True)
+    return model
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -208,8 +214,10 @@ def _fused_ops(graphs: dict) -> dict:
 def assert_every_block_collective_rewritten(results: list[dict]) -> None:
     """Per rank, the decisions of every compiled block graph (``results[r]["decisions"]``): as
     many backward graphs as forward ones, and in each the gathers before wqkv and w1/w3 and the
-    scatters after wo and w2, all rewritten; the ranks' collectives alike."""
-    assert_same_collectives([r["graphs"] for r in results])
+    scatters after wo and w2, all rewritten; the collectives of the ranks of each TP group (TP
+    consecutive ranks, the inner dim of a 2-D mesh) alike."""
+    for first in range(0, len(results), TP):
+        assert_same_collectives([r["graphs"] for r in results[first : first + TP]])
     for rank, result in enumerate(results):
         graphs = result["decisions"]
         forward = [g for g in graphs if "forward" in g]
@@ -224,7 +232,7 @@ def assert_every_block_collective_rewritten(results: list[dict]) -> None:
 
 def forward_backward(
     spmd_backend: str, batch: int, backend: str = "overlap", seed: int = 0, sequence_parallel: bool = True,
-    float8: bool = False, tol: dict = TOL, family: str = "llama3",
+    float8: bool = False, tol: dict = TOL, family: str = "llama3", dp_shard: int = 1,
 ) -> dict:  # fmt: skip
     """One training step of the compiled ``family`` model (a key of MODELS) against the eager
     one (same weights and buffers, same tokens): the loss and every gradient at fp32 tolerance. ``backend``: "overlap"
@@ -233,7 +241,8 @@ def forward_backward(
     --parallelism.enable_sequence_parallel off (plain TP, all-reduces), split at any size
     (all_reduce_split.py's latency term off: the test model is tiny). ``float8``: torchtitan's
     Float8LinearConverter (rowwise) on every linear, compared at ``tol``, the quantizations
-    moved before their gathers at any size. Returns the pass's
+    moved before their gathers at any size. ``dp_shard``: FSDP2 over that many data-parallel
+    ranks beside TP (a 2-D mesh of dp_shard x TP ranks; the DTensor backend). Returns the pass's
     decisions per graph and the step's losses."""
     import spmd_types
     from torchtitan.components.loss import cross_entropy_loss
@@ -247,7 +256,7 @@ def forward_backward(
     torch.autograd.set_multithreading_enabled(False)  # as torchtitan's init_distributed
     dist_utils.set_spmd_backend(spmd_backend)
     parallelism = ParallelismConfig(
-        data_parallel_shard_degree=1, tensor_parallel_degree=TP, enable_sequence_parallel=sequence_parallel,
+        data_parallel_shard_degree=dp_shard, tensor_parallel_degree=TP, enable_sequence_parallel=sequence_parallel,
         spmd_backend=spmd_backend,
     )  # fmt: skip
     parallel_dims = ParallelDims.from_config(parallelism, dist.get_world_size())

@@ -74,6 +74,21 @@ AGM, MRS, SPLIT = cases.AGM, cases.MRS, "all_reduce_split"
 PLAIN = "no matmul reads the gathered rows; users: output (output)"
 
 
+def test_llama3_under_fsdp2_and_tp_on_a_2d_mesh():
+    """FSDP2 x TP on 4 ranks (dp_shard 2 x tp 2: torchtitan's parallelize_llama whole, its
+    DTensor backend): every TP collective of every block graph is rewritten, and one training
+    step's loss and gradients equal eager's (FSDP's own collectives stay NCCL's; gloo sums
+    them, then divides)."""
+    pool, batch = RankPool(2 * cases.TP, "gloo"), 2
+    try:
+        # (positional: spmd backend, batch, backend, seed, sequence parallel, float8, tolerance, family, dp_shard)
+        results = pool.run(cases.forward_backward, "partial_dtensor", batch, "overlap", 0, True, False, cases.TOL, "llama3", 2)
+    finally:
+        pool.close()
+    cases.assert_every_block_collective_rewritten(results)
+    assert len({r["loss"] for r in results}) == 1, [r["loss"] for r in results]
+
+
 @pytest.mark.parametrize("spmd_backend", ["spmd_types", "partial_dtensor"])
 def test_llama3_without_sequence_parallel_splits_its_all_reduces(pool, spmd_backend):
     """--parallelism.enable_sequence_parallel off: each block's forward all-reduces after wo and
