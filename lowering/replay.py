@@ -91,6 +91,11 @@ def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> Non
     workspace.replay(graph)
 
 
+def graphs_held() -> tuple[int, int]:
+    """(per-call CUDA graphs kept, call signatures they belong to)."""
+    return sum(len(s.graphs) for s in _SIGNATURES.values()), sum(bool(s.graphs) for s in _SIGNATURES.values())
+
+
 def forget(signatures) -> None:
     """Drops the graphs of these signatures (the variants a first-call choice timed and did
     not pick: their calls will not come again)."""

@@ -443,6 +443,18 @@ def workspace(kind: str, group_name: str, device: torch.device) -> Workspace:
     return _WORKSPACES[key]
 
 
+def bytes_held() -> dict[str, int]:
+    """Device bytes the workspaces of this process hold in symmetric memory: "in use" (each
+    workspace's current allocation) and "retired" (allocations a workspace grew out of, kept
+    since graphs captured before the growth may still address them)."""
+    held = {"in use": 0, "retired": 0}
+    for ws in _WORKSPACES.values():
+        if ws._alloc is not None:
+            held["in use"] += CONTROL_BYTES + ws._alloc.data_bytes
+        held["retired"] += sum(CONTROL_BYTES + a.data_bytes for a in ws._retired)
+    return held
+
+
 def check_all_timeouts(taking_calls_only: bool = False) -> None:
     """Raises ChunkTimeout if any wait of any workspace gave up so far (synchronizes); with
     ``taking_calls_only``, of a workspace that does not refuse calls yet (the others' error was

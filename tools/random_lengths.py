@@ -126,7 +126,7 @@ def main() -> int:
     from torch._dynamo.utils import counters
     from torch.distributed.device_mesh import init_device_mesh
 
-    from overlap_pass.lowering import choose, dispatch, replay
+    from overlap_pass.lowering import choose, dispatch, replay, symm
 
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local_rank)
@@ -207,6 +207,8 @@ def main() -> int:
             memory["after_first"] = _memory_in_use()
     memory["end"] = _memory_in_use()
     memory["reserved"] = torch.cuda.memory_reserved()
+    memory["symmetric"] = symm.bytes_held()
+    memory["graphs"] = replay.graphs_held()
     failed = int(_slowest(len(mismatches)))
     if rank == 0:
         _report(args, world, op_calls, replay.stats, times, host, memory, len(dispatch._RESOLVED), mismatches, failed)
@@ -252,6 +254,10 @@ def _report(args, world, op_calls, paths, times, host, memory, kept, mismatches,
     print(f"device memory in use: {memory.get('after_first', 0) / 2**20:.0f} MiB after the first checked call, "
           f"{memory['end'] / 2**20:.0f} MiB at the end (rank 0), {memory['reserved'] / 2**20:.0f} MiB of it reserved "
           "by the caching allocator (the three compiles' activations, which grow with the largest count so far)")  # fmt: skip
+    symmetric, (graphs, signatures) = memory["symmetric"], memory["graphs"]
+    print(f"overlap holds: symmetric workspaces {symmetric['in use'] / 2**20:.0f} MiB in use, "
+          f"{symmetric['retired'] / 2**20:.0f} MiB retired by growth; {graphs} per-call CUDA graphs of "
+          f"{signatures} call signatures")  # fmt: skip
 
 
 if __name__ == "__main__":
