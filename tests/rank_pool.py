@@ -14,6 +14,7 @@ import faulthandler
 import logging
 import multiprocessing
 import os
+import pickle
 import queue
 import shutil
 import socket
@@ -83,7 +84,9 @@ def _worker(rank: int, world_size: int, backend: str, port: int, tasks, results,
         stacks.truncate()  # only this task's stacks
         faulthandler.dump_traceback_later(dump_after_s, file=stacks)
         try:
-            results.put((rank, True, fn(*args)))
+            value = fn(*args)
+            pickle.dumps(value)  # here, not in the queue's feeder thread, which fails silently
+            results.put((rank, True, value))
         except BaseException:
             results.put((rank, False, traceback.format_exc()))
         faulthandler.cancel_dump_traceback_later()
@@ -118,6 +121,9 @@ class RankPool:
         if self.torn_down:
             raise RankFailed(f"{fn.__name__}: not run, the pool was torn down after an earlier task left ranks stuck")
         dump_after_s = max(TASK_TIMEOUT_S - STACKS_BEFORE_S, 1.0)
+        # a task the queue cannot pickle fails in its feeder thread, silently, and no rank gets
+        # it: raise here instead of waiting out the timeout
+        pickle.dumps((fn, args))
         for q in self.tasks:
             q.put((fn, args, dump_after_s))
         answers = {}

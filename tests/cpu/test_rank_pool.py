@@ -63,3 +63,22 @@ def test_a_failure_is_raised_while_a_peer_waits_for_the_failed_rank(monkeypatch)
     assert "ranks [0] gave no answer 3 s later" in message, message
     rank0 = message.split("--- rank 0 (alive): stacks")[1].split("--- rank 1")[0]
     assert "in barrier" in rank0 and "_one_rank_fails_the_other_waits" in rank0, message
+
+
+def _returns_a_lambda():
+    return lambda: 1
+
+
+def test_what_the_queues_cannot_pickle_is_raised_at_once():
+    """A task or a result the queues cannot pickle would fail in their feeder threads, unseen,
+    and leave run() waiting out its timeout: both raise at once instead."""
+    pool = rank_pool.RankPool(2, "gloo")
+    try:
+        start = time.monotonic()
+        with pytest.raises(Exception, match="pickle"):
+            pool.run(lambda: 1)  # the task
+        with pytest.raises(rank_pool.RankFailed, match="pickle"):
+            pool.run(_returns_a_lambda)  # a result
+        assert time.monotonic() - start < 30
+    finally:
+        pool.close()
