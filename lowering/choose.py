@@ -109,10 +109,10 @@ def neighbour_keys(key: str) -> list[str]:
     return [_TOKENS.sub(f"tokens={t}", key, count=1) for t in (tokens // 2, tokens * 2) if t >= 1]
 
 
-def _nearest_measured(group_name: str, key: str) -> tuple[str, str] | None:
-    """(choice, key) of the decided token bucket nearest ``key``'s (by their ratio; the larger
-    at a tie) among the keys that differ from it in the bucket alone, if any: the same on every
-    rank, as decisions are collective."""
+def _nearest_measured(group_name: str, key: str) -> tuple[int, str, str] | None:
+    """(doublings apart, choice, key) of the decided token bucket nearest ``key``'s (the
+    smaller at a tie) among the keys that differ from it in the bucket alone, if any: the same
+    on every rank, as decisions are collective."""
     found = _TOKENS.search(key)
     if found is None:
         return None
@@ -122,8 +122,11 @@ def _nearest_measured(group_name: str, key: str) -> tuple[str, str] | None:
         match = _TOKENS.search(other)
         if group == group_name and match and _TOKENS.sub("tokens=*", other, count=1) == pattern:
             other_tokens = int(match.group(1))
-            candidates.append((abs(other_tokens.bit_length() - tokens.bit_length()), -other_tokens, name, other))
-    return min(candidates)[2:] if candidates else None
+            candidates.append((abs(other_tokens.bit_length() - tokens.bit_length()), other_tokens, name, other))
+    if not candidates:
+        return None
+    apart, _, name, other = min(candidates)
+    return apart, name, other
 
 
 def shape_key(kind: str, world_size: int, shapes: dict, dtype: torch.dtype) -> str:
@@ -401,7 +404,7 @@ def choose(key: str, variants: dict, args: tuple, group, device) -> str:
             return _forced(key, matches[0], variants, args, group, device)
         # e.g. cublas_push for an all-gather, or fused for a sum of matmuls: measure instead
         log.warning("overlap: implementation %r is not one of %s here; choosing by measurement", forced, sorted(variants))
-    known = _known(group, key)
+    known, nearest = _known(group, key)
     if known is not None:
         return known
     if torch.cuda.is_current_stream_capturing():
@@ -409,29 +412,31 @@ def choose(key: str, variants: dict, args: tuple, group, device) -> str:
         log.warning("overlap: first call of %s inside a CUDA graph capture: running %s", key, BASELINE)
         return BASELINE
     graphs = replays_graphs(device)  # graph trees keep their state per thread: asked here
-    nearest = _nearest_measured(group.group_name, key)
     # a compiled model's first call may run with allocations routed to a CUDA graph pool
     return symm.outside_graph_pool(
         device, _choose_collectively, key, variants, args, group, device, graphs, (), nearest
     )  # fmt: skip
 
 
-def _known(group, key: str) -> str | None:
-    """What this process decided for ``key``'s token bucket (at another count: the same on
+def _known(group, key: str) -> tuple[str | None, tuple[str, str] | None]:
+    """(What this process decided for ``key``'s token bucket (at another count: the same on
     every rank, as decisions are collective), else the choice measured for a bucket next to
     it, taken for this one without measuring (predicted, never a base for another
-    prediction). No call is made here: dispatch runs the choice, and where it refuses a
-    count (the same on every rank), NCCL + cuBLAS runs that count."""
+    prediction); else None, and (choice, key) of the nearest measured bucket, if any). No
+    call is made here: dispatch runs the choice, and where it refuses a count (the same on
+    every rank), NCCL + cuBLAS runs that count."""
     decided = _DECIDED.get((group.group_name, key)) or _PREDICTED.get((group.group_name, key))
     if decided is not None:
-        return decided
-    for neighbour in neighbour_keys(key):
-        decided = _DECIDED.get((group.group_name, neighbour))
-        if decided is not None:
-            _PREDICTED[(group.group_name, key)] = decided
-            CHOICES.setdefault(key, {"choice": decided, "source": f"predicted from {neighbour}"})
-            return decided
-    return None
+        return decided, None
+    nearest = _nearest_measured(group.group_name, key)
+    if nearest is None:
+        return None, None
+    apart, decided, neighbour = nearest
+    if apart > 1:
+        return None, (decided, neighbour)
+    _PREDICTED[(group.group_name, key)] = decided
+    CHOICES.setdefault(key, {"choice": decided, "source": f"predicted from {neighbour}"})
+    return decided, None
 
 
 @functools.cache

@@ -295,7 +295,8 @@ class Workspace:
         return table
 
     def _view(self, peer: int, shape: tuple, dtype: torch.dtype, offset: int) -> torch.Tensor:
-        return self._cached_view((peer, shape, dtype, offset), lambda: self._alloc.handle.get_buffer(peer, shape, dtype, storage_offset=offset))
+        make = lambda: self._alloc.handle.get_buffer(peer, shape, dtype, storage_offset=offset)  # noqa: E731
+        return self._cached_view((peer, shape, dtype, offset), make)
 
     def _cached_view(self, key: tuple, make) -> torch.Tensor:
         """A view of the allocation, made once per key (host time); the VIEWS_KEPT most

@@ -55,12 +55,7 @@ def forward_backward(folder: str, batch: int, seq: int, family: str = "llama") -
     pass's decisions, per graph: {"decisions": [{"graph", "kind", "rewritten", "reason"}],
     "graphs": {graph: its rewritten code}} (every rank must build the same collectives)."""
     torch._dynamo.reset()  # static shapes: no recompile as dynamic after another test's shapes
-    if dist.get_rank() == 0:
-        config_class, model_class = _classes(family)
-        torch.manual_seed(0)
-        model_class(config_class(**SMALL)).save_pretrained(folder)
-    dist.barrier()
-    eager, compiled = _load(folder, family), _load(folder, family)
+    eager, compiled = _saved_and_loaded(folder, family)
     compiled_fn = torch.compile(compiled, backend="overlap")
     dump = tempfile.mkdtemp(prefix="overlap-hf-")
     # the test model is small enough that a collective's latency would outweigh its bytes and the
@@ -79,18 +74,39 @@ def forward_backward(folder: str, batch: int, seq: int, family: str = "llama") -
                 torch.testing.assert_close(grads_c[name], grad, **TOL, msg=name)
             compiled.zero_grad(set_to_none=True)
             eager.zero_grad(set_to_none=True)
-    decisions, graphs = [], {}
+    candidates, graphs = _dumped(dump)
+    decisions = [
+        {"graph": "forward" if "forward" in graph else "backward", **_decision(c)} for graph, c in candidates
+    ]
+    return {"decisions": decisions, "graphs": graphs}
+
+
+def _saved_and_loaded(folder: str, family: str) -> tuple:
+    """The small random ``family`` model, saved by rank 0, loaded twice on every rank (eager and
+    to compile)."""
+    if dist.get_rank() == 0:
+        config_class, model_class = _classes(family)
+        torch.manual_seed(0)
+        model_class(config_class(**SMALL)).save_pretrained(folder)
+    dist.barrier()
+    return _load(folder, family), _load(folder, family)
+
+
+def _dumped(dump: str) -> tuple[list[tuple[str, dict]], dict]:
+    """([(graph name, candidate record)] of every graph the pass dumped under ``dump``, {graph
+    name: its rewritten code})."""
+    candidates, graphs = [], {}
     for path in sorted(glob.glob(os.path.join(dump, "*", "*", "decisions.json"))):
         with open(path) as f:
             record = json.load(f)
-        kind = "forward" if "forward" in record["graph"] else "backward"
-        decisions += [
-            {"graph": kind, "kind": c["kind"], "rewritten": c["rewritten"], "reason": c["reason"]}
-            for c in record["candidates"]
-        ]
+        candidates += [(record["graph"], c) for c in record["candidates"]]
         with open(os.path.join(os.path.dirname(path), "after.txt")) as f:
             graphs[record["graph"]] = f.read()
-    return {"decisions": decisions, "graphs": graphs}
+    return candidates, graphs
+
+
+def _decision(candidate: dict) -> dict:
+    return {key: candidate[key] for key in ("kind", "rewritten", "reason")}
 
 
 def prefill_at_lengths(folder: str, batch: int, lengths: list[int]) -> dict:
@@ -102,12 +118,7 @@ def prefill_at_lengths(folder: str, batch: int, lengths: list[int]) -> dict:
     from tests.cpu.dynamic_cases import count_overlap_ops
 
     torch._dynamo.reset()
-    if dist.get_rank() == 0:
-        config_class, model_class = _classes("llama")
-        torch.manual_seed(0)
-        model_class(config_class(**SMALL)).save_pretrained(folder)
-    dist.barrier()
-    eager, compiled = _load(folder, "llama").eval(), _load(folder, "llama").eval()
+    eager, compiled = (model.eval() for model in _saved_and_loaded(folder, "llama"))
     compiled_fn = torch.compile(compiled, backend="overlap")
     dump, calls = tempfile.mkdtemp(prefix="overlap-hf-"), []
     with config.patch(debug_dir=dump), unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0), torch.no_grad():
@@ -115,17 +126,8 @@ def prefill_at_lengths(folder: str, batch: int, lengths: list[int]) -> dict:
             ids = torch.randint(0, 128, (batch, seq), generator=torch.Generator().manual_seed(seq))
             calls.append(count_overlap_ops(lambda: setattr(compiled_fn, "out", compiled_fn(input_ids=ids))))
             torch.testing.assert_close(compiled_fn.out.logits, eager(input_ids=ids).logits, **TOL)
-    decisions, graphs = [], {}
-    for path in sorted(glob.glob(os.path.join(dump, "*", "*", "decisions.json"))):
-        with open(path) as f:
-            record = json.load(f)
-        decisions += [
-            {
-                "graph": record["graph"], "kind": c["kind"], "rewritten": c["rewritten"], "reason": c["reason"],
-                "padded": (c.get("split") or {}).get("padded"),
-            }  # fmt: skip
-            for c in record["candidates"]
-        ]
-        with open(os.path.join(os.path.dirname(path), "after.txt")) as f:
-            graphs[record["graph"]] = f.read()
+    candidates, graphs = _dumped(dump)
+    decisions = [
+        {"graph": graph, **_decision(c), "padded": (c.get("split") or {}).get("padded")} for graph, c in candidates
+    ]
     return {"decisions": decisions, "graphs": graphs, "calls": calls}

@@ -36,7 +36,7 @@ for _var, _value in (
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from tools.measure import relative_error, slowest, time_interleaved  # noqa: E402
+from tools.measure import OVERLAP_OPS, overlap_op_calls, relative_error, slowest, time_interleaved  # noqa: E402
 
 # (hidden, heads, K/V heads, FFN)
 SIZES = {"llama3-8b": (4096, 32, 8, 14336), "llama3-70b": (8192, 64, 8, 28672), "small": (1024, 8, 8, 3584)}
@@ -69,29 +69,11 @@ def _load(folder: str, device: torch.device):
 
 
 def _overlap_calls(run) -> int:
-    """The overlap op calls one ``run()`` makes (dispatch's entry points, as ops.py resolves
-    them at every call)."""
-    from overlap_pass.lowering import dispatch
-
-    names = ("all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter")
-    real, count = {n: getattr(dispatch, n) for n in names}, [0]
-
-    def counting(name):
-        def counted(*a, **k):
-            count[0] += 1
-            return real[name](*a, **k)
-
-        return counted
-
-    try:
-        for name in names:
-            setattr(dispatch, name, counting(name))
+    """The overlap op calls one ``run()`` makes."""
+    with overlap_op_calls() as counts:
         run()
         torch.cuda.synchronize()
-    finally:
-        for name in names:
-            setattr(dispatch, name, real[name])
-    return count[0]
+    return sum(counts[name] for name in OVERLAP_OPS)
 
 
 def _first_call(run, device) -> float:

@@ -1,5 +1,8 @@
-"""Helpers the tools share: the slowest rank's value, a relative error, and interleaved timing."""
+"""Helpers the tools share: the slowest rank's value, a relative error, interleaved timing, and
+overlap's op calls counted."""
 
+import collections
+import contextlib
 import random
 import statistics
 import time
@@ -51,6 +54,40 @@ def time_interleaved(runners: dict, device, rounds: int, calls: int, warmup: int
     us = {key: slowest(statistics.median(s.elapsed_time(e) * 1e3 / calls for s, e, _ in runs), device) for key, runs in samples.items()}
     host_us = {key: slowest(statistics.median(h * 1e6 / calls for _, _, h in runs), device) for key, runs in samples.items()}
     return us, host_us
+
+
+OVERLAP_OPS = ("all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter")
+
+
+@contextlib.contextmanager
+def overlap_op_calls(also: tuple = ()):
+    """While open, counts each overlap op call made on CUDA tensors (dispatch's entry points,
+    which ops.py resolves at every call) and the dispatch functions named in ``also``; the
+    Counter yielded holds them by name, and under "host s" the host time spent in the ops."""
+    from overlap_pass.lowering import dispatch
+
+    counts, real = collections.Counter(), {name: getattr(dispatch, name) for name in (*OVERLAP_OPS, *also)}
+
+    def counting(name):
+        def counted(*args, **kwargs):
+            counts[name] += 1
+            if name not in OVERLAP_OPS:
+                return real[name](*args, **kwargs)
+            begin = time.perf_counter()
+            try:
+                return real[name](*args, **kwargs)
+            finally:
+                counts["host s"] += time.perf_counter() - begin
+
+        return counted
+
+    try:
+        for name in real:
+            setattr(dispatch, name, counting(name))
+        yield counts
+    finally:
+        for name, function in real.items():
+            setattr(dispatch, name, function)
 
 
 if __name__ == "__main__":  # a module the tools import, not a tool: --help says what it is

@@ -40,36 +40,11 @@ for _var, _value in (
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from tools.measure import relative_error  # noqa: E402
+from tools.measure import overlap_op_calls, relative_error, slowest  # noqa: E402
 
 # (dim, heads, K/V heads, hidden)
 SIZES = {"llama3-8b": (4096, 32, 8, 14336), "small": (1024, 8, 8, 3584)}
 TOLERANCE = 2e-2  # bf16, another summation order than eager's (as choose.py's check)
-OPS = ("all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter")
-
-
-def _counting_ops(counts: collections.Counter) -> None:
-    """Counts each overlap op call made on CUDA tensors (ops.py resolves dispatch's function of
-    the op's name at every call), and each call signature resolved (a new shape's variant);
-    counts["host s"]: the host time spent in the ops' calls."""
-    from overlap_pass.lowering import dispatch
-
-    for name in (*OPS, "_first_call"):
-        real = getattr(dispatch, name)
-
-        def counted(*args, _real=real, _name=name, **kwargs):
-            counts[_name] += 1
-            if _name == "_first_call":
-                return _real(*args, **kwargs)
-            begin = time.perf_counter()
-            try:
-                return _real(*args, **kwargs)
-            finally:
-                counts["host s"] += time.perf_counter() - begin
-
-        setattr(dispatch, name, counted)
-
-
 def _block(size: str, layout: str, mesh):
     from tools.tp_models import TransformerBlock, parallelize_block, parallelize_block_plain
 
@@ -92,12 +67,6 @@ def _step(model, shard: torch.Tensor, grad: torch.Tensor):
 def _memory_in_use() -> int:
     free, total = torch.cuda.mem_get_info()
     return total - free
-
-
-def _slowest(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def main() -> int:
@@ -130,13 +99,15 @@ def main() -> int:
 
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
     dist.init_process_group("nccl")
     world, rank = dist.get_world_size(), dist.get_rank()
     eager, dim = _block(args.size, args.layout, init_device_mesh("cuda", (world,)))
     compiled = torch.compile(copy.deepcopy(eager), backend="overlap")
     inductor = torch.compile(copy.deepcopy(eager), backend="inductor")  # the same step, plain
-    op_calls = collections.Counter()
-    _counting_ops(op_calls)
+    counting = contextlib.ExitStack()
+    # counted: each op call, each call signature resolved (a new shape's variant), their host time
+    op_calls = counting.enter_context(overlap_op_calls(also=("_first_call",)))
 
     draw = random.Random(args.seed)  # the same counts on every rank
     # tokens a rank (sp), or a sequence (plain: any count, W need not divide it)
@@ -176,14 +147,14 @@ def main() -> int:
         with profiler or contextlib.nullcontext():
             out, x_grad = _step(compiled, shard, grad)
             torch.cuda.synchronize()
-        took = _slowest(time.perf_counter() - begin)
+        took = slowest(time.perf_counter() - begin, device)
         plain = float("nan")
         if not args.no_inductor:
             torch.cuda.synchronize()
             begin = time.perf_counter()
             _step(inductor, shard, grad)
             torch.cuda.synchronize()
-            plain = _slowest(time.perf_counter() - begin)
+            plain = slowest(time.perf_counter() - begin, device)
         errors = (relative_error(out, ref_out), relative_error(x_grad, ref_grad))
         if not all(e < TOLERANCE for e in errors):  # NaN fails too
             mismatches.append((call, rows, errors))
@@ -209,7 +180,8 @@ def main() -> int:
     memory["reserved"] = torch.cuda.memory_reserved()
     memory["symmetric"] = symm.bytes_held()
     memory["graphs"] = replay.graphs_held()
-    failed = int(_slowest(len(mismatches)))
+    counting.close()
+    failed = int(slowest(len(mismatches), device))
     if rank == 0:
         _report(args, world, op_calls, replay.stats, times, host, memory, len(dispatch._RESOLVED), mismatches, failed)
         if profiles:

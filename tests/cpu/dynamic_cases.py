@@ -145,15 +145,11 @@ def float8_at_lengths(lengths: list[int], recipe: str) -> list[int]:
     """The SP block in bf16 with torchao's Float8 linears (``recipe``), trained at each of
     ``lengths`` tokens a rank, against eager (as numerics_cases.float8_tp_block compares).
     Returns the op counts of each call."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-    from .numerics_cases import FLOAT8_CPU_INDUCTOR, _float8_close
+    from .numerics_cases import FLOAT8_CPU_INDUCTOR, _float8_block, _float8_close
 
     torch.manual_seed(0)
     world = dist.get_world_size()
-    block = TransformerBlock(dim=64, heads=world, hidden=128).to(torch.bfloat16)
-    convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name(recipe))
-    block = parallelize_block(block, _mesh())
+    block = _float8_block(recipe, parallelize_block)
     # at these sizes the cost model keeps the float8 gathers: forced, as in float8_tp_block
     forced = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0)
     with forced, torch._inductor.config.patch(FLOAT8_CPU_INDUCTOR):

@@ -297,33 +297,47 @@ def tp_inside_dp(seed: int = 0):
 FLOAT8_CPU_INDUCTOR = {"emulate_precision_casts": True, "cpp.simdlen": 256}
 
 
+def _float8_block(recipe: str, parallelize):
+    """The bf16 test block with torchao's Float8 linears (``recipe``), parallelized."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    block = TransformerBlock(dim=64, heads=dist.get_world_size(), hidden=128).to(torch.bfloat16)
+    convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name(recipe))
+    return parallelize(block, _mesh())
+
+
+def _float8_steps(eager, x: torch.Tensor, steps: int, world: int) -> None:
+    """``steps`` training steps of ``eager`` and of a compiled copy, compared by _float8_close
+    (``world`` 0: by relative error), a new input each step."""
+    compiled = copy.deepcopy(eager)
+    compiled_fn = torch.compile(compiled, backend="overlap")
+    for _ in range(steps):
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out_e, out_c = eager(xe), compiled_fn(xc)
+        _float8_close(out_c, out_e, world, "output")
+        grad = torch.randn_like(out_e)
+        out_e.backward(grad)
+        out_c.backward(grad)
+        _float8_close(xc.grad, xe.grad, world, "input grad")
+        for (name, pe), pc in zip(eager.named_parameters(), compiled.parameters()):
+            _float8_close(_local(pc.grad), _local(pe.grad), world, name)
+            pe.grad = pc.grad = None
+        x = torch.randn_like(x)
+
+
 @_decided
 def float8_plain_tp_block(recipe: str, tokens: int, seed: int = 0) -> dict:
     """The block without sequence parallel, with torchao's Float8 linears, ``tokens`` a
     sequence (W need not divide them: the split's shards are then padded), forward and backward
     against eager by relative error, at any W: the split's reduce-scatters sum in fp32 where
     gloo's all-reduce sums bf16, and the next quantization moves some values an fp8 step."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
     torch.manual_seed(seed)
-    block = TransformerBlock(dim=64, heads=dist.get_world_size(), hidden=128).to(torch.bfloat16)
-    convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name(recipe))
-    block = parallelize_block_plain(block, _mesh())
-    eager, compiled = block, copy.deepcopy(block)
+    block = _float8_block(recipe, parallelize_block_plain)
     torch.manual_seed(seed)  # the same input on every rank
     x = torch.randn(1, tokens, 64, dtype=torch.bfloat16)
     forced = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0)
     with forced, torch._inductor.config.patch(FLOAT8_CPU_INDUCTOR):
-        compiled_fn = torch.compile(compiled, backend="overlap")
-        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
-        out_e, out_c = eager(xe), compiled_fn(xc)
-        _float8_close(out_c, out_e, 0, "output")
-        grad = torch.randn_like(out_e)
-        out_e.backward(grad)
-        out_c.backward(grad)
-        _float8_close(xc.grad, xe.grad, 0, "input grad")
-        for (name, pe), pc in zip(eager.named_parameters(), compiled.parameters()):
-            _float8_close(_local(pc.grad), _local(pe.grad), 0, name)
+        _float8_steps(block, x, 1, 0)
 
 
 @_decided
@@ -335,31 +349,14 @@ def float8_tp_block(recipe: str, batch: int, seed: int = 0, fold: bool = True) -
     eager's to bf16 tolerance (bitwise, as run); at W > 2 the reduce-scatters sum 3+ bf16
     partials in fp32 where gloo sums them in bf16, the next quantization moves some values by an
     fp8 step, and each tensor is compared by its relative error as a whole."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
     torch.manual_seed(seed)
     world = dist.get_world_size()
-    block = TransformerBlock(dim=64, heads=world, hidden=128).to(torch.bfloat16)
-    convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name(recipe))
-    block = parallelize_block(block, _mesh())
-    eager, compiled = block, copy.deepcopy(block)
+    block = _float8_block(recipe, parallelize_block)
     torch.manual_seed(seed + 1000 * dist.get_rank())
     x = torch.randn(batch, 32 // world, 64, dtype=torch.bfloat16)
     forced = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0)
     with forced, config.patch(fold_rowwise_float8=fold), torch._inductor.config.patch(FLOAT8_CPU_INDUCTOR):
-        compiled_fn = torch.compile(compiled, backend="overlap")
-        for _ in range(2):
-            xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
-            out_e, out_c = eager(xe), compiled_fn(xc)
-            _float8_close(out_c, out_e, world, "output")
-            grad = torch.randn_like(out_e)
-            out_e.backward(grad)
-            out_c.backward(grad)
-            _float8_close(xc.grad, xe.grad, world, "input grad")
-            for (name, pe), pc in zip(eager.named_parameters(), compiled.parameters()):
-                _float8_close(_local(pc.grad), _local(pe.grad), world, name)
-                pe.grad = pc.grad = None
-            x = torch.randn_like(x)
+        _float8_steps(block, x, 2, world)
 
 
 def _float8_close(got: torch.Tensor, want: torch.Tensor, world: int, name: str) -> None:
