@@ -1,0 +1,208 @@
+"""Host time of one op call: overlap's fused ops against what plain Inductor's code calls for the
+same work (NCCL collective, wait, cuBLAS matmul) and PyTorch's async TP ops, and where overlap's
+call spends its time, layer by layer.
+
+    torchrun --nproc-per-node 2 -m tools.host_cost --tokens 512 --dim 4096 --out host.json
+
+A step is host-bound when queuing its work takes longer than the GPU takes to run it (small
+token counts, float8, many layers): then each microsecond of Python per op call is a
+microsecond of step time. Each row is the median over rounds of the host time to queue
+``--calls`` back-to-back calls (the GPU idle at the start of each round, so the launch queue
+never fills and blocks the host), the slowest rank's, with the GPU time next to it.
+
+overlap's layers, outermost first (each row calls the next one down directly, so the
+difference between two rows is what that layer costs):
+    op:         torch.ops.overlap.<op>.default, as Inductor's generated code calls it
+    dispatch:   lowering/dispatch.py's entry point (no torch dispatcher)
+    resolved:   the variant kept for the call's signature (no signature key)
+    replay:     replay.call with the outputs made beforehand (no allocation)
+    workspace:  the workspace's replay (timeout checks) of the call's graph
+    graph:      the CUDA graph's replay alone
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+for _var, _value in (
+    ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"),
+    ("OVERLAP_PASS_SPIN_LIMIT", "20000000"),
+):  # fmt: skip
+    os.environ.setdefault(_var, _value)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from tools.measure import slowest  # noqa: E402
+
+
+def _time(run, device, rounds: int, calls: int) -> tuple[float, float]:
+    """(host µs, GPU µs) per call: medians over rounds, each round started on an idle GPU."""
+    host, gpu = [], []
+    for _ in range(rounds):
+        torch.cuda.synchronize(device)
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        begin = time.perf_counter()
+        for _ in range(calls):
+            run()
+        host.append((time.perf_counter() - begin) * 1e6 / calls)
+        end.record()
+        end.synchronize()
+        gpu.append(start.elapsed_time(end) * 1e3 / calls)
+    return slowest(statistics.median(host), device), slowest(statistics.median(gpu), device)
+
+
+def _resolved_run():
+    """The newest signature's resolved variant (dispatch's memory), with its parts."""
+    from overlap_pass.lowering import dispatch
+
+    fast_key, run = next(reversed(dispatch._RESOLVED.items()))
+    return fast_key, run
+
+
+def _layers(op_call, dispatch_call, args, kind: str, device) -> dict:
+    """overlap's call at each layer (see the module's docstring), as functions of no arguments."""
+    from overlap_pass.lowering import dispatch, replay, symm
+
+    for _ in range(3):  # measured (or cached), then captured, then replayed
+        op_call()
+    _, run = _resolved_run()
+    layers = {"op": op_call, "dispatch": dispatch_call, "resolved": lambda: run(*args)}
+    if not hasattr(run, "func"):  # the baseline: no per-call graph below
+        return layers
+    _, variant, signature = run.args
+    allocate, workspace_kind, tensors_of = dispatch._GRAPHED_KINDS[kind]
+    outputs = allocate(*args)
+    tensors, group_name, _ = tensors_of(args, outputs)
+    ws = symm.workspace(workspace_kind, group_name, device)
+    layers["replay"] = lambda: replay.call(signature, variant, args, outputs, tensors, ws)
+    for _ in range(3):
+        layers["replay"]()
+    graphs = replay._SIGNATURES[signature].graphs
+    graph = graphs.get((ws.generation, replay.config.spin_limit, *(t.data_ptr() for t in tensors if t is not None)))
+    if graph is not None:
+        layers["workspace"] = lambda: ws.replay(graph)
+        layers["graph"] = graph.replay
+    return layers
+
+
+def bench(args, device, group) -> list[dict]:
+    import torch.distributed._symmetric_memory as symm_mem
+
+    import overlap_pass  # noqa: F401  registers torch.ops.overlap
+    from overlap_pass.lowering import dispatch
+
+    world, name = group.size(), group.group_name
+    rank = group.rank()
+    gen = torch.Generator(device=device).manual_seed(rank)
+    dtype = torch.bfloat16
+    rows = args.tokens // world
+    shard = torch.randn(rows, args.dim, device=device, dtype=dtype, generator=gen)
+    weight = torch.randn(args.hidden, args.dim, device=device, dtype=dtype, generator=gen)  # a linear's [N, K]
+    cols = torch.randn(args.tokens, args.hidden, device=device, dtype=dtype, generator=gen)
+    weight_rs = torch.randn(args.dim, args.hidden, device=device, dtype=dtype, generator=gen)
+    c10d = torch.ops._c10d_functional
+    ag_args = (shard, [weight.t()], [None], 0, world, name, False, [], [], [])
+    rs_args = ([cols], [weight_rs.t()], None, "sum", 0, world, name, None)
+
+    def inductor_ag():
+        gathered = c10d.wait_tensor.default(c10d.all_gather_into_tensor.default(shard, world, name))
+        return torch.mm(gathered, weight.t())
+
+    def inductor_rs():
+        partial = torch.mm(cols, weight_rs.t())
+        return c10d.wait_tensor.default(c10d.reduce_scatter_tensor.default(partial, "sum", world, name))
+
+    ops = {
+        "all_gather -> matmul": {
+            "plain Inductor (NCCL + cuBLAS)": inductor_ag,
+            "async TP": lambda: torch.ops.symm_mem.fused_all_gather_matmul(shard, [weight.t()], 0, name),
+            **{
+                f"overlap {layer}": run
+                for layer, run in _layers(
+                    lambda: torch.ops.overlap.all_gather_matmul.default(*ag_args),
+                    lambda: dispatch.all_gather_matmul(*ag_args), ag_args, "all_gather_matmul", device,
+                ).items()
+            },
+        },
+        "matmul -> reduce_scatter": {
+            "plain Inductor (NCCL + cuBLAS)": inductor_rs,
+            "async TP": lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(cols, weight_rs.t(), "sum", 0, name),
+            **{
+                f"overlap {layer}": run
+                for layer, run in _layers(
+                    lambda: torch.ops.overlap.matmul_reduce_scatter.default(*rs_args),
+                    lambda: dispatch.matmul_reduce_scatter(*rs_args), rs_args, "matmul_reduce_scatter", device,
+                ).items()
+            },
+        },
+    }
+    del symm_mem
+    rows_out = []
+    for op, runs in ops.items():
+        for run in runs.values():  # warm every path up (NCCL, async TP's workspace)
+            run()
+        for label, run in runs.items():
+            host, gpu = _time(run, device, args.rounds, args.calls)
+            rows_out.append({"op": op, "path": label, "host_us": round(host, 1), "gpu_us": round(gpu, 1)})
+    return rows_out
+
+
+def table(rows: list[dict], meta: dict) -> str:
+    lines = [
+        f"W={meta['world']}, {meta['tokens']} tokens, dim {meta['dim']}, hidden {meta['hidden']}, bf16; "
+        f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}",
+        "overlap's variants: " + ", ".join(sorted(set(meta["choices"].values()))),
+        "",
+        "| op | path | host µs / call | GPU µs / call |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {r['op']} | {r['path']} | {r['host_us']:.1f} | {r['gpu_us']:.1f} |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=512, help="gathered rows (all ranks)")
+    parser.add_argument("--dim", type=int, default=4096)
+    parser.add_argument("--hidden", type=int, default=4096, help="the column-parallel output's width per rank")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--implementation", default="auto", help="overlap's config.implementation (e.g. fused)")
+    parser.add_argument("--out", default="host_cost.json")
+    args = parser.parse_args()
+    import triton
+
+    from overlap_pass import config
+
+    config.implementation = args.implementation
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    import torch.distributed._symmetric_memory as symm_mem
+
+    group = dist.group.WORLD
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):
+        symm_mem.enable_symm_mem_for_group(group.group_name)  # async TP's ops need it
+    rows = bench(args, device, group)
+    from overlap_pass.lowering import choose
+
+    meta = {
+        "world": group.size(), "tokens": args.tokens, "dim": args.dim, "hidden": args.hidden,
+        "device": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__,
+        "implementation": args.implementation, "choices": {k: v["choice"] for k, v in choose.CHOICES.items()},
+    }  # fmt: skip
+    if dist.get_rank() == 0:
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        print(table(rows, meta), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
