@@ -43,6 +43,7 @@ import threading
 import torch
 import torch.distributed as dist
 
+from overlap_pass import config
 from overlap_pass.templates import signals
 from overlap_pass.templates.all_gather_matmul import ChunkTimeout
 
@@ -200,6 +201,12 @@ class Workspace:
                 "before capturing (torch.compile's reduce-overhead mode does) so it is allocated"
             )
         size = next_power_of_two(max(data_bytes, MIN_DATA_BYTES))
+        limit = config.workspace_limit_mib
+        if limit and size > limit << 20:  # refused before any collective
+            raise NotImplementedError(
+                f"the {self.kind} workspace would take {size >> 20} MiB, over "
+                f"config.workspace_limit_mib ({limit})"
+            )
         if self._alloc is not None:
             self._retired.append(self._alloc)
         self._alloc = None

@@ -69,6 +69,12 @@ op_graphs: bool = Config(default=True, env_name_default="OVERLAP_PASS_OP_GRAPHS"
 # dropped shape that comes back resolves again (its bucket's choice, tried once; no measurement).
 shapes_kept: int = int(os.environ.get("OVERLAP_PASS_SHAPES_KEPT", 64))
 
+# Most device memory, in MiB, that one symmetric-memory workspace (one per op kind, group and
+# device: the gathered rows of an all-gather, the partials of a reduce-scatter) may take; a call
+# that needs more runs NCCL + cuBLAS instead (the same on every rank: shapes are), logged once.
+# 0: no cap. lowering/symm.bytes_held() tells what the workspaces hold.
+workspace_limit_mib: int = int(os.environ.get("OVERLAP_PASS_WORKSPACE_LIMIT_MIB", 0))
+
 # A token bucket far from every measured one (shapes that change) runs the nearest measured
 # bucket's choice at its first token counts, and is measured at its measure_bucket_after-th
 # distinct count: a count seen once never stalls its step on a measurement (seconds), a bucket

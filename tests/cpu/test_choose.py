@@ -156,3 +156,20 @@ def test_float8_choices_tell_weight_scale_kinds_apart():
         for s in (one, columns)
     }
     assert len(ag) == 2 and len(rs) == 2, (ag, rs)
+
+
+def test_outputs_are_compared_in_pieces(monkeypatch):
+    """A variant's outputs are compared with the baseline's piece by piece (no full fp32 copy
+    while a model's activations are live), and the verdict is the whole tensor's: a small error
+    everywhere, a large one in one piece, a non-finite value in the last piece."""
+    monkeypatch.setattr(choose, "CLOSE_PIECE", 100)
+    want = torch.randn(37, 113, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    assert choose._close(want * 1.01, want)
+    assert not choose._close(want * 1.1, want)
+    wrong = want.clone()
+    wrong[20:30] *= 2  # a few pieces of 42 off: 2% overall is exceeded
+    assert not choose._close(wrong, want)
+    for bad in (float("nan"), float("inf")):
+        last = want.clone()
+        last[-1, -1] = bad
+        assert not choose._close(last, want)
