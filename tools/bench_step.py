@@ -1,0 +1,273 @@
+"""A whole training step of a Llama 3 (embedding, torchtitan's blocks, final norm, output, loss,
+backward, AdamW) under torchtitan's tensor + sequence parallel plan, alone or with FSDP2 on a
+2-D mesh, compiled per block three ways in one process: plain Inductor, PyTorch's async TP
+(Inductor's ``_micro_pipeline_tp``, as torchtitan's ``enable_async_tensor_parallel``) and
+backend="overlap". Each compiler's step time (interleaved rounds, slowest rank, median), host
+time to queue a step, device memory, and its losses against eager's.
+
+    torchrun --nproc-per-node 4 -m tools.bench_step --tp 4 --out step_tp4.json
+    torchrun --nproc-per-node 4 -m tools.bench_step --tp 2 --out step_dp2_tp2.json   # FSDP2 x TP
+
+Hardware: W CUDA GPUs of one host (NVLink), one process per GPU under torchrun. ``--tp`` ranks
+form each tensor-parallel group; W / tp is the FSDP2 (data parallel) degree, 1 meaning TP alone.
+
+The model: tools/titan_llama3.py's blocks (torchtitan 0.3.0's, which torch 2.11 cannot import),
+with torchtitan's plan for the rest (models/llama3/sharding.py): the embedding rowwise with its
+output Shard(1), the final norm sequence parallel, the output colwise from Shard(1) to
+Shard(-1) logits, the loss under loss_parallel; each block compiled on its own, as
+apply_compile does; FSDP2 (``fully_shard`` per block, then the model) on the data-parallel mesh
+dimension after compile, as torchtitan orders them. Parameters are bf16 throughout (no mixed
+precision policy). Attention runs Flash (Math as the fallback), as tools/bench_torchtitan.py
+explains.
+
+Device memory: before each compiler's model is built, the caching allocator's free blocks are
+released; its model is built and compiled, then runs ``--warmup`` steps (the compile and
+overlap's choices included); "memory" is how much more device memory is in use after them
+(torch.cuda.mem_get_info: model, optimizer state, the allocator's peak, symmetric-memory
+workspaces, CUDA graphs, kernels), and "peak" adds what the process held before (CUDA context,
+NCCL, the eager step's kernels). An eager step runs first, so that one-time costs every
+compiler shares (communicators, cuBLAS handles) fall on none of them.
+"""
+
+import argparse
+import gc
+import json
+import os
+
+for _var, _value in (
+    ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"),
+    ("OVERLAP_PASS_SPIN_LIMIT", "20000000"),
+):  # fmt: skip
+    os.environ.setdefault(_var, _value)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from tools.measure import time_interleaved  # noqa: E402
+
+COMPILERS = ("inductor", "async_tp", "overlap")
+LABELS = {"inductor": "plain Inductor", "async_tp": "async TP", "overlap": "overlap"}
+MiB = 1 << 20
+
+
+class Llama(nn.Module):
+    """tok_embeddings -> layers (tools/titan_llama3.TitanLayers) -> norm -> output, as
+    torchtitan's Llama 3 names them."""
+
+    def __init__(self, size, n_layers: int, seq: int, vocab: int, device) -> None:
+        from torch.nn.attention import SDPBackend
+
+        from tools.titan_llama3 import FLAVORS, TitanLayers
+
+        super().__init__()
+        args = FLAVORS[size] if isinstance(size, str) else size  # or a LayerArgs
+        factory = {"device": device, "dtype": torch.bfloat16}
+        self.tok_embeddings = nn.Embedding(vocab, args.dim, **factory)
+        self.layers = TitanLayers(
+            args, n_layers, seq, sdpa_backends=[SDPBackend.FLASH_ATTENTION, SDPBackend.MATH], **factory
+        )  # fmt: skip
+        self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps, **factory)
+        self.output = nn.Linear(args.dim, vocab, bias=False, **factory)
+        with torch.no_grad():  # torchtitan's inits for the parts the blocks do not cover
+            nn.init.normal_(self.tok_embeddings.weight)
+            bound = args.dim**-0.5
+            nn.init.trunc_normal_(self.output.weight, std=bound, a=-3 * bound, b=3 * bound)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.output(self.norm(self.layers(self.tok_embeddings(tokens))))
+
+
+def _parallelized(model: Llama, mesh, compiler: str | None) -> Llama:
+    """torchtitan's order: TP (the plan), compile per block, FSDP2 on the data-parallel mesh."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    from tools.titan_llama3 import compile_titan, parallelize_titan
+
+    tp_mesh = mesh["tp"]
+    parallelize_titan(model.layers, tp_mesh)
+    parallelize_module(
+        model, tp_mesh,
+        {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+        },
+    )  # fmt: skip
+    if compiler == "overlap":
+        compile_titan(model.layers, backend="overlap")
+    elif compiler == "async_tp":
+        compile_titan(model.layers, options={"_micro_pipeline_tp": True})
+    elif compiler == "inductor":
+        compile_titan(model.layers)
+    if mesh["dp"].size() > 1:
+        for block in model.layers.layers.values():
+            fully_shard(block, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
+def _used(device) -> int:
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free
+
+
+def _released(device) -> int:
+    """Device bytes in use once garbage and the allocator's free blocks are released."""
+    gc.collect()
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return _used(device)
+
+
+def bench(args, mesh, device) -> dict:
+    from torch._dynamo.utils import counters
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from tools.measure import slowest
+
+    dp_rank = mesh["dp"].get_local_rank()
+    gen = torch.Generator(device=device).manual_seed(1 + dp_rank)  # the same tokens across a TP group
+    tokens = torch.randint(args.vocab, (args.batch, args.seq), device=device, generator=gen)
+    labels = torch.randint(args.vocab, (args.batch, args.seq), device=device, generator=gen)
+
+    def build(compiler):
+        torch.manual_seed(0)  # the same weights in every model
+        model = _parallelized(Llama(args.size, args.layers, args.seq, args.vocab, device), mesh, compiler)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+
+    def step(model, optimizer):
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(tokens)
+        with loss_parallel():
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())  # (torchtitan's loss is fp32)
+            loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    def losses(model, optimizer, count):
+        return [_value(step(model, optimizer)) for _ in range(count)]
+
+    eager = build(None)
+    eager_losses = losses(*eager, args.warmup)
+    del eager
+    before = _released(device)
+    held_before = slowest(before / MiB, device)
+    results, models = {}, {}
+    for compiler in args.compilers.split(","):
+        start = _released(device)
+        counters["overlap_pass"].clear()
+        try:
+            models[compiler] = build(compiler)
+            got = losses(*models[compiler], args.warmup)
+        except (RuntimeError, torch.OutOfMemoryError) as error:  # every rank fails alike
+            results[compiler] = {"failed": str(error).splitlines()[0][:200]}
+            models.pop(compiler, None)
+            continue
+        torch.cuda.synchronize(device)
+        grown = slowest((_used(device) - start) / MiB, device)
+        results[compiler] = {
+            "memory_mib": round(grown), "peak_mib": round(grown + held_before),
+            "losses": got, "loss_vs_eager": max(abs(a - b) / abs(b) for a, b in zip(got, eager_losses)),
+            "overlap_pass": dict(counters["overlap_pass"]),
+        }
+        if compiler == "overlap":
+            from overlap_pass.lowering import replay, symm
+
+            results[compiler]["held"] = {
+                "symmetric_mib": {k: round(v / MiB) for k, v in symm.bytes_held().items()},
+                "op_graphs": replay.graphs_held()[0],
+            }
+    runners = {c: (lambda m=m, o=o: step(m, o)) for c, (m, o) in models.items()}
+    timed, host = time_interleaved(runners, device, args.rounds, args.calls, 1)
+    for compiler in models:
+        results[compiler].update(step_us=round(timed[compiler]), host_us=round(host[compiler]))
+    return {"eager_losses": eager_losses, "held_before_mib": round(held_before), "compilers": results}
+
+
+def _value(loss: torch.Tensor) -> float:
+    """A loss (a Replicate DTensor under loss_parallel) as a float."""
+    return (loss.full_tensor() if hasattr(loss, "full_tensor") else loss).item()
+
+
+def table(report: dict) -> str:
+    meta, results = report["meta"], report["result"]["compilers"]
+    layout = f"TP {meta['tp']}" + (f" x FSDP2 {meta['dp']}" if meta["dp"] > 1 else "")
+    head = (
+        f"{meta['size']}, {meta['layers']} layers, vocab {meta['vocab']}, batch {meta['batch']} x {meta['seq']} tokens, "
+        f"{layout} (W={meta['world']}); {meta['device']}, torch {meta['torch']}, triton {meta['triton']}"
+    )
+    lines = [head, "", "| compiler | step (µs) | vs plain Inductor | host (µs) | memory (MiB) | peak (MiB) | loss vs eager |"]
+    lines.append("|---|---|---|---|---|---|---|")
+    base = results.get("inductor", {}).get("step_us")
+    for c, r in results.items():
+        if "failed" in r:
+            lines.append(f"| {LABELS[c]} | failed: {r['failed']} |")
+            continue
+        speedup = f"{base / r['step_us']:.2f}x" if base else "-"
+        lines.append(
+            f"| {LABELS[c]} | {r['step_us']} | {speedup} | {r['host_us']} | {r['memory_mib']} | {r['peak_mib']} | "
+            f"{r['loss_vs_eager']:.1e} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="llama3-8b", choices=("llama3-8b", "llama3-70b"))
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=128256)
+    parser.add_argument("--batch", type=int, default=1, help="sequences per data-parallel rank")
+    parser.add_argument("--seq", type=int, default=8192, help="tokens per sequence")
+    parser.add_argument("--tp", type=int, default=0, help="tensor-parallel degree (default: every rank)")
+    parser.add_argument("--compilers", default=",".join(COMPILERS))
+    parser.add_argument("--warmup", type=int, default=3, help="steps before memory is read (compile, choices)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--out", default="bench_step.json")
+    args = parser.parse_args()
+    unknown = set(args.compilers.split(",")) - set(COMPILERS)
+    if unknown:
+        parser.error(f"unknown compilers {sorted(unknown)}; choose from {','.join(COMPILERS)}")
+    import triton
+    import torch.distributed._symmetric_memory as symm_mem
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import overlap_pass  # noqa: F401  (registers the backend)
+
+    torch._dynamo.config.recompile_limit = 64  # blocks compiled by three compilers
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    world = dist.get_world_size()
+    tp = args.tp or world
+    if world % tp or args.seq % tp:
+        parser.error(f"--tp {tp} must divide the world size {world} and --seq {args.seq}")
+    mesh = init_device_mesh("cuda", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):  # async TP needs it, as torchtitan does
+        symm_mem.enable_symm_mem_for_group(mesh["tp"].get_group().group_name)
+    meta = {
+        "size": args.size, "layers": args.layers, "vocab": args.vocab, "batch": args.batch, "seq": args.seq,
+        "tp": tp, "dp": world // tp, "world": world, "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__, "triton": triton.__version__, "rounds": args.rounds, "calls": args.calls,
+    }  # fmt: skip
+    report = {"meta": meta, "result": bench(args, mesh, device)}
+    if dist.get_rank() == 0:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+        print(table(report), flush=True)
+    torch._dynamo.reset()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
