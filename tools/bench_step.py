@@ -186,10 +186,11 @@ def bench(args, mesh, device) -> dict:
                 "symmetric_mib": {k: round(v / MiB) for k, v in symm.bytes_held().items()},
                 "op_graphs": replay.graphs_held()[0],
             }
-    runners = {c: (lambda m=m, o=o: step(m, o)) for c, (m, o) in models.items()}
-    timed, host = time_interleaved(runners, device, args.rounds, args.calls, 1)
-    for compiler in models:
-        results[compiler].update(step_us=round(timed[compiler]), host_us=round(host[compiler]))
+    if args.rounds:
+        runners = {c: (lambda m=m, o=o: step(m, o)) for c, (m, o) in models.items()}
+        timed, host = time_interleaved(runners, device, args.rounds, args.calls, 1)
+        for compiler in models:
+            results[compiler].update(step_us=round(timed[compiler]), host_us=round(host[compiler]))
     return {"eager_losses": eager_losses, "held_before_mib": round(held_before), "compilers": results}
 
 
@@ -212,9 +213,9 @@ def table(report: dict) -> str:
         if "failed" in r:
             lines.append(f"| {LABELS[c]} | failed: {r['failed']} |")
             continue
-        speedup = f"{base / r['step_us']:.2f}x" if base else "-"
+        speedup = f"{base / r['step_us']:.2f}x" if base and "step_us" in r else "-"
         lines.append(
-            f"| {LABELS[c]} | {r['step_us']} | {speedup} | {r['host_us']} | {r['memory_mib']} | {r['peak_mib']} | "
+            f"| {LABELS[c]} | {r.get('step_us', '-')} | {speedup} | {r.get('host_us', '-')} | {r['memory_mib']} | {r['peak_mib']} | "
             f"{r['loss_vs_eager']:.1e} |"
         )
     return "\n".join(lines)
@@ -230,7 +231,7 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=0, help="tensor-parallel degree (default: every rank)")
     parser.add_argument("--compilers", default=",".join(COMPILERS))
     parser.add_argument("--warmup", type=int, default=3, help="steps before memory is read (compile, choices)")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="0: memory alone (one compiler per process is exact)")
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--out", default="bench_step.json")
     args = parser.parse_args()
