@@ -164,6 +164,7 @@ def bench(args, mesh, device) -> dict:
     results, models = {}, {}
     for compiler in args.compilers.split(","):
         start = _released(device)
+        torch.cuda.reset_peak_memory_stats(device)
         counters["overlap_pass"].clear()
         try:
             models[compiler] = build(compiler)
@@ -176,6 +177,9 @@ def bench(args, mesh, device) -> dict:
         grown = slowest((_used(device) - start) / MiB, device)
         results[compiler] = {
             "memory_mib": round(grown), "peak_mib": round(grown + held_before),
+            # the caching allocator's part: what it reserves, and the most its tensors took
+            "allocator_reserved_mib": round(slowest(torch.cuda.memory_reserved(device) / MiB, device)),
+            "allocator_peak_mib": round(slowest(torch.cuda.max_memory_allocated(device) / MiB, device)),
             "losses": got, "loss_vs_eager": max(abs(a - b) / abs(b) for a, b in zip(got, eager_losses)),
             "overlap_pass": dict(counters["overlap_pass"]),
         }
