@@ -527,9 +527,6 @@ def _choose_collectively(
     begin = time.perf_counter()
     candidates = {n: v for n, v in variants.items() if n not in out}
     times = {n: float("inf") for n in names} | _measure(candidates, args, group, device, graphs)
-    # The measurement ran on the setup stream (symm.outside_graph_pool), whose cached blocks the
-    # model's stream never reuses: given back, they cost a training step 1 GiB (8B sizes, 2xH100)
-    torch.cuda.empty_cache()
     best = min(names, key=lambda n: times[n]) if rank == 0 else None
     best = _broadcast_name(best, names, group, device)
     entry = {"choice": best, "times_us": {n: round(t, 1) for n, t in times.items()}}

@@ -1,6 +1,7 @@
-"""lowering/symm.outside_graph_pool without GPUs (CUDA calls stubbed): one-time setup runs on a
-thread of its own, because CUDA graph trees route the calling thread's allocations to their pool;
-its result and its errors come back to the caller, and setup nested in setup runs in place."""
+"""lowering/symm.outside_graph_pool without GPUs (CUDA calls stubbed): while CUDA graph trees
+warm a model up (they route the calling thread's allocations to their pool), one-time setup runs
+on a thread of its own; its result and its errors come back to the caller, and setup nested in
+setup runs in place. Otherwise it runs in place, so that what it frees serves the model."""
 
 import contextlib
 import threading
@@ -23,6 +24,7 @@ def stubbed_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     monkeypatch.setattr(symm, "new_stream", lambda device: _Stream())
     monkeypatch.setattr(symm, "_SETUP_STREAMS", {})
+    monkeypatch.setattr(symm.torch_compat, "graph_trees_warming_up", lambda index: True)
 
 
 def test_setup_runs_on_a_thread_of_its_own(stubbed_cuda):
@@ -50,3 +52,17 @@ def test_a_setup_error_reaches_the_caller(stubbed_cuda):
 def test_without_cuda_setup_runs_in_place():
     assert symm.outside_graph_pool(torch.device("cpu"), threading.current_thread) is threading.current_thread()
     assert symm.outside_graph_pool(None, lambda: 7) == 7
+
+
+def test_outside_a_graph_trees_warm_up_setup_runs_in_place(stubbed_cuda, monkeypatch):
+    monkeypatch.setattr(symm.torch_compat, "graph_trees_warming_up", lambda index: False)
+    assert symm.outside_graph_pool(torch.device("cuda", 0), threading.current_thread) is threading.current_thread()
+
+
+def test_graph_trees_that_cannot_be_asked_count_as_warming_up(stubbed_cuda, monkeypatch):
+    def moved(index):
+        raise AttributeError("cudagraph_trees.get_manager moved")
+
+    monkeypatch.setattr(symm.torch_compat, "graph_trees_warming_up", moved)
+    thread = symm.outside_graph_pool(torch.device("cuda", 0), threading.current_thread)
+    assert thread is not threading.current_thread() and thread.name == "overlap-setup"
