@@ -84,6 +84,13 @@ _RANK_LOCAL = (
 _MATMULS = (aten.mm.default, aten.addmm.default)
 # what one more collective costs beyond its bytes, in bytes (launch and latency, ~10 us)
 LATENCY_BYTES = 1 << 20
+# A fused collective of a split moves at least this many latencies' worth of bytes a rank
+# (16 MiB), or it counts as plain: the op call a split adds costs the host 40-90 us
+# (tools/host_cost.py), and where the step's host sets the pace a smaller collective buys
+# nothing. Measured crossover, Hugging Face Llama prefill at 8B widths, W=4, 4xH100: split at
+# 1001 and 2048 tokens (6 and 12 MiB a rank) it ran 0.92x and 0.93x, at 4095 and 8192
+# (24 and 48 MiB) 1.06x and 1.07x.
+FUSED_MIN_LATENCIES = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -406,9 +413,9 @@ def _decide(region: Region, order: dict[Node, int]) -> tuple[bool, str]:
     share = (region.world_size - 1) / region.world_size
 
     def latency_bound(node: Node) -> bool:
-        # fewer bytes than a collective's latency is worth: the matmul beside it is too short
-        # to hide it (a decode step's few tokens), so a fused op saves nothing there
-        return share * _bytes(node) < LATENCY_BYTES
+        # too few bytes for a fused op to pay for its call (FUSED_MIN_LATENCIES): the matmul
+        # beside it is short (a decode step's few tokens, a short prompt), so it saves nothing
+        return share * _bytes(node) < FUSED_MIN_LATENCIES * LATENCY_BYTES
 
     padded = not divisible(region.tokens, region.world_size)
 

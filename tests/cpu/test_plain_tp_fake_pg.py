@@ -122,6 +122,7 @@ def test_gathers_that_ride_in_a_fused_one_cost_no_latency(tmp_path, riders, monk
     for them. The backward, five all-reduces for one plain gather and two small all-reduces,
     is split either way."""
     monkeypatch.setattr(all_reduce_split, "LATENCY_BYTES", 512)
+    monkeypatch.setattr(all_reduce_split, "FUSED_MIN_LATENCIES", 1)  # a fused one needs one latency's worth
     with fake_world(2):
         x = torch.randn(1, SEQ, DIM, requires_grad=True)
         _, dump = compile_and_dump(_plain_block(2, False), (x,), tmp_path, backward=True, gather_passengers=riders)
