@@ -119,7 +119,7 @@ def outside_graph_pool(device: torch.device, setup, *args):
     device arrays of peer addresses, and NCCL's barrier a tensor, so they must come from the
     default pool, which another thread allocates from. Elsewhere it runs in place, on the
     caller's stream: the blocks a measurement frees there serve the model's next allocations
-    (a setup stream's blocks never would: they stayed reserved, 1.3 GiB in a training step at 8B
+    (a setup stream's blocks never would: they stayed reserved, 1.4 GiB in a training step at 8B
     sizes, 2xH100)."""
     if getattr(device, "type", None) != "cuda" or threading.current_thread().name == _SETUP_THREAD:
         return setup(*args)
