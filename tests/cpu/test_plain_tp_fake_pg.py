@@ -138,7 +138,7 @@ def test_gathers_that_ride_in_a_fused_one_cost_no_latency(tmp_path, riders, monk
 
 def test_all_reduces_of_fewer_bytes_than_a_collective_latency_are_kept(tmp_path):
     """At the test block's size (a decode step's few tokens, say) each all-reduce moves fewer
-    bytes than a collective's latency is worth (1 MiB): a fused op cannot hide its collective
+    bytes than a fused op's call is worth (16 MiB a rank): a fused op cannot hide its collective
     behind so short a matmul, and the split's two collectives would cost more than the one
     all-reduce, so every all-reduce stays, forward and backward, with the costs in the reason."""
     with fake_world(2):
@@ -147,6 +147,9 @@ def test_all_reduces_of_fewer_bytes_than_a_collective_latency_are_kept(tmp_path)
     records = [c for c in dump.all_candidates() if c["kind"] == SPLIT]
     assert len(records) == 7 and not any(c["rewritten"] for c in records), records
     assert all(c["reason"].startswith("does not pay: ") for c in records), records
+    # the forward's two regions would fuse every collective, but each is too short to pay
+    told = "count as plain: too short to pay for a fused op's call"
+    assert sum(told in c["reason"] for c in records) >= 2, records
 
 
 def test_config_off_keeps_every_all_reduce(tmp_path):
