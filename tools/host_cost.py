@@ -57,11 +57,10 @@ def _time(run, device, rounds: int, calls: int) -> tuple[float, float]:
 
 
 def _resolved_run():
-    """The newest signature's resolved variant (dispatch's memory), with its parts."""
+    """The variant dispatch resolved for the newest call signature."""
     from overlap_pass.lowering import dispatch
 
-    fast_key, run = next(reversed(dispatch._RESOLVED.items()))
-    return fast_key, run
+    return next(reversed(dispatch._RESOLVED.values()))
 
 
 def _layers(op_call, dispatch_call, args, kind: str, device) -> dict:
@@ -70,7 +69,7 @@ def _layers(op_call, dispatch_call, args, kind: str, device) -> dict:
 
     for _ in range(3):  # measured (or cached), then captured, then replayed
         op_call()
-    _, run = _resolved_run()
+    run = _resolved_run()
     layers = {"op": op_call, "dispatch": dispatch_call, "resolved": lambda: run(*args)}
     if not hasattr(run, "func"):  # the baseline: no per-call graph below
         return layers
@@ -99,7 +98,7 @@ def _empty_op(name: str, schema: str, outputs):
 
 
 def bench(args, device, group) -> list[dict]:
-    import torch.distributed._symmetric_memory as symm_mem
+    import torch.distributed._symmetric_memory  # noqa: F401  registers torch.ops.symm_mem
 
     import overlap_pass  # noqa: F401  registers torch.ops.overlap
     from overlap_pass.lowering import dispatch
@@ -155,7 +154,6 @@ def bench(args, device, group) -> list[dict]:
             },
         },
     }
-    del symm_mem
     rows_out = []
     for op, runs in ops.items():
         for run in runs.values():  # warm every path up (NCCL, async TP's workspace)
@@ -170,7 +168,8 @@ def table(rows: list[dict], meta: dict) -> str:
     lines = [
         f"W={meta['world']}, {meta['tokens']} tokens, dim {meta['dim']}, hidden {meta['hidden']}, bf16; "
         f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}",
-        "overlap's variants: " + ", ".join(sorted(set(meta["choices"].values()))),
+        "overlap's variants: "
+        + (", ".join(sorted(set(meta["choices"].values()))) or f"{meta['implementation']} (forced)"),
         "",
         "| op | path | host µs / call | GPU µs / call |",
         "|---|---|---|---|",
