@@ -26,7 +26,10 @@ overlap's choices included); "memory" is how much more device memory is in use a
 (torch.cuda.mem_get_info: model, optimizer state, the allocator's peak, symmetric-memory
 workspaces, CUDA graphs, kernels), and "peak" adds what the process held before (CUDA context,
 NCCL, the eager step's kernels). An eager step runs first, so that one-time costs every
-compiler shares (communicators, cuBLAS handles) fall on none of them.
+compiler shares (communicators, cuBLAS handles) fall on none of them. Read for one compiler per
+process (``--compilers X --rounds 0``, as benchmarks/whole_step.sh does): with several in one
+process a later compiler's steps reuse what the earlier ones' left (at W=2 async TP read 3444 MiB
+below its own process's number), so the table shows memory only for a run of one compiler.
 """
 
 import argparse
@@ -210,16 +213,19 @@ def table(report: dict) -> str:
         f"{meta['size']}, {meta['layers']} layers, vocab {meta['vocab']}, batch {meta['batch']} x {meta['seq']} tokens, "
         f"{layout} (W={meta['world']}); {meta['device']}, torch {meta['torch']}, triton {meta['triton']}"
     )
-    lines = [head, "", "| compiler | step (µs) | vs plain Inductor | host (µs) | memory (MiB) | peak (MiB) | loss vs eager |"]
-    lines.append("|---|---|---|---|---|---|---|")
+    alone = len(results) == 1  # memory is exact for one compiler per process only
+    memory = " memory (MiB) | peak (MiB) |" if alone else ""
+    lines = [head, "", f"| compiler | step (µs) | vs plain Inductor | host (µs) |{memory} loss vs eager |"]
+    lines.append("|---|---|---|---|" + ("---|---|" if alone else "") + "---|")
     base = results.get("inductor", {}).get("step_us")
     for c, r in results.items():
         if "failed" in r:
             lines.append(f"| {LABELS[c]} | failed: {r['failed']} |")
             continue
         speedup = f"{base / r['step_us']:.2f}x" if base and "step_us" in r else "-"
+        held = f" {r['memory_mib']} | {r['peak_mib']} |" if alone else ""
         lines.append(
-            f"| {LABELS[c]} | {r.get('step_us', '-')} | {speedup} | {r.get('host_us', '-')} | {r['memory_mib']} | {r['peak_mib']} | "
+            f"| {LABELS[c]} | {r.get('step_us', '-')} | {speedup} | {r.get('host_us', '-')} |{held} "
             f"{r['loss_vs_eager']:.1e} |"
         )
     return "\n".join(lines)
