@@ -18,9 +18,14 @@ difference between two rows is what that layer costs):
     replay:     replay.call with the outputs made beforehand (no allocation)
     workspace:  the workspace's replay (timeout checks) of the call's graph
     graph:      the CUDA graph's replay alone
+
+The last column counts rank 0's overlap calls during the timed rounds by path (lowering/replay.py):
+a call that finds no per-call graph at its tensors' addresses runs its host steps eagerly, and a
+layer whose calls do so costs that much more.
 """
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -101,7 +106,7 @@ def bench(args, device, group) -> list[dict]:
     import torch.distributed._symmetric_memory  # noqa: F401  registers torch.ops.symm_mem
 
     import overlap_pass  # noqa: F401  registers torch.ops.overlap
-    from overlap_pass.lowering import dispatch
+    from overlap_pass.lowering import dispatch, replay
 
     world, name = group.size(), group.group_name
     rank = group.rank()
@@ -159,8 +164,11 @@ def bench(args, device, group) -> list[dict]:
         for run in runs.values():  # warm every path up (NCCL, async TP's workspace)
             run()
         for label, run in runs.items():
+            before = collections.Counter(replay.stats)
             host, gpu = _time(run, device, args.rounds, args.calls)
-            rows_out.append({"op": op, "path": label, "host_us": round(host, 1), "gpu_us": round(gpu, 1)})
+            # calls that found no per-call graph at their addresses ran their host steps eagerly
+            paths = dict(collections.Counter(replay.stats) - before)
+            rows_out.append({"op": op, "path": label, "host_us": round(host, 1), "gpu_us": round(gpu, 1), "calls": paths})
     return rows_out
 
 
@@ -171,10 +179,15 @@ def table(rows: list[dict], meta: dict) -> str:
         "overlap's variants: "
         + (", ".join(sorted(set(meta["choices"].values()))) or f"{meta['implementation']} (forced)"),
         "",
-        "| op | path | host µs / call | GPU µs / call |",
-        "|---|---|---|---|",
+        "| op | path | host µs / call | GPU µs / call | overlap calls: replayed / captured / eager |",
+        "|---|---|---|---|---|",
     ]
-    lines += [f"| {r['op']} | {r['path']} | {r['host_us']:.1f} | {r['gpu_us']:.1f} |" for r in rows]
+    lines += [
+        f"| {r['op']} | {r['path']} | {r['host_us']:.1f} | {r['gpu_us']:.1f} | "
+        + " / ".join(str(r["calls"].get(k, 0)) for k in ("replayed", "captured", "eager"))
+        + " |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 
