@@ -44,28 +44,41 @@ BACKENDS = ("inductor", "overlap")
 TOLERANCE = 3e-2  # bf16 logits through --layers layers, summed in another order than eager's
 
 
-def _save(folder: str, args) -> None:
+def _save(folder: str, size: str, layers: int, vocab: int, positions: int, device) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hidden, heads, kv_heads, ffn = SIZES[args.size]
+    hidden, heads, kv_heads, ffn = SIZES[size]
     config = LlamaConfig(
-        vocab_size=args.vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=args.layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max(args.lengths) + 1,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
         tie_word_embeddings=False, attn_implementation="sdpa",
     )  # fmt: skip
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device):
         LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
 
 
-def _load(folder: str, device: torch.device):
+def saved_model(size: str, layers: int, vocab: int, positions: int, device) -> str:
+    """A Llama of ``size`` widths with random weights, saved by rank 0 in a temporary folder (as
+    a checkpoint users load); the folder's path, on every rank."""
+    rank = dist.get_rank()
+    shared = [tempfile.mkdtemp(prefix="overlap-llama-") if rank == 0 else None]
+    dist.broadcast_object_list(shared, src=0)
+    if rank == 0:
+        _save(shared[0], size, layers, vocab, positions, device)
+    dist.barrier()
+    return shared[0]
+
+
+def load_model(folder: str, device, train: bool = False):
+    """The saved Llama, loaded with its own tp_plan over every rank (DistributedConfig)."""
     from transformers import LlamaForCausalLM
     from transformers.distributed import DistributedConfig
 
     model = LlamaForCausalLM.from_pretrained(
         folder, distributed_config=DistributedConfig(tp_size=dist.get_world_size()), dtype=torch.bfloat16
     )
-    return model.to(device).eval()
+    return model.to(device).train(train)
 
 
 def _overlap_calls(run) -> int:
@@ -107,14 +120,9 @@ def main() -> None:
     device = torch.device("cuda", local_rank)
     dist.init_process_group("nccl")
     world, rank = dist.get_world_size(), dist.get_rank()
-    folder = tempfile.mkdtemp(prefix="overlap-bench-prefill-") if rank == 0 else None
-    shared = [folder]
-    dist.broadcast_object_list(shared, src=0)
-    if rank == 0:
-        _save(shared[0], args)
-    dist.barrier()
-    eager = _load(shared[0], device)
-    compiled = {b: torch.compile(_load(shared[0], device), backend=b) for b in BACKENDS}
+    folder = saved_model(args.size, args.layers, args.vocab, max(args.lengths) + 1, device)
+    eager = load_model(folder, device)
+    compiled = {b: torch.compile(load_model(folder, device), backend=b) for b in BACKENDS}
 
     shapes = [(args.batch, n) for n in args.lengths]
     if args.decode_batch:

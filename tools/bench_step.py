@@ -7,6 +7,12 @@ time to queue a step, device memory, and its losses against eager's.
 
     torchrun --nproc-per-node 4 -m tools.bench_step --tp 4 --out step_tp4.json
     torchrun --nproc-per-node 4 -m tools.bench_step --tp 2 --out step_dp2_tp2.json   # FSDP2 x TP
+    torchrun --nproc-per-node 4 -m tools.bench_step --model hf --out step_hf.json    # Hugging Face
+
+``--model hf``: Hugging Face's LlamaForCausalLM at the same widths (random weights saved by rank 0
+and loaded with its own ``tp_plan``, as tools/bench_prefill.py does), plain TP (an all-reduce
+after each row-parallel linear, which overlap splits where that pays), the whole model compiled,
+its own loss, AdamW.
 
 Hardware: W CUDA GPUs of one host (NVLink), one process per GPU under torchrun. ``--tp`` ranks
 form each tensor-parallel group; W / tp is the FSDP2 (data parallel) degree, 1 meaning TP alone.
@@ -105,12 +111,8 @@ def _parallelized(model: Llama, mesh, compiler: str | None) -> Llama:
             "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
         },
     )  # fmt: skip
-    if compiler == "overlap":
-        compile_titan(model.layers, backend="overlap")
-    elif compiler == "async_tp":
-        compile_titan(model.layers, options={"_micro_pipeline_tp": True})
-    elif compiler == "inductor":
-        compile_titan(model.layers)
+    if compiler is not None:
+        compile_titan(model.layers, **COMPILE_KWARGS[compiler])
     if mesh["dp"].size() > 1:
         for block in model.layers.layers.values():
             fully_shard(block, mesh=mesh["dp"])
@@ -131,11 +133,14 @@ def _released(device) -> int:
     return _used(device)
 
 
-def bench(args, mesh, device) -> dict:
-    from torch._dynamo.utils import counters
-    from torch.distributed.tensor.parallel import loss_parallel
+# torch.compile's arguments per compiler (the Hugging Face model is compiled whole)
+COMPILE_KWARGS = {"inductor": {}, "async_tp": {"options": {"_micro_pipeline_tp": True}}, "overlap": {"backend": "overlap"}}
 
-    from tools.measure import slowest
+
+def _titan_recipe(args, mesh, device):
+    """(build(compiler) -> (model, optimizer), step(model, optimizer) -> loss) for torchtitan's
+    Llama 3 (None: eager)."""
+    from torch.distributed.tensor.parallel import loss_parallel
 
     dp_rank = mesh["dp"].get_local_rank()
     gen = torch.Generator(device=device).manual_seed(1 + dp_rank)  # the same tokens across a TP group
@@ -155,6 +160,42 @@ def bench(args, mesh, device) -> dict:
             loss.backward()
         optimizer.step()
         return loss.detach()
+
+    return build, step
+
+
+def _hf_recipe(args, device):
+    """The same pair for Hugging Face's Llama loaded with its own tp_plan (plain TP: every rank
+    holds every token), compiled whole; its loss is the model's own (labels shifted inside)."""
+    from tools.bench_prefill import load_model, saved_model
+
+    folder = saved_model(args.size, args.layers, args.vocab, args.seq + 1, device)
+    gen = torch.Generator(device=device).manual_seed(1)  # the same tokens on every rank
+    tokens = torch.randint(args.vocab, (args.batch, args.seq), device=device, generator=gen)
+
+    def build(compiler):
+        model = load_model(folder, device, train=True)
+        if compiler is not None:
+            model = torch.compile(model, **COMPILE_KWARGS[compiler])
+        # (its parameters mix DTensors and plain tensors, which the foreach kernels refuse)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+
+    def step(model, optimizer):
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return build, step
+
+
+def bench(args, build, step, device) -> dict:
+    """Eager's losses, then per compiler: its memory and losses after ``--warmup`` steps, and
+    the compilers' steps timed interleaved (``build`` and ``step``: a recipe's)."""
+    from torch._dynamo.utils import counters
+
+    from tools.measure import slowest
 
     def losses(model, optimizer, count):
         return [_value(step(model, optimizer)) for _ in range(count)]
@@ -209,8 +250,9 @@ def _value(loss: torch.Tensor) -> float:
 def table(report: dict) -> str:
     meta, results = report["meta"], report["result"]["compilers"]
     layout = f"TP {meta['tp']}" + (f" x FSDP2 {meta['dp']}" if meta["dp"] > 1 else "")
+    model = "Hugging Face Llama, tp_plan" if meta.get("model") == "hf" else "torchtitan Llama 3"
     head = (
-        f"{meta['size']}, {meta['layers']} layers, vocab {meta['vocab']}, batch {meta['batch']} x {meta['seq']} tokens, "
+        f"{model}, {meta['size']}, {meta['layers']} layers, vocab {meta['vocab']}, batch {meta['batch']} x {meta['seq']} tokens, "
         f"{layout} (W={meta['world']}); {meta['device']}, torch {meta['torch']}, triton {meta['triton']}"
     )
     alone = len(results) == 1  # memory is exact for one compiler per process only
@@ -233,6 +275,10 @@ def table(report: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--model", choices=("titan", "hf"), default="titan",
+        help="torchtitan's Llama 3 (TP/SP plan, FSDP2 with --tp below W), or Hugging Face's with its tp_plan (TP alone)",
+    )  # fmt: skip
     parser.add_argument("--size", default="llama3-8b", choices=("llama3-8b", "llama3-70b"))
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=128256)
@@ -263,15 +309,18 @@ def main() -> None:
     tp = args.tp or world
     if world % tp or args.seq % tp:
         parser.error(f"--tp {tp} must divide the world size {world} and --seq {args.seq}")
+    if args.model == "hf" and tp != world:
+        parser.error("--model hf runs tensor parallelism alone: --tp is the world size")
     mesh = init_device_mesh("cuda", (world // tp, tp), mesh_dim_names=("dp", "tp"))
     if hasattr(symm_mem, "enable_symm_mem_for_group"):  # async TP needs it, as torchtitan does
         symm_mem.enable_symm_mem_for_group(mesh["tp"].get_group().group_name)
     meta = {
-        "size": args.size, "layers": args.layers, "vocab": args.vocab, "batch": args.batch, "seq": args.seq,
+        "model": args.model, "size": args.size, "layers": args.layers, "vocab": args.vocab, "batch": args.batch, "seq": args.seq,
         "tp": tp, "dp": world // tp, "world": world, "device": torch.cuda.get_device_name(device),
         "torch": torch.__version__, "triton": triton.__version__, "rounds": args.rounds, "calls": args.calls,
     }  # fmt: skip
-    report = {"meta": meta, "result": bench(args, mesh, device)}
+    recipe = _hf_recipe(args, device) if args.model == "hf" else _titan_recipe(args, mesh, device)
+    report = {"meta": meta, "result": bench(args, *recipe, device)}
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
