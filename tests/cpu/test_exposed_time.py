@@ -1,0 +1,78 @@
+"""tools/exposed_time.py's account of a GPU timeline, on synthetic chrome traces: what each
+activity counts as, the part of a collective no computation covers, and the passes of each
+profiled step told apart by their marks."""
+
+import pytest
+
+from tools import exposed_time as et
+
+
+def _kernel(name, ts, dur, cat="kernel"):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+
+def _mark(name, ts):
+    return {"ph": "X", "cat": "user_annotation", "name": et.MARK + name, "ts": ts, "dur": 1}
+
+
+@pytest.mark.parametrize(
+    "event, kind",
+    [
+        (_kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 0, 1), "all_gather"),
+        (_kernel("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(...)", 0, 1), "reduce_scatter"),
+        (_kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)", 0, 1), "all_reduce"),
+        (_kernel("ncclDevKernel_SendRecv(...)", 0, 1), "nccl"),
+        (_kernel("Memcpy PtoP (Device -> Device)", 0, 1, "gpu_memcpy"), "p2p_copy"),
+        (_kernel("Memcpy DtoD (Device -> Device)", 0, 1, "gpu_memcpy"), "compute"),
+        (_kernel("barrier_kernel", 0, 1), "waiting"),
+        (_kernel("wait_kernel", 0, 1), "waiting"),
+        (_kernel("reduce_partials_kernel", 0, 1), "reduce_scatter"),
+        (_kernel("all_gather_matmul_tma_kernel", 0, 1), "compute"),
+        (_kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 0, 1), "compute"),
+        ({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1}, ""),
+    ],
+)
+def test_what_each_activity_counts_as(event, kind):
+    assert et.kind_of(event) == kind
+
+
+def test_the_exposed_part_of_a_collective_is_what_no_computation_covers():
+    """An all-gather 0-100 beside GEMMs 20-50 and 40-70 (overlapping each other) and a wait
+    70-100: 50 µs of it exposed (the wait hides nothing); a reduce-scatter 150-200 inside a GEMM
+    120-220: hidden whole; a copy 300-310 alone: exposed."""
+    events = [
+        _kernel("ncclDevKernel_AllGather_RING", 0, 100),
+        _kernel("gemm", 20, 30), _kernel("gemm", 40, 30), _kernel("wait_kernel", 70, 30),
+        _kernel("gemm", 120, 100), _kernel("ncclDevKernel_ReduceScatter_Sum", 150, 50),
+        _kernel("Memcpy PtoP (Device -> Device)", 300, 10, "gpu_memcpy"),
+    ]  # fmt: skip
+    found = et.account(events)
+    assert found["span_us"] == 310
+    assert found["communication_us"] == 160 and found["computation_us"] == 150
+    assert found["exposed_us"] == 60
+    assert found["by_kind"] == {"all_gather": 50, "reduce_scatter": 0, "p2p_copy": 10}
+    assert found["collectives"] == [("all_gather", 100, 50), ("reduce_scatter", 50, 0), ("p2p_copy", 10, 10)]
+
+
+def test_collectives_that_overlap_each_other_count_once_in_the_pass():
+    events = [_kernel("ncclDevKernel_AllGather", 0, 10), _kernel("Memcpy PtoP", 5, 10, "gpu_memcpy")]
+    found = et.account(events)
+    assert found["communication_us"] == 15 and found["exposed_us"] == 15
+
+
+def test_steps_and_passes_are_told_apart_by_their_marks():
+    """Two steps; each pass takes the activities that start from its mark to the next one's."""
+    trace = {
+        "traceEvents": [
+            _mark("forward", 0), _kernel("gemm", 1, 5), _kernel("ncclDevKernel_AllGather", 2, 3),
+            _mark("backward", 10), _kernel("gemm", 11, 5), _kernel("ncclDevKernel_ReduceScatter", 20, 4),
+            _mark("forward", 30), _kernel("gemm", 31, 2), _kernel("ncclDevKernel_AllGather", 33, 1),
+            _mark("backward", 40), _kernel("gemm", 41, 1),
+        ]
+    }  # fmt: skip
+    steps = et.split_passes(trace)
+    assert [[len(step[p]) for p in et.PASSES] for step in steps] == [[2, 2], [2, 1]]
+    summary = et.summarize(steps)
+    assert summary["forward"]["exposed_us"] == 0.5  # the median of 0 and 1
+    assert summary["backward"]["exposed_us"] == 2.0  # (4 and 0)
+    assert "| overlap | backward |" in et.table({"overlap": summary}, per_collective=True)

@@ -1,0 +1,254 @@
+"""How much of each collective's time no computation hides: per compiler, per pass (forward,
+backward) and per collective, from the GPU's own timeline (torch.profiler).
+
+    torchrun --nproc-per-node 4 -m tools.exposed_time --model block --size llama3-8b --out exposed.json
+
+The model and its compilers are tools/bench_model.py's (``--model block|mlp``, ``--layout sp|plain``,
+Llama 3 sizes, 8192 tokens). After warm-up steps, ``--steps`` training steps are profiled with
+the GPU idle between the forward and the backward (a synchronize), so that every GPU activity of
+the trace falls in one pass by its start. In each pass:
+
+- communication: NCCL's kernels, peer-to-peer copies (overlap's copy-engine pushes) and
+  overlap's reduction of its peers' partials (a reduce-scatter's own sum, as in NCCL's kernel);
+- computation: every other kernel, overlap's fused GEMMs included (they consume or produce
+  chunks as they arrive: their time counts as computation, which is what hides a collective);
+- a collective's **exposed** time: the part of its activity during which no computation runs on
+  any stream. The pass's exposed time is the union of those parts; the table lists the pass,
+  then each collective kind, and ``--per-collective`` each collective in launch order.
+
+A waiting kernel (overlap's flag waits, the barrier) is neither: a collective running beside it
+alone is exposed. Times are rank 0's, the median over the profiled steps, in µs.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+
+for _var, _value in (
+    ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"),
+    ("OVERLAP_PASS_SPIN_LIMIT", "20000000"),
+):  # fmt: skip
+    os.environ.setdefault(_var, _value)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+PASSES = ("forward", "backward")
+MARK = "exposed_time:"  # the profiler ranges that open each pass
+# NCCL kernel names by the collective they run, as NCCL names its device kernels
+NCCL_KINDS = (("AllGather", "all_gather"), ("ReduceScatter", "reduce_scatter"), ("AllReduce", "all_reduce"))
+# kernels that wait for a peer rather than compute (templates/signals.py)
+WAITING = ("barrier_kernel", "wait_kernel")
+# overlap's kernels that are a collective's own step: the owner's sum of its peers' partials
+# (templates/matmul_reduce_scatter.py), as NCCL's reduce-scatter kernel sums
+OVERLAP_COLLECTIVES = (("reduce_partials", "reduce_scatter"),)
+
+
+def kind_of(event: dict) -> str:
+    """"all_gather", "reduce_scatter", "all_reduce", "nccl" (another NCCL kernel), "p2p_copy",
+    "waiting" or "compute" for a GPU activity of a chrome trace; "" for anything else."""
+    name, category = event.get("name", ""), event.get("cat", "")
+    if category == "kernel":
+        if name.startswith("ncclDevKernel") or name.startswith("ncclKernel"):
+            return next((kind for marker, kind in NCCL_KINDS if marker in name), "nccl")
+        if any(marker in name for marker in WAITING):
+            return "waiting"
+        return next((kind for marker, kind in OVERLAP_COLLECTIVES if marker in name), "compute")
+    if category == "gpu_memcpy":
+        return "p2p_copy" if "PtoP" in name or "Peer" in name else "compute"
+    if category == "gpu_memset":
+        return "compute"
+    return ""
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(start, end) for start, end in merged]
+
+
+def _uncovered(interval: tuple[float, float], covered: list[tuple[float, float]]) -> float:
+    """The length of ``interval`` outside the sorted, disjoint ``covered`` intervals."""
+    start, end = interval
+    inside = sum(max(0.0, min(end, b) - max(start, a)) for a, b in covered if a < end and b > start)
+    return (end - start) - inside
+
+
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "nccl", "p2p_copy")
+
+
+def account(events: list[dict]) -> dict:
+    """One pass's account from its GPU activities (chrome trace events with ts and dur in µs):
+    its span, communication and computation time (unions), the exposed communication time, the
+    exposed time per collective kind, and each collective activity (kind, µs, exposed µs) in
+    start order."""
+    spans = [(e["ts"], e["ts"] + e["dur"], kind_of(e)) for e in events if kind_of(e)]
+    if not spans:
+        return {"span_us": 0.0, "communication_us": 0.0, "computation_us": 0.0, "exposed_us": 0.0, "by_kind": {}, "collectives": []}
+    compute = _union([(s, e) for s, e, k in spans if k == "compute"])
+    comm = [(s, e, k) for s, e, k in sorted(spans) if k in COLLECTIVES]
+    comm_union = _union([(s, e) for s, e, _ in comm])
+    by_kind: dict[str, float] = {}
+    for kind in COLLECTIVES:
+        mine = _union([(s, e) for s, e, k in comm if k == kind])
+        if mine:
+            by_kind[kind] = sum(_uncovered(i, compute) for i in mine)
+    return {
+        "span_us": max(e for _, e, _ in spans) - min(s for s, _, _ in spans),
+        "communication_us": sum(e - s for s, e in comm_union),
+        "computation_us": sum(e - s for s, e in compute),
+        "exposed_us": sum(_uncovered(i, compute) for i in comm_union),
+        "by_kind": by_kind,
+        "collectives": [(k, e - s, _uncovered((s, e), compute)) for s, e, k in comm],
+    }
+
+
+def split_passes(trace: dict) -> list[dict[str, list[dict]]]:
+    """The GPU activities of a chrome trace per profiled step and pass: each pass opens at its
+    ``MARK`` range (a user annotation on the host, after the GPU went idle) and takes what starts
+    on the GPU from there to the next mark."""
+    events = trace.get("traceEvents", [])
+    marks = sorted(
+        (e["ts"], e["name"][len(MARK):]) for e in events
+        if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(MARK)
+    )  # fmt: skip
+    gpu = [e for e in events if e.get("ph") == "X" and kind_of(e)]
+    steps: list[dict[str, list[dict]]] = []
+    for i, (start, name) in enumerate(marks):
+        end = marks[i + 1][0] if i + 1 < len(marks) else float("inf")
+        if name == PASSES[0]:
+            steps.append({p: [] for p in PASSES})
+        if steps:
+            steps[-1][name] = [e for e in gpu if start <= e["ts"] < end]
+    return steps
+
+
+def summarize(steps: list[dict[str, list[dict]]]) -> dict:
+    """Per pass: the median over steps of each number of ``account``; the collectives of the
+    first step."""
+    out = {}
+    for name in PASSES:
+        accounts = [account(step[name]) for step in steps if step.get(name)]
+        if not accounts:
+            continue
+        kinds = sorted({k for a in accounts for k in a["by_kind"]})
+        out[name] = {
+            key: statistics.median(a[key] for a in accounts)
+            for key in ("span_us", "communication_us", "computation_us", "exposed_us")
+        }
+        out[name]["by_kind"] = {k: statistics.median(a["by_kind"].get(k, 0.0) for a in accounts) for k in kinds}
+        out[name]["collectives"] = accounts[0]["collectives"]
+    return out
+
+
+def table(results: dict, per_collective: bool) -> str:
+    lines = [
+        "| compiler | pass | span | communication | hidden | exposed | exposed by kind |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for compiler, passes in results.items():
+        for name, r in passes.items():
+            hidden = r["communication_us"] - r["exposed_us"]
+            kinds = ", ".join(f"{k} {v:.0f}" for k, v in r["by_kind"].items())
+            lines.append(
+                f"| {compiler} | {name} | {r['span_us']:.0f} | {r['communication_us']:.0f} | {hidden:.0f} | "
+                f"{r['exposed_us']:.0f} | {kinds} |"
+            )
+            if per_collective:
+                for i, (kind, us, exposed) in enumerate(r["collectives"]):
+                    lines.append(f"| | {name} #{i} | | {kind} {us:.0f} | | {exposed:.0f} | |")
+    return "\n".join(lines)
+
+
+def _profiled(step, steps: int, device) -> dict:
+    """A chrome trace of ``steps`` calls of ``step(mark)``, which opens each pass with mark(name)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    def mark(name: str):
+        torch.cuda.synchronize(device)  # the GPU idle: the pass's activities all start after this
+        return record_function(MARK + name)
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step(mark)
+        torch.cuda.synchronize(device)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            return json.load(f)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=("block", "mlp"), default="block")
+    parser.add_argument("--layout", choices=("sp", "plain"), default="sp")
+    parser.add_argument("--size", default="llama3-8b", choices=("llama3-8b", "llama3-70b"))
+    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--compilers", default="inductor,inductor_micro_pipeline_tp,overlap")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--per-collective", action="store_true", help="a row per collective, in launch order")
+    parser.add_argument("--out", default="exposed_time.json")
+    args = parser.parse_args()
+
+    import overlap_pass  # noqa: F401  (registers the backend)
+    import torch.distributed._symmetric_memory as symm_mem
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from tools.bench_model import SIZES, _compile, _model
+
+    torch._dynamo.config.recompile_limit = 64
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cuda", (world,))
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):
+        symm_mem.enable_symm_mem_for_group(dist.group.WORLD.group_name)  # _micro_pipeline_tp needs it
+    dim, heads, kv_heads, hidden = SIZES[args.size]
+    sharded = args.layout == "sp"
+    gen = torch.Generator(device=device).manual_seed(1 + (dist.get_rank() if sharded else 0))
+    x = torch.randn(1, args.tokens // (world if sharded else 1), dim, device=device, dtype=torch.bfloat16, generator=gen)
+    grad = torch.randn(x.shape, device=device, dtype=torch.bfloat16, generator=gen)
+    results = {}
+    for compiler in args.compilers.split(","):
+        torch.manual_seed(0)
+        model = _model(args.model, dim, heads, kv_heads, hidden, mesh, args.layout).to(device=device, dtype=torch.bfloat16)
+        model = _compile(model, compiler)
+
+        def step(mark, model=model):
+            inp = x.detach().requires_grad_()
+            with mark("forward"):
+                out = model(inp)
+            with mark("backward"):
+                out.backward(grad)
+            for p in model.parameters():
+                p.grad = None
+
+        nothing = lambda name: torch.autograd.profiler.record_function("warm-up")  # noqa: E731
+        for _ in range(args.warmup):
+            step(nothing)
+        results[compiler] = summarize(split_passes(_profiled(step, args.steps, device)))
+    if dist.get_rank() == 0:
+        meta = {
+            "model": args.model, "layout": args.layout, "size": args.size, "tokens": args.tokens, "world": world,
+            "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
+            "triton": __import__("triton").__version__,
+        }  # fmt: skip
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "results": results}, f, indent=1)
+        print(json.dumps(meta))
+        print(table(results, args.per_collective), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
