@@ -62,7 +62,7 @@ def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> Non
     state = _SIGNATURES.get(signature)
     if state is None:
         state = _SIGNATURES[signature] = _Signature()
-    addresses = (workspace.generation, config.spin_limit, *(t.data_ptr() for t in tensors if t is not None))
+    addresses = graph_key(workspace, tensors)
     graph = state.graphs.get(addresses)
     if graph is not None:
         stats["replayed"] += 1
@@ -89,6 +89,12 @@ def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> Non
     state.graphs[addresses] = graph
     stats["captured"] += 1
     workspace.replay(graph)
+
+
+def graph_key(workspace, tensors) -> tuple:
+    """What a call's graph is kept under within its signature: the workspace's allocation, the
+    spin limit and the address of every tensor the call reads or writes (None entries skipped)."""
+    return (workspace.generation, config.spin_limit, *(t.data_ptr() for t in tensors if t is not None))
 
 
 def graphs_held() -> tuple[int, int]:

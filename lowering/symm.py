@@ -121,9 +121,11 @@ def outside_graph_pool(device: torch.device, setup, *args):
     caller's stream: the blocks a measurement frees there serve the model's next allocations
     (a setup stream's blocks never would: they stayed reserved, 1.4 GiB in a training step at 8B
     sizes, 2xH100)."""
-    if getattr(device, "type", None) != "cuda" or threading.current_thread().name == _SETUP_THREAD:
-        return setup(*args)
-    if not _graph_trees_may_route(device):
+    if (
+        getattr(device, "type", None) != "cuda"
+        or threading.current_thread().name == _SETUP_THREAD
+        or not _graph_trees_may_route(device)
+    ):
         return setup(*args)
     caller = torch.cuda.current_stream(device)
     outcome = {}

@@ -88,7 +88,7 @@ def account(events: list[dict]) -> dict:
     its span, communication and computation time (unions), the exposed communication time, the
     exposed time per collective kind, and each collective activity (kind, µs, exposed µs) in
     start order."""
-    spans = [(e["ts"], e["ts"] + e["dur"], kind_of(e)) for e in events if kind_of(e)]
+    spans = [(e["ts"], e["ts"] + e["dur"], kind) for e in events if (kind := kind_of(e))]
     if not spans:
         return {"span_us": 0.0, "communication_us": 0.0, "computation_us": 0.0, "exposed_us": 0.0, "by_kind": {}, "collectives": []}
     compute = _union([(s, e) for s, e, k in spans if k == "compute"])

@@ -86,8 +86,7 @@ def _layers(op_call, dispatch_call, args, kind: str, device) -> dict:
     layers["replay"] = lambda: replay.call(signature, variant, args, outputs, tensors, ws)
     for _ in range(3):
         layers["replay"]()
-    graphs = replay._SIGNATURES[signature].graphs
-    graph = graphs.get((ws.generation, replay.config.spin_limit, *(t.data_ptr() for t in tensors if t is not None)))
+    graph = replay._SIGNATURES[signature].graphs.get(replay.graph_key(ws, tensors))
     if graph is not None:
         layers["workspace"] = lambda: ws.replay(graph)
         layers["graph"] = graph.replay

@@ -430,20 +430,22 @@ def _decide(region: Region, order: dict[Node, int]) -> tuple[bool, str]:
         return _feeds_matmul(node)
 
     all_reduces = [ar for ars in region.entries.values() for ar in ars]
-    # entries whose all-reduces would become fused reduce-scatters, gathers that would fuse
+    # entries whose all-reduces would become fused reduce-scatters, and those that count as
+    # fused (enough bytes); one gather per shard (reshapes share it), fused where a matmul reads
+    # any of its tensors, likewise
     scatters = {entry for entry, ars in region.entries.items() if all(fuses_reduce_scatter(ar) for ar in ars)}
-    gathers = [n for n in region.exits if fuses_gather(n)]
+    fused_scatters = {entry for entry in scatters if not latency_bound(region.entries[entry][0])}
+    would_fuse = [n for n in region.exits if fuses_gather(n)]
+    gathers = {_root(region, n) for n in would_fuse}
+    fused = {_root(region, n) for n in would_fuse if not latency_bound(n)}
     # collectives that would fuse but move too few bytes to count as fused (told in the summary)
-    short = {region.entries[entry][0] for entry in scatters if latency_bound(region.entries[entry][0])}
-    short |= {_root(region, n) for n in gathers if latency_bound(n)}
+    short = len(scatters - fused_scatters) + len(gathers - fused)
     before = sum(2 * share * _bytes(ar) + LATENCY_BYTES for ar in all_reduces)
     before += sum(share * _bytes(g) + LATENCY_BYTES for g in region.gathers)
     after = 0.0
     for entry, ars in region.entries.items():
-        if entry not in scatters or latency_bound(ars[0]):
+        if entry not in fused_scatters:
             after += share * _bytes(ars[0]) + LATENCY_BYTES
-    # one gather per shard (reshapes share it); fused where a matmul reads any of its tensors
-    fused = {_root(region, n) for n in gathers if not latency_bound(n)}
     plain = {_root(region, n) for n in region.exits} - fused
     # a rider moves behind its host's matmul, which may not cover its bytes: only its
     # collective's latency is saved
@@ -458,7 +460,7 @@ def _decide(region: Region, order: dict[Node, int]) -> tuple[bool, str]:
         f"(bytes a rank sends, {_size(LATENCY_BYTES)} a collective for its latency"
         + (f"; {len(riders)} gather(s) ride in a fused one, no latency" if riders else "")
         + (
-            f"; {len(short)} collective(s) under {_size(FUSED_MIN_LATENCIES * LATENCY_BYTES)} a rank "
+            f"; {short} collective(s) under {_size(FUSED_MIN_LATENCIES * LATENCY_BYTES)} a rank "
             "count as plain: too short to pay for a fused op's call"
             if short
             else ""
