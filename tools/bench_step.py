@@ -14,6 +14,10 @@ and loaded with its own ``tp_plan``, as tools/bench_prefill.py does), plain TP (
 after each row-parallel linear, which overlap splits where that pays), the whole model compiled,
 its own loss, AdamW.
 
+``--profile N`` adds where each compiler's step spends its GPU time (rank 0, N profiled steps):
+idle time, exposed communication and kernel time per category (GEMMs, overlap's fused kernels,
+attention, Inductor's fused kernels, the optimizer, NCCL), as tools/exposed_time.py accounts it.
+
 Hardware: W CUDA GPUs of one host (NVLink), one process per GPU under torchrun. ``--tp`` ranks
 form each tensor-parallel group; W / tp is the FSDP2 (data parallel) degree, 1 meaning TP alone.
 
@@ -239,7 +243,44 @@ def bench(args, build, step, device) -> dict:
         timed, host = time_interleaved(runners, device, args.rounds, args.calls, 1)
         for compiler in models:
             results[compiler].update(step_us=round(timed[compiler]), host_us=round(host[compiler]))
+    if args.profile:
+        for compiler, (model, optimizer) in models.items():
+            results[compiler]["profile"] = _gpu_time(lambda m=model, o=optimizer: step(m, o), args.profile, device)
     return {"eager_losses": eager_losses, "held_before_mib": round(held_before), "compilers": results}
+
+
+def _gpu_time(step, steps: int, device) -> dict:
+    """Where one step's GPU time goes (tools/exposed_time.py's account of the whole step, this
+    rank's, the median over ``steps`` profiled steps): span, busy, exposed communication, kernel
+    time per category, and the kernels that took the most time (of the first step)."""
+    from tools import exposed_time
+
+    def marked(mark):
+        with mark("step"):
+            step()
+
+    trace = exposed_time._profiled(marked, steps, device)
+    steps_events = exposed_time.split_passes(trace, ("step",))
+    found = exposed_time.summarize(steps_events, ("step",))["step"]
+    found.pop("collectives")
+    found["top_kernels"] = exposed_time.top_kernels(steps_events[0]["step"], 25) if steps_events else []
+    return found
+
+
+def profile_table(report: dict) -> str:
+    """Per compiler, where a step's GPU time goes (µs, rank 0): its span, idle time, exposed
+    communication and kernel time per category (kernels on several streams add up past the span)."""
+    results = {c: r["profile"] for c, r in report["result"]["compilers"].items() if "profile" in r}
+    if not results:
+        return ""
+    categories = sorted({k for r in results.values() for k in r["by_category"]})
+    lines = ["| GPU time (µs) | " + " | ".join(LABELS[c] for c in results) + " |", "|---|" + "---|" * len(results)]
+    rows = [("span", lambda r: r["span_us"]), ("idle", lambda r: r["span_us"] - r["busy_us"]),
+            ("exposed communication", lambda r: r["exposed_us"])]  # fmt: skip
+    rows += [(k, lambda r, k=k: r["by_category"].get(k, 0.0)) for k in categories]
+    for name, value in rows:
+        lines.append(f"| {name} | " + " | ".join(f"{value(r):.0f}" for r in results.values()) + " |")
+    return "\n".join(lines)
 
 
 def _value(loss: torch.Tensor) -> float:
@@ -289,6 +330,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="steps before memory is read (compile, choices)")
     parser.add_argument("--rounds", type=int, default=5, help="0: memory alone (one compiler per process is exact)")
     parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--profile", type=int, default=0, help="profile this many steps per compiler: where GPU time goes")
     parser.add_argument("--out", default="bench_step.json")
     args = parser.parse_args()
     unknown = set(args.compilers.split(",")) - set(COMPILERS)
@@ -325,6 +367,8 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
         print(table(report), flush=True)
+        if args.profile:
+            print("\n" + profile_table(report), flush=True)
     torch._dynamo.reset()
     dist.destroy_process_group()
 

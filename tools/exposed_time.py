@@ -82,6 +82,25 @@ def _uncovered(interval: tuple[float, float], covered: list[tuple[float, float]]
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "nccl", "p2p_copy")
 
+# what a kernel's time goes to, by its name (first match wins): where a step's GPU time goes
+CATEGORIES = (
+    ("overlap_fused", ("all_gather_matmul", "matmul_reduce_scatter")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "triton_tem_")),
+    ("attention", ("flash", "fmha", "cudnn", "attention")),
+    ("optimizer", ("multi_tensor_apply", "foreach", "adam")),
+    ("inductor_fused", ("triton_",)),
+)
+
+
+def category_of(event: dict) -> str:
+    """What a GPU activity's time goes to: a communication kind (``kind_of``'s), "waiting",
+    one of ``CATEGORIES`` or "other" (an activity ``kind_of`` counts; "" for anything else)."""
+    kind = kind_of(event)
+    if kind != "compute":
+        return kind
+    name = event.get("name", "").lower()
+    return next((c for c, markers in CATEGORIES if any(m in name for m in markers)), "other")
+
 
 def account(events: list[dict]) -> dict:
     """One pass's account from its GPU activities (chrome trace events with ts and dur in µs):
@@ -90,7 +109,10 @@ def account(events: list[dict]) -> dict:
     start order."""
     spans = [(e["ts"], e["ts"] + e["dur"], kind) for e in events if (kind := kind_of(e))]
     if not spans:
-        return {"span_us": 0.0, "communication_us": 0.0, "computation_us": 0.0, "exposed_us": 0.0, "by_kind": {}, "collectives": []}
+        return {
+            "span_us": 0.0, "busy_us": 0.0, "communication_us": 0.0, "computation_us": 0.0, "exposed_us": 0.0,
+            "by_kind": {}, "by_category": {}, "collectives": [],
+        }  # fmt: skip
     compute = _union([(s, e) for s, e, k in spans if k == "compute"])
     comm = [(s, e, k) for s, e, k in sorted(spans) if k in COLLECTIVES]
     comm_union = _union([(s, e) for s, e, _ in comm])
@@ -99,20 +121,39 @@ def account(events: list[dict]) -> dict:
         mine = _union([(s, e) for s, e, k in comm if k == kind])
         if mine:
             by_kind[kind] = sum(_uncovered(i, compute) for i in mine)
+    by_category: dict[str, float] = {}
+    for event in events:
+        if category := category_of(event):
+            by_category[category] = by_category.get(category, 0.0) + event["dur"]
     return {
         "span_us": max(e for _, e, _ in spans) - min(s for s, _, _ in spans),
+        "busy_us": sum(e - s for s, e in _union([(s, e) for s, e, _ in spans])),
         "communication_us": sum(e - s for s, e in comm_union),
         "computation_us": sum(e - s for s, e in compute),
         "exposed_us": sum(_uncovered(i, compute) for i in comm_union),
         "by_kind": by_kind,
+        "by_category": by_category,
         "collectives": [(k, e - s, _uncovered((s, e), compute)) for s, e, k in comm],
     }
 
 
-def split_passes(trace: dict) -> list[dict[str, list[dict]]]:
+def top_kernels(events: list[dict], count: int) -> list[tuple[str, float, int]]:
+    """The ``count`` GPU activities that took the most time in all, by name (cut to 90
+    characters): (name, µs, calls)."""
+    totals: dict[str, list[float]] = {}
+    for event in events:
+        if kind_of(event):
+            entry = totals.setdefault(event["name"][:90], [0.0, 0])
+            entry[0] += event["dur"]
+            entry[1] += 1
+    ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:count]
+    return [(name, us, int(calls)) for name, (us, calls) in ranked]
+
+
+def split_passes(trace: dict, passes: tuple[str, ...] = PASSES) -> list[dict[str, list[dict]]]:
     """The GPU activities of a chrome trace per profiled step and pass: each pass opens at its
     ``MARK`` range (a user annotation on the host, after the GPU went idle) and takes what starts
-    on the GPU from there to the next mark."""
+    on the GPU from there to the next mark; a step opens at its first pass's mark."""
     events = trace.get("traceEvents", [])
     marks = sorted(
         (e["ts"], e["name"][len(MARK):]) for e in events
@@ -122,27 +163,28 @@ def split_passes(trace: dict) -> list[dict[str, list[dict]]]:
     steps: list[dict[str, list[dict]]] = []
     for i, (start, name) in enumerate(marks):
         end = marks[i + 1][0] if i + 1 < len(marks) else float("inf")
-        if name == PASSES[0]:
-            steps.append({p: [] for p in PASSES})
+        if name == passes[0]:
+            steps.append({p: [] for p in passes})
         if steps:
             steps[-1][name] = [e for e in gpu if start <= e["ts"] < end]
     return steps
 
 
-def summarize(steps: list[dict[str, list[dict]]]) -> dict:
+def summarize(steps: list[dict[str, list[dict]]], passes: tuple[str, ...] = PASSES) -> dict:
     """Per pass: the median over steps of each number of ``account``; the collectives of the
     first step."""
     out = {}
-    for name in PASSES:
+    for name in passes:
         accounts = [account(step[name]) for step in steps if step.get(name)]
         if not accounts:
             continue
-        kinds = sorted({k for a in accounts for k in a["by_kind"]})
         out[name] = {
             key: statistics.median(a[key] for a in accounts)
-            for key in ("span_us", "communication_us", "computation_us", "exposed_us")
+            for key in ("span_us", "busy_us", "communication_us", "computation_us", "exposed_us")
         }
-        out[name]["by_kind"] = {k: statistics.median(a["by_kind"].get(k, 0.0) for a in accounts) for k in kinds}
+        for key in ("by_kind", "by_category"):
+            names = sorted({k for a in accounts for k in a[key]})
+            out[name][key] = {k: statistics.median(a[key].get(k, 0.0) for a in accounts) for k in names}
         out[name]["collectives"] = accounts[0]["collectives"]
     return out
 

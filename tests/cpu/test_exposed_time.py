@@ -76,3 +76,42 @@ def test_steps_and_passes_are_told_apart_by_their_marks():
     assert summary["forward"]["exposed_us"] == 0.5  # the median of 0 and 1
     assert summary["backward"]["exposed_us"] == 2.0  # (4 and 0)
     assert "| overlap | backward |" in et.table({"overlap": summary}, per_collective=True)
+
+
+@pytest.mark.parametrize(
+    "name, category",
+    [
+        ("all_gather_matmul_pingpong_kernel", "overlap_fused"),
+        ("matmul_reduce_scatter_tma_kernel", "overlap_fused"),
+        ("reduce_partials_kernel", "reduce_scatter"),
+        ("nvjet_tst_256x128_64x4_2x1_v_bz_coopB_TNT", "gemm"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "gemm"),
+        ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<...>", "attention"),
+        ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>", "optimizer"),
+        ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "inductor_fused"),
+        ("void at::native::vectorized_elementwise_kernel<4, ...>", "other"),
+        ("wait_kernel", "waiting"),
+        ("ncclDevKernel_AllGather_RING_LL", "all_gather"),
+    ],
+)
+def test_where_a_kernels_time_goes(name, category):
+    assert et.category_of(_kernel(name, 0, 1)) == category
+
+
+def test_a_whole_step_is_accounted_by_category():
+    """One mark per step: busy time is the union of every activity, idle the rest of the span,
+    and each category's time the sum of its kernels'."""
+    trace = {
+        "traceEvents": [
+            _mark("step", 0), _kernel("nvjet_gemm", 0, 10), _kernel("nvjet_gemm", 5, 10), _kernel("triton_poi_x", 20, 5),
+            _mark("step", 100), _kernel("nvjet_gemm", 100, 12), _kernel("ncclDevKernel_AllGather", 120, 5),
+        ]
+    }  # fmt: skip
+    steps = et.split_passes(trace, ("step",))
+    assert len(steps) == 2
+    found = et.account(steps[0]["step"])
+    assert found["span_us"] == 25 and found["busy_us"] == 20
+    assert found["by_category"] == {"gemm": 20, "inductor_fused": 5}
+    assert et.top_kernels(steps[0]["step"], 1) == [("nvjet_gemm", 20, 2)]
+    summary = et.summarize(steps, ("step",))["step"]
+    assert summary["by_category"]["all_gather"] == 2.5  # (0 and 5)
