@@ -14,9 +14,11 @@ and loaded with its own ``tp_plan``, as tools/bench_prefill.py does), plain TP (
 after each row-parallel linear, which overlap splits where that pays), the whole model compiled,
 its own loss, AdamW.
 
-``--profile N`` adds where each compiler's step spends its GPU time (rank 0, N profiled steps):
-idle time, exposed communication and kernel time per category (GEMMs, overlap's fused kernels,
-attention, Inductor's fused kernels, the optimizer, NCCL), as tools/exposed_time.py accounts it.
+``--profile N`` adds where each compiler's step spends its time: GPU and host time per phase
+(forward with the loss, backward, optimizer; N back-to-back steps, unprofiled), then from N
+profiled steps (rank 0) idle time, exposed communication and kernel time per category (GEMMs,
+overlap's fused kernels, attention, Inductor's fused kernels, the optimizer, NCCL), as
+tools/exposed_time.py accounts it.
 
 Hardware: W CUDA GPUs of one host (NVLink), one process per GPU under torchrun. ``--tp`` ranks
 form each tensor-parallel group; W / tp is the FSDP2 (data parallel) degree, 1 meaning TP alone.
@@ -137,6 +139,11 @@ def _released(device) -> int:
     return _used(device)
 
 
+def _no_phase(name: str) -> None:
+    """A step's phases ("forward": the model and its loss, "backward", "optimizer") are marked
+    by calling its ``phase`` with each name as it starts: here, unmarked."""
+
+
 # torch.compile's arguments per compiler (the Hugging Face model is compiled whole)
 COMPILE_KWARGS = {"inductor": {}, "async_tp": {"options": {"_micro_pipeline_tp": True}}, "overlap": {"backend": "overlap"}}
 
@@ -156,12 +163,15 @@ def _titan_recipe(args, mesh, device):
         model = _parallelized(Llama(args.size, args.layers, args.seq, args.vocab, device), mesh, compiler)
         return model, torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
 
-    def step(model, optimizer):
+    def step(model, optimizer, phase=_no_phase):
         optimizer.zero_grad(set_to_none=True)
+        phase("forward")
         logits = model(tokens)
         with loss_parallel():
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())  # (torchtitan's loss is fp32)
+            phase("backward")
             loss.backward()
+        phase("optimizer")
         optimizer.step()
         return loss.detach()
 
@@ -184,10 +194,13 @@ def _hf_recipe(args, device):
         # (its parameters mix DTensors and plain tensors, which the foreach kernels refuse)
         return model, torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
 
-    def step(model, optimizer):
+    def step(model, optimizer, phase=_no_phase):
         optimizer.zero_grad(set_to_none=True)
+        phase("forward")
         loss = model(input_ids=tokens, labels=tokens).loss
+        phase("backward")
         loss.backward()
+        phase("optimizer")
         optimizer.step()
         return loss.detach()
 
@@ -245,8 +258,44 @@ def bench(args, build, step, device) -> dict:
             results[compiler].update(step_us=round(timed[compiler]), host_us=round(host[compiler]))
     if args.profile:
         for compiler, (model, optimizer) in models.items():
+            results[compiler]["phases"] = _phase_times(lambda phase, m=model, o=optimizer: step(m, o, phase), args.profile, device)
             results[compiler]["profile"] = _gpu_time(lambda m=model, o=optimizer: step(m, o), args.profile, device)
     return {"eager_losses": eager_losses, "held_before_mib": round(held_before), "compilers": results}
+
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+def _phase_times(step, steps: int, device) -> dict:
+    """Per phase of ``steps`` back-to-back steps (the host free to run ahead, as when timed):
+    its GPU time (between CUDA events queued as it starts) and its host time, µs, the median over
+    steps of the slowest rank."""
+    import statistics
+    import time
+
+    from tools.measure import slowest
+
+    stamps: list[tuple[str, float, torch.cuda.Event]] = []
+
+    def phase(name: str) -> None:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        stamps.append((name, time.perf_counter(), event))
+
+    for _ in range(steps):
+        step(phase)
+    phase("end")
+    torch.cuda.synchronize(device)
+    gpu: dict[str, list[float]] = {name: [] for name in PHASES}
+    host: dict[str, list[float]] = {name: [] for name in PHASES}
+    for (name, t0, e0), (_, t1, e1) in zip(stamps, stamps[1:]):
+        gpu[name].append(e0.elapsed_time(e1) * 1e3)
+        host[name].append((t1 - t0) * 1e6)
+    return {
+        f"{name} {what}": round(slowest(statistics.median(values[name]), device))
+        for name in PHASES
+        for what, values in (("gpu_us", gpu), ("host_us", host))
+    }
 
 
 def _gpu_time(step, steps: int, device) -> dict:
@@ -280,6 +329,9 @@ def profile_table(report: dict) -> str:
     rows += [(k, lambda r, k=k: r["by_category"].get(k, 0.0)) for k in categories]
     for name, value in rows:
         lines.append(f"| {name} | " + " | ".join(f"{value(r):.0f}" for r in results.values()) + " |")
+    phases = [report["result"]["compilers"][c].get("phases", {}) for c in results]
+    for key in phases[0]:
+        lines.append(f"| {key.replace('_us', '')} (unprofiled) | " + " | ".join(str(p.get(key, "-")) for p in phases) + " |")
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@ backward) and per collective, from the GPU's own timeline (torch.profiler).
 The model and its compilers are tools/bench_model.py's (``--model block|mlp``, ``--layout sp|plain``,
 Llama 3 sizes, 8192 tokens). After warm-up steps, ``--steps`` training steps are profiled with
 the GPU idle between the forward and the backward (a synchronize), so that every GPU activity of
-the trace falls in one pass by its start. In each pass:
+the trace falls in one pass by its start (the ranks in step too: a barrier). In each pass:
 
 - communication: NCCL's kernels, peer-to-peer copies (overlap's copy-engine pushes) and
   overlap's reduction of its peers' partials (a reduce-scatter's own sum, as in NCCL's kernel);
@@ -214,6 +214,9 @@ def _profiled(step, steps: int, device) -> dict:
 
     def mark(name: str):
         torch.cuda.synchronize(device)  # the GPU idle: the pass's activities all start after this
+        if dist.is_initialized():  # and the ranks in step: a peer's lag is not a collective's time
+            dist.barrier(device_ids=[device.index])
+            torch.cuda.synchronize(device)
         return record_function(MARK + name)
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
