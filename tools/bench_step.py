@@ -212,6 +212,7 @@ def bench(args, build, step, device) -> dict:
     the compilers' steps timed interleaved (``build`` and ``step``: a recipe's)."""
     from torch._dynamo.utils import counters
 
+    from overlap_pass.lowering import replay, symm
     from tools.measure import slowest
 
     def losses(model, optimizer, count):
@@ -245,21 +246,25 @@ def bench(args, build, step, device) -> dict:
             "overlap_pass": dict(counters["overlap_pass"]),
         }
         if compiler == "overlap":
-            from overlap_pass.lowering import replay, symm
-
             results[compiler]["held"] = {
                 "symmetric_mib": {k: round(v / MiB) for k, v in symm.bytes_held().items()},
                 "op_graphs": replay.graphs_held()[0],
             }
     if args.rounds:
         runners = {c: (lambda m=m, o=o: step(m, o)) for c, (m, o) in models.items()}
+        before = dict(replay.stats)
         timed, host = time_interleaved(runners, device, args.rounds, args.calls, 1)
         for compiler in models:
             results[compiler].update(step_us=round(timed[compiler]), host_us=round(host[compiler]))
+        if "overlap" in results:  # rank 0's op calls by path while timed (replay.py)
+            results["overlap"]["op_calls_timed"] = {k: v - before.get(k, 0) for k, v in replay.stats.items()}
     if args.profile:
         for compiler, (model, optimizer) in models.items():
+            before = dict(replay.stats)
             results[compiler]["phases"] = _phase_times(lambda phase, m=model, o=optimizer: step(m, o, phase), args.profile, device)
             results[compiler]["profile"] = _gpu_time(lambda m=model, o=optimizer: step(m, o), args.profile, device)
+            if compiler == "overlap":
+                results[compiler]["op_calls_profiled"] = {k: v - before.get(k, 0) for k, v in replay.stats.items()}
     return {"eager_losses": eager_losses, "held_before_mib": round(held_before), "compilers": results}
 
 

@@ -37,6 +37,7 @@ import torch.distributed as dist  # noqa: E402
 
 PASSES = ("forward", "backward")
 MARK = "exposed_time:"  # the profiler ranges that open each pass
+BETWEEN = "between passes"  # the range that closes one (what follows until the next pass is no pass's)
 # NCCL kernel names by the collective they run, as NCCL names its device kernels
 NCCL_KINDS = (("AllGather", "all_gather"), ("ReduceScatter", "reduce_scatter"), ("AllReduce", "all_reduce"))
 # kernels that wait for a peer rather than compute (templates/signals.py)
@@ -153,7 +154,8 @@ def top_kernels(events: list[dict], count: int) -> list[tuple[str, float, int]]:
 def split_passes(trace: dict, passes: tuple[str, ...] = PASSES) -> list[dict[str, list[dict]]]:
     """The GPU activities of a chrome trace per profiled step and pass: each pass opens at its
     ``MARK`` range (a user annotation on the host, after the GPU went idle) and takes what starts
-    on the GPU from there to the next mark; a step opens at its first pass's mark."""
+    on the GPU from there to the next mark (a ``BETWEEN`` mark closes it); a step opens at its
+    first pass's mark."""
     events = trace.get("traceEvents", [])
     marks = sorted(
         (e["ts"], e["name"][len(MARK):]) for e in events
@@ -165,7 +167,7 @@ def split_passes(trace: dict, passes: tuple[str, ...] = PASSES) -> list[dict[str
         end = marks[i + 1][0] if i + 1 < len(marks) else float("inf")
         if name == passes[0]:
             steps.append({p: [] for p in passes})
-        if steps:
+        if steps and name in passes:
             steps[-1][name] = [e for e in gpu if start <= e["ts"] < end]
     return steps
 
@@ -215,8 +217,9 @@ def _profiled(step, steps: int, device) -> dict:
     def mark(name: str):
         torch.cuda.synchronize(device)  # the GPU idle: the pass's activities all start after this
         if dist.is_initialized():  # and the ranks in step: a peer's lag is not a collective's time
-            dist.barrier(device_ids=[device.index])
-            torch.cuda.synchronize(device)
+            with record_function(MARK + BETWEEN):  # (the barrier's own kernel in no pass)
+                dist.barrier(device_ids=[device.index])
+                torch.cuda.synchronize(device)
         return record_function(MARK + name)
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -68,6 +68,7 @@ def test_steps_and_passes_are_told_apart_by_their_marks():
             _mark("backward", 10), _kernel("gemm", 11, 5), _kernel("ncclDevKernel_ReduceScatter", 20, 4),
             _mark("forward", 30), _kernel("gemm", 31, 2), _kernel("ncclDevKernel_AllGather", 33, 1),
             _mark("backward", 40), _kernel("gemm", 41, 1),
+            _mark(et.BETWEEN, 50), _kernel("ncclDevKernel_AllReduce", 51, 1),  # a barrier: no pass's
         ]
     }  # fmt: skip
     steps = et.split_passes(trace)
