@@ -26,18 +26,23 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
-def time_interleaved(runners: dict, device, rounds: int, calls: int, warmup: int) -> tuple[dict, dict]:
+def time_interleaved(runners: dict, device, rounds: int, calls: int, warmup: int, settle: int = 0) -> tuple[dict, dict]:
     """Times every runner (key -> function of no arguments) in shuffled, interleaved rounds of
     ``calls`` back-to-back calls, ranks in step (a barrier before each, in a process group).
     Returns ({key: µs per call}, {key: host µs to queue one call}), each the median over rounds
     of the slowest rank: interleaving keeps the machine's drift out of the comparison, and a
-    host time near the call's time means the GPU waits for the host."""
+    host time near the call's time means the GPU waits for the host. ``settle`` untimed calls
+    open each round: what a runner's steady state is when it runs alone (a training process
+    runs one model), where another runner's round just left the caching allocator's blocks
+    elsewhere."""
     samples = {key: [] for key in runners}
     order = list(runners)
     shuffle = random.Random(0)  # the same order on every rank
     for round_ in range(warmup + rounds):
         shuffle.shuffle(order)
         for key in order:
+            for _ in range(settle):
+                runners[key]()
             torch.cuda.synchronize(device)
             if dist.is_initialized():
                 dist.barrier()
