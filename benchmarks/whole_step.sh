@@ -1,16 +1,27 @@
 #!/usr/bin/env bash
-# docs/benchmarks.md, "Whole training steps" and "Host time of an op call": torchtitan's Llama 3
-# (4 layers of 8B width, embedding and output) trained under TP alone and FSDP2 x TP, the three
-# compilers interleaved in one process (timing); then each compiler alone in a process of its
-# own with a fresh choice cache (device memory); then the per-call host time of the ops.
-# Measured on 4xH100 (W=2 on two of its GPUs); each command under 5 minutes.
+# docs/benchmarks.md, "Whole training steps", "Host time of an op call" and "Exposed
+# communication". At W=2: torchtitan's Llama 3 (4 layers of 8B width, embedding and output) and
+# Hugging Face's Llama with its tp_plan trained under TP alone, the three compilers interleaved in
+# one process (timing; where the torchtitan step's GPU time goes); then each compiler alone in a
+# process of its own with a fresh choice cache (device memory); the per-call host time of the
+# ops; the exposed communication of the 8B block. At W=4, where the machine has 4 GPUs: the
+# torchtitan step under TP alone and FSDP2 x TP. Measured on 2xH200 (W=2) and 4xH100 (W=4); each
+# command under 5 minutes.
 source "$(dirname "$0")/_common.sh"
-torchrun --nproc-per-node 4 -m tools.bench_step --tp 4 --out "$OUT/step_tp4_w4.json"
-torchrun --nproc-per-node 4 -m tools.bench_step --tp 2 --out "$OUT/step_dp2_tp2_w4.json"
-CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node 2 -m tools.bench_step --out "$OUT/step_tp2_w2.json"
+torchrun --nproc-per-node 2 -m tools.bench_step --profile 2 --out "$OUT/step_tp2_w2.json"
+torchrun --nproc-per-node 2 -m tools.bench_step --model hf --out "$OUT/step_hf_w2.json"
 for compiler in inductor async_tp overlap; do
-    CUDA_VISIBLE_DEVICES=0,1 OVERLAP_PASS_CHOICE_CACHE=$(mktemp -d)/choices.json \
-        torchrun --nproc-per-node 2 -m tools.bench_step --compilers "$compiler" --rounds 0 \
-        --out "$OUT/memory_tp2_w2_$compiler.json"
+    OVERLAP_PASS_CHOICE_CACHE=$(mktemp -d)/choices.json torchrun --nproc-per-node 2 -m tools.bench_step \
+        --compilers "$compiler" --rounds 0 --out "$OUT/memory_tp2_w2_$compiler.json"
 done
-CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node 2 -m tools.host_cost --implementation fused --out "$OUT/host_cost_w2.json"
+for compiler in inductor overlap; do
+    OVERLAP_PASS_CHOICE_CACHE=$(mktemp -d)/choices.json torchrun --nproc-per-node 2 -m tools.bench_step \
+        --model hf --compilers "$compiler" --rounds 0 --out "$OUT/memory_hf_w2_$compiler.json"
+done
+torchrun --nproc-per-node 2 -m tools.host_cost --implementation fused --out "$OUT/host_cost_w2.json"
+torchrun --nproc-per-node 2 -m tools.exposed_time --per-collective --out "$OUT/exposed_block8b_w2.json"
+if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
+    # (these rows were timed with --settle 0: each round's first two overlap steps included)
+    torchrun --nproc-per-node 4 -m tools.bench_step --tp 4 --settle 0 --out "$OUT/step_tp4_w4.json"
+    torchrun --nproc-per-node 4 -m tools.bench_step --tp 2 --settle 0 --out "$OUT/step_dp2_tp2_w4.json"
+fi
