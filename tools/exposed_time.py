@@ -18,6 +18,11 @@ the trace falls in one pass by its start (the ranks in step too: a barrier). In 
 
 A waiting kernel (overlap's flag waits, the barrier) is neither: a collective running beside it
 alone is exposed. Times are rank 0's, the median over the profiled steps, in µs.
+
+``--host`` adds the host's side of each pass: how long queuing it took and the host ranges (torch
+ops, Inductor's compiled graphs, overlap's ops) that took the most of it, on any thread.
+``--float8 tensorwise|rowwise`` makes every linear a torchao Float8Linear, as tools/bench_model.py
+does.
 """
 
 import argparse
@@ -151,25 +156,77 @@ def top_kernels(events: list[dict], count: int) -> list[tuple[str, float, int]]:
     return [(name, us, int(calls)) for name, (us, calls) in ranked]
 
 
+def _marks(events: list[dict]) -> list[tuple[float, float, str]]:
+    """The ``MARK`` ranges of a trace in time order: (start, host µs it was open, pass name)."""
+    return sorted(
+        (e["ts"], e.get("dur", 0.0), e["name"][len(MARK):]) for e in events
+        if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(MARK)
+    )  # fmt: skip
+
+
 def split_passes(trace: dict, passes: tuple[str, ...] = PASSES) -> list[dict[str, list[dict]]]:
     """The GPU activities of a chrome trace per profiled step and pass: each pass opens at its
     ``MARK`` range (a user annotation on the host, after the GPU went idle) and takes what starts
     on the GPU from there to the next mark (a ``BETWEEN`` mark closes it); a step opens at its
     first pass's mark."""
     events = trace.get("traceEvents", [])
-    marks = sorted(
-        (e["ts"], e["name"][len(MARK):]) for e in events
-        if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(MARK)
-    )  # fmt: skip
+    marks = _marks(events)
     gpu = [e for e in events if e.get("ph") == "X" and kind_of(e)]
     steps: list[dict[str, list[dict]]] = []
-    for i, (start, name) in enumerate(marks):
+    for i, (start, _, name) in enumerate(marks):
         end = marks[i + 1][0] if i + 1 < len(marks) else float("inf")
         if name == passes[0]:
             steps.append({p: [] for p in passes})
         if steps and name in passes:
             steps[-1][name] = [e for e in gpu if start <= e["ts"] < end]
     return steps
+
+
+HOST_CATEGORIES = ("cpu_op", "user_annotation")  # the host's ranges: torch ops and marked regions
+
+
+def host_passes(trace: dict, passes: tuple[str, ...] = PASSES, count: int = 15) -> list[dict[str, dict]]:
+    """The host side of each profiled step's passes: how long each pass's mark range was open
+    (the host's time to queue the pass: its ``with mark(...)`` block) and the ``count`` host
+    ranges that took the most time inside it on any thread (the backward runs on autograd's),
+    by name: (name, µs inclusive of what they call, calls)."""
+    events = trace.get("traceEvents", [])
+    marks = _marks(events)
+    ranges = [e for e in events if e.get("ph") == "X" and e.get("cat") in HOST_CATEGORIES and not e["name"].startswith(MARK)]
+    steps: list[dict[str, dict]] = []
+    for start, dur, name in marks:
+        if name == passes[0]:
+            steps.append({})
+        if not steps or name not in passes:
+            continue
+        totals: dict[str, list[float]] = {}
+        for e in ranges:
+            if start <= e["ts"] < start + dur:
+                entry = totals.setdefault(e["name"][:90], [0.0, 0])
+                entry[0] += e["dur"]
+                entry[1] += 1
+        ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:count]
+        steps[-1][name] = {"host_us": dur, "ops": [(n, us, int(calls)) for n, (us, calls) in ranked]}
+    return steps
+
+
+def summarize_host(steps: list[dict[str, dict]], passes: tuple[str, ...] = PASSES) -> dict:
+    """Per pass: the median host time over steps and the first step's busiest host ranges."""
+    out = {}
+    for name in passes:
+        found = [step[name] for step in steps if name in step]
+        if found:
+            out[name] = {"host_us": statistics.median(f["host_us"] for f in found), "ops": found[0]["ops"]}
+    return out
+
+
+def host_table(results: dict, count: int = 8) -> str:
+    lines = ["| compiler | pass | host (µs) | busiest host ranges: inclusive µs (calls) |", "|---|---|---|---|"]
+    for compiler, passes in results.items():
+        for name, r in passes.items():
+            ops = "; ".join(f"{n} {us:.0f} ({calls})" for n, us, calls in r["ops"][:count])
+            lines.append(f"| {compiler} | {name} | {r['host_us']:.0f} | {ops} |")
+    return "\n".join(lines)
 
 
 def summarize(steps: list[dict[str, list[dict]]], passes: tuple[str, ...] = PASSES) -> dict:
@@ -243,6 +300,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--per-collective", action="store_true", help="a row per collective, in launch order")
+    parser.add_argument("--float8", choices=("tensorwise", "rowwise"), default=None, help="torchao Float8 linears")
+    parser.add_argument("--host", action="store_true", help="also each pass's host time and its busiest host ranges")
     parser.add_argument("--out", default="exposed_time.json")
     args = parser.parse_args()
 
@@ -266,10 +325,11 @@ def main() -> None:
     gen = torch.Generator(device=device).manual_seed(1 + (dist.get_rank() if sharded else 0))
     x = torch.randn(1, args.tokens // (world if sharded else 1), dim, device=device, dtype=torch.bfloat16, generator=gen)
     grad = torch.randn(x.shape, device=device, dtype=torch.bfloat16, generator=gen)
-    results = {}
+    results, host = {}, {}
     for compiler in args.compilers.split(","):
         torch.manual_seed(0)
-        model = _model(args.model, dim, heads, kv_heads, hidden, mesh, args.layout).to(device=device, dtype=torch.bfloat16)
+        model = _model(args.model, dim, heads, kv_heads, hidden, mesh, args.layout, args.float8)
+        model = model.to(device=device, dtype=torch.bfloat16)
         model = _compile(model, compiler)
 
         def step(mark, model=model):
@@ -284,17 +344,22 @@ def main() -> None:
         nothing = lambda name: torch.autograd.profiler.record_function("warm-up")  # noqa: E731
         for _ in range(args.warmup):
             step(nothing)
-        results[compiler] = summarize(split_passes(_profiled(step, args.steps, device)))
+        trace = _profiled(step, args.steps, device)
+        results[compiler] = summarize(split_passes(trace))
+        host[compiler] = summarize_host(host_passes(trace))
     if dist.get_rank() == 0:
         meta = {
             "model": args.model, "layout": args.layout, "size": args.size, "tokens": args.tokens, "world": world,
+            "float8": args.float8,
             "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
             "triton": __import__("triton").__version__,
         }  # fmt: skip
         with open(args.out, "w") as f:
-            json.dump({"meta": meta, "results": results}, f, indent=1)
+            json.dump({"meta": meta, "results": results, "host": host}, f, indent=1)
         print(json.dumps(meta))
         print(table(results, args.per_collective), flush=True)
+        if args.host:
+            print("\n" + host_table(host), flush=True)
     dist.destroy_process_group()
 
 

@@ -116,3 +116,28 @@ def test_a_whole_step_is_accounted_by_category():
     assert et.top_kernels(steps[0]["step"], 1) == [("nvjet_gemm", 20, 2)]
     summary = et.summarize(steps, ("step",))["step"]
     assert summary["by_category"]["all_gather"] == 2.5  # (0 and 5)
+
+
+def _range(name, ts, dur, cat="cpu_op"):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+
+def test_the_host_side_of_each_pass():
+    """A pass's host time is how long its mark was open; its busiest host ranges are those that
+    start inside that window, summed by name, on any thread."""
+    forward, backward = _mark("forward", 0), _mark("backward", 100)
+    forward["dur"], backward["dur"] = 40, 70
+    trace = {
+        "traceEvents": [
+            forward, _range("overlap::all_gather_matmul", 5, 10), _range("overlap::all_gather_matmul", 20, 12),
+            _range("aten::mm", 30, 3), _range("aten::mm", 60, 100),  # after the forward's window: no pass's
+            backward, _range("autograd::engine::evaluate_function", 101, 60),
+            _mark(et.BETWEEN, 200), _range("c10d::barrier", 201, 5),
+        ]
+    }  # fmt: skip
+    steps = et.host_passes(trace)
+    assert steps[0]["forward"] == {"host_us": 40, "ops": [("overlap::all_gather_matmul", 22, 2), ("aten::mm", 3, 1)]}
+    assert steps[0]["backward"]["ops"] == [("autograd::engine::evaluate_function", 60, 1)]
+    summary = et.summarize_host(steps)
+    assert summary["backward"]["host_us"] == 70
+    assert "| overlap | forward | 40 | overlap::all_gather_matmul 22 (2); aten::mm 3 (1) |" in et.host_table({"overlap": summary})
