@@ -220,7 +220,7 @@ def bench_size(name, args, device, mesh) -> dict:
         runners[(c, "forward+backward")] = lambda m=model, x=x, g=grad: (step(m, x, g), zero(m))
     for key in [k for k in runners if k[0] in EXTRA_COMPILERS]:
         runners[key] = functools.partial(_patched, EXTRA_COMPILERS[key[0]], runners[key])
-    timed, host = time_interleaved(runners, device, args.rounds, args.calls, args.warmup)
+    timed, host = time_interleaved(runners, device, args.rounds, args.calls, args.warmup, settle=args.settle)
     if args.profile and "overlap" in models:
         for mode in ("forward", "forward+backward"):
             report = _host_profile(runners[("overlap", mode)], args.profile, device)
@@ -325,6 +325,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument(
+        "--settle", type=int, default=0,
+        help="untimed calls opening each round (tools/measure.time_interleaved), as in tools/bench_step.py",
+    )  # fmt: skip
     parser.add_argument("--profile", type=int, default=0, help="cProfile this many overlap calls per pass (host time)")
     parser.add_argument(
         "--fake-world", type=int, default=0,

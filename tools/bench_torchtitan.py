@@ -133,7 +133,7 @@ def bench_point(size: str, batch: int, args, mesh, device) -> dict:
     for compiler, model in models.items():
         runners[(compiler, "forward")] = lambda m=model: forward(m)
         runners[(compiler, "forward+backward")] = lambda m=model: (step(m), zero(m))
-    timed, host = time_interleaved(runners, device, args.rounds, args.calls, args.warmup)
+    timed, host = time_interleaved(runners, device, args.rounds, args.calls, args.warmup, settle=args.settle)
     return {
         "size": size, "batch": batch, "seq": args.seq, "tokens": batch * args.seq, "layers": args.layers,
         "us": {f"{c} {mode}": t for (c, mode), t in timed.items()},
@@ -199,6 +199,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument(
+        "--settle", type=int, default=0,
+        help="untimed calls opening each round (tools/measure.time_interleaved), as in tools/bench_step.py",
+    )  # fmt: skip
     parser.add_argument("--out", default="bench_torchtitan.json")
     parser.add_argument("--png", default=None)
     parser.add_argument("--render", default=None, help="JSON files of earlier runs (commas): print their table, draw --png")
