@@ -143,17 +143,21 @@ def account(events: list[dict]) -> dict:
     }
 
 
-def top_kernels(events: list[dict], count: int) -> list[tuple[str, float, int]]:
-    """The ``count`` GPU activities that took the most time in all, by name (cut to 90
-    characters): (name, µs, calls)."""
+def _busiest(events: list[dict], count: int) -> list[tuple[str, float, int]]:
+    """The ``count`` names (cut to 90 characters) whose events took the most time in all:
+    (name, µs, calls)."""
     totals: dict[str, list[float]] = {}
     for event in events:
-        if kind_of(event):
-            entry = totals.setdefault(event["name"][:90], [0.0, 0])
-            entry[0] += event["dur"]
-            entry[1] += 1
+        entry = totals.setdefault(event["name"][:90], [0.0, 0])
+        entry[0] += event["dur"]
+        entry[1] += 1
     ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:count]
     return [(name, us, int(calls)) for name, (us, calls) in ranked]
+
+
+def top_kernels(events: list[dict], count: int) -> list[tuple[str, float, int]]:
+    """The ``count`` GPU activities that took the most time in all, by name: (name, µs, calls)."""
+    return _busiest([e for e in events if kind_of(e)], count)
 
 
 def _marks(events: list[dict]) -> list[tuple[float, float, str]]:
@@ -199,14 +203,8 @@ def host_passes(trace: dict, passes: tuple[str, ...] = PASSES, count: int = 15) 
             steps.append({})
         if not steps or name not in passes:
             continue
-        totals: dict[str, list[float]] = {}
-        for e in ranges:
-            if start <= e["ts"] < start + dur:
-                entry = totals.setdefault(e["name"][:90], [0.0, 0])
-                entry[0] += e["dur"]
-                entry[1] += 1
-        ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:count]
-        steps[-1][name] = {"host_us": dur, "ops": [(n, us, int(calls)) for n, (us, calls) in ranked]}
+        inside = [e for e in ranges if start <= e["ts"] < start + dur]
+        steps[-1][name] = {"host_us": dur, "ops": _busiest(inside, count)}
     return steps
 
 
