@@ -54,6 +54,8 @@ import argparse
 import gc
 import json
 import os
+import statistics
+import time
 
 for _var, _value in (
     ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"),
@@ -262,8 +264,8 @@ def bench(args, build, step, device) -> dict:
         timed, host = time_interleaved(runners, device, args.rounds, args.calls, 1, settle=args.settle)
         for compiler in models:
             results[compiler].update(step_us=round(timed[compiler]), host_us=round(host[compiler]))
-        if "overlap" in results:  # rank 0's op calls by path while timed, settle steps included (replay.py)
-            results["overlap"]["op_calls_timed"] = {k: v - before.get(k, 0) for k, v in replay.stats.items()}
+        if "overlap" in results:  # settle steps included
+            results["overlap"]["op_calls_timed"] = _op_calls_since(before)
     if args.profile:
         for compiler, (model, optimizer) in models.items():
             for _ in range(args.settle):
@@ -272,8 +274,16 @@ def bench(args, build, step, device) -> dict:
             results[compiler]["phases"] = _phase_times(lambda phase, m=model, o=optimizer: step(m, o, phase), args.profile, device)
             results[compiler]["profile"] = _gpu_time(lambda m=model, o=optimizer: step(m, o), args.profile, device)
             if compiler == "overlap":
-                results[compiler]["op_calls_profiled"] = {k: v - before.get(k, 0) for k, v in replay.stats.items()}
+                results[compiler]["op_calls_profiled"] = _op_calls_since(before)
     return {"eager_losses": eager_losses, "held_before_mib": round(held_before), "compilers": results}
+
+
+def _op_calls_since(before: dict) -> dict:
+    """This rank's overlap op calls by path (replay.py: eager, captured, replayed) since ``before``
+    (a copy of replay.stats)."""
+    from overlap_pass.lowering import replay
+
+    return {k: v - before.get(k, 0) for k, v in replay.stats.items()}
 
 
 PHASES = ("forward", "backward", "optimizer")
@@ -283,9 +293,6 @@ def _phase_times(step, steps: int, device) -> dict:
     """Per phase of ``steps`` back-to-back steps (the host free to run ahead, as when timed):
     its GPU time (between CUDA events queued as it starts) and its host time, µs, the median over
     steps of the slowest rank."""
-    import statistics
-    import time
-
     from tools.measure import slowest
 
     stamps: list[tuple[str, float, torch.cuda.Event]] = []
