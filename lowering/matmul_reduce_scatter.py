@@ -3,9 +3,10 @@
 Every rank computes the partial of each chunk (the rows its owner keeps) in the order of
 schedule.reduce_scatter_order, the chunk of rank + 1 first and its own last, and moves each
 partial into its owner's symmetric workspace as soon as it exists, so the transfers hide behind
-the remaining matmuls. The owner then sums the W partials of its chunk in fp32, in rank order,
-on its own stream (templates/matmul_reduce_scatter.reduce_partials): deterministic, and the
-last partial to arrive (rank + 1's) travels while the owner computes its own chunk.
+the remaining matmuls. The owner then sums the W partials of its chunk in fp32, in a fixed order
+(deterministic): the fused Triton producer in the epilogue of its own chunk's tiles, computed
+last, while the last partial to arrive (rank + 1's) is still travelling; the other variants in a
+kernel after their matmuls (templates/matmul_reduce_scatter.reduce_partials).
 
 Variants differ in how a partial reaches its owner:
 - fused: the persistent Triton producer GEMM stores each tile straight into the owner's
@@ -88,6 +89,7 @@ class Call:
         self.slots_shape = (self.world * rows, n)
         ws.enter(2 * self.world * rows * n * dtype.itemsize, config.spin_limit)
         self.recv = ws.data(self.slots_shape, self.dtype)
+        self.out, self.scale = None, 1.0  # the owner's sum: where and how scaled (reduce_produced)
 
     def owner_slot(self, owner: int) -> torch.Tensor:
         """Rows of ``owner``'s recv that hold this rank's partial (a peer mapping)."""
@@ -98,11 +100,15 @@ class Call:
         start = (self.world + chunk) * self.rows
         return self.ws.peer_rows(self.rank, (2 * self.world * self.rows, self.n), self.dtype, start, start + self.rows)
 
-    def reduce(self, reduce_op: str, out: torch.Tensor) -> torch.Tensor:
-        return producer.reduce_partials(
-            self.recv, out, self.ws.flags, self.ws.epoch, self.ws.chunk_timeouts, rank=self.rank,
-            world_size=self.world, scale=1.0 / self.world if reduce_op == "avg" else 1.0,
-            spin_limit=config.spin_limit,
+    def own_reduction(self) -> producer.OwnReduction:
+        """The owner's reduction as a producer kernel's epilogue takes it (into the call's
+        output, set by reduce_produced)."""
+        return producer.OwnReduction(self.out, self.ws.flags, self.ws.chunk_timeouts, self.scale, config.spin_limit)
+
+    def reduce(self) -> None:
+        producer.reduce_partials(
+            self.recv, self.out, self.ws.flags, self.ws.epoch, self.ws.chunk_timeouts, rank=self.rank,
+            world_size=self.world, scale=self.scale, spin_limit=config.spin_limit,
         )  # fmt: skip
 
 
@@ -121,31 +127,39 @@ def _overlapped(
 
 def reduce_produced(call: Call, produce, reduce_op: str, out: torch.Tensor) -> torch.Tensor:
     """``produce()`` (every partial into its owner's slot, flagged), then the owner's reduction
-    into ``out``, then leave (also when a launch fails)."""
+    into ``out`` unless ``produce()`` returned True (its kernel summed the own chunk itself,
+    Call.own_reduction), then leave (also when a launch fails)."""
+    call.out, call.scale = out.view(call.rows, call.n), 1.0 / call.world if reduce_op == "avg" else 1.0
     try:
-        produce()
-        call.reduce(reduce_op, out.view(call.rows, call.n))
+        if not produce():
+            call.reduce()
     finally:  # joined even when a launch fails: the next call must not overtake the pushes
         call.ws.leave()
     return out
 
 
-def produce_fused(call, flats, mat2s, bias, *, gemm_config, scales=None, fast_accum=False):
+def produce_fused(
+    call, flats, mat2s, bias, *, gemm_config, scales=None, fast_accum=False, reduce_in_epilogue=True
+) -> bool:  # fmt: skip
     """The Triton producer (one matmul), or for a pingpong config the Gluon float8 one (a sum of
     matmuls too), stores every tile into its owner's slot (in the call's dtype) and flags each
-    chunk. ``scales``: float8 operands', (A's, B's) per matmul; ``fast_accum``: theirs."""
+    chunk; the Triton one sums the own chunk in its epilogue unless told not to (returns True:
+    reduced). ``scales``: float8 operands', (A's, B's) per matmul; ``fast_accum``: theirs."""
     ws = call.ws
-    launch, terms = producer.matmul_reduce_scatter_producer, {}
+    launch, extra = producer.matmul_reduce_scatter_producer, {}
+    if reduce_in_epilogue:
+        extra["own_reduction"] = call.own_reduction()
     if gluon_kernels.is_pingpong(gemm_config):
         launch = gluon_kernels.load().producer.matmul_reduce_scatter_pingpong
-        terms = {"terms": list(zip(flats[1:], mat2s[1:], scales[1:]))}
+        extra = {"terms": list(zip(flats[1:], mat2s[1:], scales[1:]))}
     launch(
         flats[0], mat2s[0], None if bias is None else bias.contiguous(),
         ws.peer_data_addresses(), ws.peer_flag_addresses(),
         ws.counters, ws.epoch, rank=call.rank, world_size=call.world, config=gemm_config,
         inner=call.layout.inner, scales=scales[0] if scales else None, out_dtype=call.dtype, fast_accum=fast_accum,
-        **terms,
+        **extra,
     )  # fmt: skip
+    return "own_reduction" in extra
 
 
 def _produce_copy_engine(call, flats, mat2s, bias):
@@ -179,10 +193,14 @@ def _produce_cublas_push(call, flats, mat2s, bias):
             call.ws.signal_peer(chunk)  # stream order: after the matmul's stores
 
 
-def fused(inputs, *args, gemm_config=None, outputs=None):
+def fused(inputs, *args, gemm_config=None, outputs=None, reduce_in_epilogue=True):
+    """``reduce_in_epilogue=False``: the owner's sum as a kernel after the producer (the other
+    variants' way; benchmarks time the two side by side)."""
     if len(inputs) != 1:  # before the barrier: every rank refuses alike, nobody waits
         raise NotImplementedError("the fused producer takes one matmul (use a cuBLAS variant for sums)")
-    produce = functools.partial(produce_fused, gemm_config=gemm_config or gemm.CONFIGS[0])
+    produce = functools.partial(
+        produce_fused, gemm_config=gemm_config or gemm.CONFIGS[0], reduce_in_epilogue=reduce_in_epilogue
+    )
     return _overlapped(produce, inputs, *args, outputs=outputs)
 
 

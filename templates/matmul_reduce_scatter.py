@@ -22,10 +22,17 @@ does before a reduce-scatter (the op's semantics: the sum holds it once per rank
 
 Phases per tile: load -> dot -> (bias) -> store -> count [-> publish].
 
-Reduction: the owner waits for every peer's flag, then sums the W partials of its chunk in
-fp32, in rank order (the same order on every call, so results repeat bit for bit), scales (1 or
-1/W for avg) and casts once.
+Reduction, where the producer's launch is given an OwnReduction: the tiles of the own chunk
+come last, and by then the peers' partials of it have landed or are landing (each peer computes
+this chunk before its own), so each such tile waits for every peer's flag in its epilogue, adds
+their partials of its rows to its own (own first, then the peers in rank order, in fp32: the
+same order on every call, so results repeat bit for bit), scales (1, or 1/W for avg), casts once
+and stores the op's output. No partial of the own chunk is stored and no kernel follows: the
+sum hides behind the GEMM instead of running after it. Otherwise (reduce_partials): a kernel of
+its own waits for every peer's flag, then sums the W partials in rank order the same way.
 """
+
+import dataclasses
 
 import torch
 import triton
@@ -47,24 +54,63 @@ from .gemm import (
     tma_mainloop,
 )
 from .launch import TOKEN_COUNTS, DirectKernel
-from .signals import wait_flag
+from .signals import wait_flag, wait_flag_in_pipeline
 from .tiles import block_rows, chunk_tile, program_chunk_tile_count, tile_counts
 
 
 @triton.jit
 def _store_partial(
     acc, bias_ptr, dest_ptrs_ptr, chunk, dest_rows, m_mask, offs_n, N, dtype: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, store,
 ):  # fmt: skip
     """Epilogue of both producers: (+ bias) -> store into chunk ``chunk``'s owner's partials
-    buffer at ``dest_rows`` (this rank's slot). Buffers are 16-byte aligned (the host checks),
-    which the compiler cannot see in an address loaded from memory: said, the stores vectorize."""
+    buffer at ``dest_rows`` (this rank's slot), where ``store`` (not the own chunk that
+    _reduce_own sums in place). Returns the partial as stored. Buffers are 16-byte aligned (the host
+    checks), which the compiler cannot see in an address loaded from memory: said, the stores
+    vectorize."""
     n_mask = offs_n < N
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    partial = acc.to(dtype)
     dest = tl.multiple_of(tl.load(dest_ptrs_ptr + chunk).to(tl.pointer_type(dtype)), 16)
     rows = dest_rows.to(tl.int64)
-    tl.store(dest + rows[:, None] * N + offs_n[None, :], acc.to(dtype), mask=m_mask[:, None] & n_mask[None, :])
+    keep = m_mask & store
+    tl.store(dest + rows[:, None] * N + offs_n[None, :], partial, mask=keep[:, None] & n_mask[None, :])
+    return partial
+
+
+@triton.jit
+def _reduce_own(
+    partial, dest_ptrs_ptr, out_ptr, flags_ptr, timeouts_ptr, epoch, own, rank, rows_per_chunk, first_own,
+    offs_m, m_mask, offs_n, N, scale, dtype: tl.constexpr, WORLD: tl.constexpr, SPIN_LIMIT: tl.constexpr,
+    PIPELINED_WAIT: tl.constexpr,
+):  # fmt: skip
+    """The owner's reduction in the epilogue of a tile of its own chunk (``own``; elsewhere
+    every load and store here is masked off, so the loop body has no branch): out rows = scale
+    * (this tile's ``partial`` + each peer's partial of these rows, read from this rank's
+    partials buffer once the peer's flag holds the call's epoch; in rank order, fp32). Waits
+    are bounded and reported as reduce_partials' (timeouts[peer]); on GPUs through
+    wait_flag_in_pipeline (PIPELINED_WAIT), which keeps a flattened tile loop pipelined and the
+    loads behind the wait."""
+    n_mask = offs_n < N
+    recv = tl.multiple_of(tl.load(dest_ptrs_ptr + rank).to(tl.pointer_type(dtype)), 16)
+    total = partial.to(tl.float32)
+    for peer in tl.static_range(WORLD):
+        needed = own & (peer != rank)
+        if PIPELINED_WAIT:
+            row0 = wait_flag_in_pipeline(flags_ptr, timeouts_ptr, peer, epoch, first_own, needed, SPIN_LIMIT)
+        else:
+            if needed:
+                wait_flag(flags_ptr, timeouts_ptr, peer, epoch, SPIN_LIMIT)
+            row0 = first_own
+        rows = (peer * rows_per_chunk + row0 + offs_m).to(tl.int64)
+        load_mask = (m_mask & needed)[:, None] & n_mask[None, :]
+        total += tl.load(recv + rows[:, None] * N + offs_n[None, :], mask=load_mask, other=0.0).to(tl.float32)
+    out_rows = (first_own + offs_m).to(tl.int64)
+    tl.store(
+        out_ptr + out_rows[:, None] * N + offs_n[None, :], (total * scale).to(out_ptr.dtype.element_ty),
+        mask=(m_mask & own)[:, None] & n_mask[None, :],
+    )
 
 
 @triton.jit
@@ -105,10 +151,14 @@ def _count_tiles(counters_ptr, flag_ptrs_ptr, tile, pid, num_programs, tiles_per
 @triton.jit(do_not_specialize=TOKEN_COUNTS)
 def matmul_reduce_scatter_producer_kernel(
     a_ptr, b_ptr, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch_ptr, tile_log_ptr,
+    out_ptr, flags_ptr, timeouts_ptr, scale,
     outer, inner, N, K,
     stride_am, stride_ak, stride_bk, stride_bn,
     rank, world_size, num_programs,
     HAS_BIAS: tl.constexpr,
+    REDUCE_WORLD: tl.constexpr,
+    SPIN_LIMIT: tl.constexpr,
+    PIPELINED_WAIT: tl.constexpr,
     LOG_TILES: tl.constexpr,
     FP32_IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -116,6 +166,8 @@ def matmul_reduce_scatter_producer_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
+    """REDUCE_WORLD: the world size where the own chunk is summed in the epilogue (OwnReduction:
+    into out_ptr, waiting on flags_ptr, giving up into timeouts_ptr), else 0."""
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
     tiles_m, tiles_n, tiles_per_chunk = tile_counts(outer, inner, N, BLOCK_M, BLOCK_N)
@@ -135,10 +187,17 @@ def matmul_reduce_scatter_producer_kernel(
             a_ptr + a_rows[:, None] * stride_am, stride_ak, b_ptr, stride_bk, stride_bn, offs_n,
             m_mask, offs_n < N, K, acc, FP32_IEEE, BLOCK_K,
         )  # fmt: skip
-        _store_partial(
+        own = (chunk == rank) & (REDUCE_WORLD != 0)
+        partial = _store_partial(
             acc, bias_ptr, dest_ptrs_ptr, chunk, slot + first_own + offs_m, m_mask, offs_n, N,
-            a_ptr.dtype.element_ty, HAS_BIAS,
+            a_ptr.dtype.element_ty, HAS_BIAS, own == 0,
         )  # fmt: skip
+        if REDUCE_WORLD != 0:
+            _reduce_own(
+                partial, dest_ptrs_ptr, out_ptr, flags_ptr, timeouts_ptr, epoch, own, rank, outer * inner,
+                first_own, offs_m, m_mask, offs_n, N, scale, a_ptr.dtype.element_ty, REDUCE_WORLD, SPIN_LIMIT,
+                PIPELINED_WAIT,
+            )  # fmt: skip
         _count_tiles(
             counters_ptr, flag_ptrs_ptr, tile, pid, num_programs, tiles_per_chunk, world_size, epoch,
             rank + 1, False,
@@ -148,8 +207,11 @@ def matmul_reduce_scatter_producer_kernel(
 @triton.jit(do_not_specialize=TOKEN_COUNTS)
 def matmul_reduce_scatter_tma_kernel(
     a_desc, b_desc, bias_ptr, dest_ptrs_ptr, flag_ptrs_ptr, counters_ptr, epoch_ptr, a_scale_ptr,
-    b_scale_ptr, outer, inner, N, K, rank, world_size, num_programs,
+    b_scale_ptr, out_ptr, flags_ptr, timeouts_ptr, scale, outer, inner, N, K, rank, world_size, num_programs,
     HAS_BIAS: tl.constexpr,
+    REDUCE_WORLD: tl.constexpr,
+    SPIN_LIMIT: tl.constexpr,
+    PIPELINED_WAIT: tl.constexpr,
     A_SCALE: tl.constexpr,
     B_SCALE: tl.constexpr,
     OUT_DTYPE: tl.constexpr,
@@ -170,7 +232,8 @@ def matmul_reduce_scatter_tma_kernel(
 
     Float8 (A and B float8, scales dequantize as _scaled_mm's, on the fp32 accumulator before
     the bias; FP8_EXACT: see gemm.tma_mainloop): A_SCALE 1, the one value at a_scale_ptr, 2,
-    one per row of A (A's row order); B_SCALE 1, one value at b_scale_ptr, 2, one per column."""
+    one per row of A (A's row order); B_SCALE 1, one value at b_scale_ptr, 2, one per column.
+    REDUCE_WORLD: as the pointer kernel's."""
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
     tiles_m, tiles_n, tiles_per_chunk = tile_counts(outer, inner, N, BLOCK_M, BLOCK_N)
@@ -190,10 +253,16 @@ def matmul_reduce_scatter_tma_kernel(
         acc = scale_rows(acc, A_SCALE, a_scale_ptr, first_full + offs_m, m_mask)
         if B_SCALE != 0:
             acc = scale_columns(acc, b_scale_ptr, B_SCALE == 2, offs_n, offs_n < N)
-        _store_partial(
+        own = (chunk == rank) & (REDUCE_WORLD != 0)
+        partial = _store_partial(
             acc, bias_ptr, dest_ptrs_ptr, chunk, slot + first_own + offs_m, m_mask, offs_n, N,
-            OUT_DTYPE, HAS_BIAS,
+            OUT_DTYPE, HAS_BIAS, own == 0,
         )  # fmt: skip
+        if REDUCE_WORLD != 0:
+            _reduce_own(
+                partial, dest_ptrs_ptr, out_ptr, flags_ptr, timeouts_ptr, epoch, own, rank, outer * inner,
+                first_own, offs_m, m_mask, offs_n, N, scale, OUT_DTYPE, REDUCE_WORLD, SPIN_LIMIT, PIPELINED_WAIT,
+            )  # fmt: skip
         _count_tiles(
             counters_ptr, flag_ptrs_ptr, tile_c, pid, num_programs, tiles_per_chunk, world_size, epoch,
             rank + 1, PTX_BARRIER,
@@ -210,6 +279,19 @@ _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.floa
 def _scale_kind(scale: torch.Tensor) -> int:
     """1: one value, 2: one per row (A) or column (B)."""
     return 1 if scale.numel() == 1 else 2
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnReduction:
+    """What a producer needs to sum its own chunk in its epilogue (see the module docstring):
+    ``out``, the op's output ([rows of a chunk, N], contiguous); this rank's flag words, one per
+    producer rank, and timeout words (reduce_partials'); ``scale``, 1 or 1/W for avg."""
+
+    out: torch.Tensor
+    flags: torch.Tensor
+    timeouts: torch.Tensor
+    scale: float = 1.0
+    spin_limit: int = 1 << 30
 
 
 def check_protocol_args(dest_ptrs, flag_ptrs, counters, world_size: int) -> None:
@@ -239,6 +321,7 @@ def matmul_reduce_scatter_producer(
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     out_dtype: torch.dtype | None = None,
     fast_accum: bool = False,
+    own_reduction: OwnReduction | None = None,
 ) -> None:
     """Launches the producer: for every chunk j, A_j @ mat2 (+ bias) into ``dest_ptrs[j]`` (int64
     addresses, 16-byte aligned, of [M, N] contiguous buffers of ``out_dtype``, by default a's),
@@ -253,7 +336,10 @@ def matmul_reduce_scatter_producer(
     linear weight ([N, K] transposed, K-major, as fp8 tensor cores and _scaled_mm want it);
     ``scales`` = (a's: one fp32 value or M contiguous, one per row; mat2's: one value or N
     contiguous, one per column). A_j @ mat2 is then (A_j * its scales) @ (mat2 * its scales);
-    ``fast_accum`` as _scaled_mm's use_fast_accum (gemm.tma_mainloop)."""
+    ``fast_accum`` as _scaled_mm's use_fast_accum (gemm.tma_mainloop).
+
+    ``own_reduction``: the own chunk's partial is not stored; its tiles sum the peers' partials
+    from ``dest_ptrs[rank]`` into ``own_reduction.out`` instead (module docstring)."""
     m, k = a.shape
     inner = inner or m // world_size
     float8 = a.dtype in FLOAT8 and mat2.dtype in FLOAT8
@@ -278,6 +364,7 @@ def matmul_reduce_scatter_producer(
         config = pointer_fallback(config, a.dtype)
     programs = min(num_programs or sm_count(a.device), chunk_tiles(world_size, outer, inner, n, config))
     bias_arg = bias if bias is not None else a
+    reduction = _reduction_args(own_reduction, m // world_size, n, world_size, a.is_cuda, counters)
     if use_tma:
         bm, bk = config.block_m, config.block_k
         a_scale, b_scale = scales or (counters, counters)
@@ -285,10 +372,10 @@ def matmul_reduce_scatter_producer(
         exact = float8 and not fast_accum
         _TMA_KERNEL[(programs,)](
             TensorDescriptor.from_tensor(a, [bm, bk]), b_descriptor(mat2, config), bias_arg, dest_ptrs,
-            flag_ptrs, counters, epoch, a_scale, b_scale, outer, inner, n, k, rank, world_size, programs,
-            HAS_BIAS=bias is not None, A_SCALE=a_kind, B_SCALE=b_kind,
+            flag_ptrs, counters, epoch, a_scale, b_scale, *reduction.args, outer, inner, n, k, rank, world_size,
+            programs, HAS_BIAS=bias is not None, **reduction.constexprs, A_SCALE=a_kind, B_SCALE=b_kind,
             OUT_DTYPE=_TL_DTYPES[out_dtype], B_NK=mat2.stride(0) == 1, FP8_EXACT=exact,
-            FLATTEN=flatten_tiles(exact, [out_dtype]),
+            FLATTEN=flatten_tiles(exact, [out_dtype, *reduction.out_dtypes]),
             PTX_BARRIER=a.is_cuda,
             BLOCK_M=bm, BLOCK_N=config.block_n,
             BLOCK_K=bk, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
@@ -298,10 +385,11 @@ def matmul_reduce_scatter_producer(
         raise ValueError(f"pointer loads store partials in A's dtype {a.dtype}, not {out_dtype}")
     _POINTER_KERNEL[(programs,)](
         a, mat2, bias_arg, dest_ptrs, flag_ptrs, counters, epoch,
-        tile_log if tile_log is not None else counters,
+        tile_log if tile_log is not None else counters, *reduction.args,
         outer, inner, n, k, a.stride(0), a.stride(1), mat2.stride(0), mat2.stride(1),
         rank, world_size, programs,
         HAS_BIAS=bias is not None,
+        **reduction.constexprs,
         LOG_TILES=tile_log is not None,
         FP32_IEEE=a.dtype == torch.float32,
         BLOCK_M=config.block_m,
@@ -335,6 +423,28 @@ def reduce_partials_kernel(
 
 
 _REDUCE_KERNEL = DirectKernel(reduce_partials_kernel)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ReductionArgs:
+    args: tuple  # out_ptr, flags_ptr, timeouts_ptr, scale
+    constexprs: dict  # REDUCE_WORLD, SPIN_LIMIT, PIPELINED_WAIT
+    out_dtypes: tuple  # the output's dtype, where the epilogue stores it
+
+
+def _reduction_args(reduction: OwnReduction | None, rows: int, n: int, world_size: int, on_gpu: bool, stand_in):
+    """The producers' reduction arguments; ``stand_in``, a tensor for the pointers not used."""
+    if reduction is None:
+        off = dict(REDUCE_WORLD=0, SPIN_LIMIT=1, PIPELINED_WAIT=False)
+        return _ReductionArgs((stand_in, stand_in, stand_in, 1.0), off, ())
+    out = reduction.out
+    if not out.is_contiguous() or out.numel() != rows * n:
+        raise ValueError(f"the reduction's output {list(out.shape)} is not a contiguous [{rows}, {n}]")
+    if reduction.flags.numel() != world_size or reduction.timeouts.numel() != world_size:
+        raise ValueError(f"the reduction waits on {world_size} flags, with {world_size} timeout words")
+    constexprs = dict(REDUCE_WORLD=world_size, SPIN_LIMIT=reduction.spin_limit, PIPELINED_WAIT=on_gpu)
+    args = (out, reduction.flags, reduction.timeouts, reduction.scale)
+    return _ReductionArgs(args, constexprs, (out.dtype,))
 
 
 def reduce_partials(

@@ -11,12 +11,17 @@ the GPU as they would across GPUs (slowly: this checks results and the protocol,
     outs = world.run(lambda rank, group_name: variant(..., group_name))
     world.close()
 
+A producer that sums its own chunk in its epilogue waits there for its peers' partials, which
+the peers' producers compute on the same GPU: each rank's persistent launch takes 1/W of the
+SMs here, so that every rank's runs at once (on real ranks each has a GPU of its own).
+
 Waits are bounded (SPIN_LIMIT), as on real ranks; run() raises ChunkTimeout naming the rank and
 chunk a wait gave up on. Faults: run(..., absent={1}) leaves rank 1's call out (its peers' waits
 give up), run(..., late=(1, "barrier")) starts rank 1's call late, run(..., late=(1, 0)) holds
 rank 1 back right before its transfer to the first peer it pushes to.
 """
 
+import contextlib
 import gc
 import itertools
 import math
@@ -24,6 +29,8 @@ import math
 import torch
 from overlap_pass import config
 from overlap_pass.lowering import replay, symm
+from overlap_pass.templates import gemm
+from overlap_pass.templates import matmul_reduce_scatter as producer
 
 KINDS = ("all_gather_matmul", "matmul_reduce_scatter")
 DATA_BYTES = 64 << 20  # reserved up front on every rank: no workspace grows during a run
@@ -150,8 +157,18 @@ class SimWorld:
         sleeps LATE_CYCLES before its call; (rank, n): before its transfer to the n-th peer it
         transfers to in the call (_Workspace.peer_rows; variants whose kernels store into peers
         themselves have none). ``self.delayed`` then tells whether the sleep was queued."""
-        with config.patch(spin_limit=SPIN_LIMIT):
+        with config.patch(spin_limit=SPIN_LIMIT), self._sms_shared():
             return self._run(call, warm_up, prepare, set(absent), late)
+
+    @contextlib.contextmanager
+    def _sms_shared(self):
+        """The producer's persistent launches take 1/W of the SMs each (module docstring)."""
+        whole = producer.sm_count
+        producer.sm_count = lambda device: max(1, gemm.sm_count(device) // self.size)
+        try:
+            yield
+        finally:
+            producer.sm_count = whole
 
     def _run(self, call, warm_up: bool, prepare, absent: set, late) -> list:
         for _ in range(int(warm_up)):

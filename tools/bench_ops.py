@@ -22,6 +22,7 @@ scaled_matmul_reduce_scatter) against NCCL + _scaled_mm and torch's fused_all_ga
 """
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -161,6 +162,7 @@ def _matmul_reduce_scatter_runners(m, k, n, device, group_name) -> tuple[dict, s
     """The runners of one matmul + reduce-scatter shape, and its choice key."""
     from overlap_pass.lowering import choose, dispatch
     from overlap_pass.lowering import matmul_reduce_scatter as mrs
+    from overlap_pass.templates import gemm
 
     world = dist.get_world_size()
     gen = torch.Generator(device=device).manual_seed(dist.get_rank())
@@ -179,6 +181,9 @@ def _matmul_reduce_scatter_runners(m, k, n, device, group_name) -> tuple[dict, s
     for vname, fn in mrs.variants(1).items():
         if vname != "nccl_cublas":
             runners[f"overlap[{vname}]"] = lambda fn=fn: fn(*args)
+    for config in gemm.CONFIGS[:1]:  # the owner's sum as a kernel of its own, for comparison
+        apart = functools.partial(mrs.fused, gemm_config=config, reduce_in_epilogue=False)
+        runners[f"overlap[fused:{config}, sum apart]"] = lambda fn=apart: fn(*args)
     shapes = dispatch.matmul_reduce_scatter_shapes([a.shape], [b], False, "sum", 0)
     return runners, choose.shape_key(mrs.KIND, world, shapes, a.dtype)
 

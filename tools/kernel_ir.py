@@ -20,6 +20,8 @@ import collections
 import dataclasses
 import json
 import re
+import subprocess
+import tempfile
 
 import torch
 import triton
@@ -44,6 +46,8 @@ class KernelIR:
     pipelined: bool  # loads issued ahead of the dot
     stores: dict  # PTX global store instructions by kind
     shared_bytes: int
+    registers: int  # per thread, as ptxas allocates them
+    spill_bytes: int  # stored to local memory by ptxas for want of registers
 
 
 def _aligned_attrs(signature: dict) -> dict:
@@ -68,9 +72,25 @@ def compile_hopper(fn, signature: dict, constexprs: dict, num_warps: int, num_st
 _FLATTENED_LOOP = re.compile(r"scf\.for [^\n]* step %c1_i32 iter_args\([^\n]*tensor<\d+x\d+xf32, #mma>")
 
 
+def _ptxas_usage(ptx: str) -> tuple[int, int]:
+    """(registers per thread, spill store bytes) as ``ptxas -v`` reports them for sm_90a."""
+    from triton.backends.nvidia import compiler as nvidia
+
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as source:
+        source.write(ptx)
+        source.flush()
+        done = subprocess.run(
+            [nvidia.get_ptxas(HOPPER.arch).path, "-v", f"--gpu-name=sm_{HOPPER.arch}a", source.name, "-o", "/dev/null"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    report = done.stdout + done.stderr
+    return int(re.search(r"Used (\d+) registers", report)[1]), int(re.search(r"(\d+) bytes spill stores", report)[1])
+
+
 def summarize(name: str, kernel) -> KernelIR:
     ttgir, ptx = kernel.asm["ttgir"], kernel.asm["ptx"]
     loads = ttgir.count("ttng.async_tma_copy_global_to_local")
+    registers, spill_bytes = _ptxas_usage(ptx)
     return KernelIR(
         name=name,
         tma_loads=loads,
@@ -78,6 +98,8 @@ def summarize(name: str, kernel) -> KernelIR:
         pipelined=loads > 2,  # more than the loop body's own two: a prologue loads ahead
         stores=dict(collections.Counter(re.findall(r"st\.global[a-z0-9.:]*", ptx))),
         shared_bytes=kernel.metadata.shared,
+        registers=registers,
+        spill_bytes=spill_bytes,
     )
 
 
@@ -109,23 +131,27 @@ def consumer_ir(float8: bool, num_b: int = 1, exact: bool = False, config=None) 
     return summarize(f"consumer {dt} B={num_b}{' exact' if exact else ''} {config}", kernel)
 
 
-def producer_ir(float8: bool, exact: bool = False, config=None) -> KernelIR:
-    """The reduce-scatter producer's TMA kernel, bf16 partials; float8 with rowwise scales."""
+def producer_ir(float8: bool, exact: bool = False, config=None, world: int = 4) -> KernelIR:
+    """The reduce-scatter producer's TMA kernel, bf16 partials, summing its own chunk into a
+    bf16 output in its epilogue at ``world`` ranks, as the ops launch it (0: without the sum);
+    float8 with rowwise scales."""
     config = config or (gemm.FLOAT8_CONFIGS[0] if float8 else gemm.CONFIGS[0])
     dt, bm, bn, bk = _dtype_name(float8), config.block_m, config.block_n, config.block_k
     signature = {
         "a_desc": f"tensordesc<{dt}[{bm}, {bk}]>", "b_desc": f"tensordesc<{dt}[{bn}, {bk}]>", "bias_ptr": "*bf16",
         "dest_ptrs_ptr": "*i64", "flag_ptrs_ptr": "*i64", "counters_ptr": "*i32", "epoch_ptr": "*i32",
-        "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32", "outer": "i32", "inner": "i32", "N": "i32", "K": "i32",
+        "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32", "out_ptr": "*bf16", "flags_ptr": "*i32",
+        "timeouts_ptr": "*i32", "scale": "fp32", "outer": "i32", "inner": "i32", "N": "i32", "K": "i32",
         "rank": "i32", "world_size": "i32", "num_programs": "i32",
     }  # fmt: skip
     constexprs = dict(
-        HAS_BIAS=False, A_SCALE=2 if float8 else 0, B_SCALE=2 if float8 else 0, OUT_DTYPE=tl.bfloat16, B_NK=True,
+        HAS_BIAS=False, REDUCE_WORLD=world, SPIN_LIMIT=1 << 30, PIPELINED_WAIT=True, A_SCALE=2 if float8 else 0, B_SCALE=2 if float8 else 0, OUT_DTYPE=tl.bfloat16, B_NK=True,
         FP8_EXACT=exact, FLATTEN=gemm.flatten_tiles(exact, [torch.bfloat16]), PTX_BARRIER=True, BLOCK_M=bm,
         BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
     )  # fmt: skip
     kernel = compile_hopper(producer.matmul_reduce_scatter_tma_kernel, signature, constexprs, config.num_warps, config.num_stages)
-    return summarize(f"producer {dt}{' exact' if exact else ''} {config}", kernel)
+    reduced = f" W={world}" if world else " no sum"
+    return summarize(f"producer {dt}{' exact' if exact else ''}{reduced} {config}", kernel)
 
 
 def pingpong_ir(config, rowwise: bool, num_b: int = 1, exact: bool = False) -> dict:
@@ -222,6 +248,7 @@ def variants() -> list:
     runs += [(f"producer bf16 {c}", lambda c=c: producer_ir(False, config=c)) for c in tma]
     runs += [(f"producer float8 {c}", lambda c=c: producer_ir(True, config=c)) for c in gemm.FLOAT8_CONFIGS]
     runs += [
+        ("producer bf16, W=2", lambda: producer_ir(False, world=2)),
         ("consumer bf16, three weights", lambda: consumer_ir(False, num_b=3)),
         ("consumer float8, exact", lambda: consumer_ir(True, exact=True)),
         ("producer float8, exact", lambda: producer_ir(True, exact=True)),
@@ -254,10 +281,13 @@ def main(argv=None) -> None:
     if args.json:
         print(json.dumps([{"what": what, **dataclasses.asdict(r)} for (what, _), r in zip(runs, rows)]))
         return
-    print("| kernel | flattened | pipelined | TMA loads | stores | shared memory |")
-    print("|---|---|---|---|---|---|")
+    print("| kernel | flattened | pipelined | TMA loads | stores | shared memory | registers | spilled bytes |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r.name} | {r.flattened} | {r.pipelined} | {r.tma_loads} | {r.stores} | {r.shared_bytes} |")
+        print(
+            f"| {r.name} | {r.flattened} | {r.pipelined} | {r.tma_loads} | {r.stores} | {r.shared_bytes} "
+            f"| {r.registers} | {r.spill_bytes} |"
+        )
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 rank's partials land in the owner's buffer, in its slot, with the bias (pointer and TMA loads);
 every chunk is published with the epoch; tiles go rank + 1 first, own chunk last; a chunk of
 several blocks ([batch, seq, dim] scattered along seq) is read in place; the owner's reduction
-sums in fp32 in rank order, scales for avg, and names a peer whose partial never came."""
+sums in fp32 in rank order, scales for avg, and names a peer whose partial never came, both as a
+kernel of its own and in the epilogue of the producer's own chunk."""
 
 import dataclasses
 
@@ -128,6 +129,75 @@ def test_tma_producer_matches_pointer_semantics(world, rows, k, n, bias):
     assert gemm.tma_fits(inputs[0], mat2)
     check_partials(inputs, mat2, b, partials, world, rows, 1e-2)
     assert (flags == EPOCH).all() and all(not c.any() for c in counters)
+
+
+def _reduce_in_epilogue(world, rank, rows, outer, config, dtype, out_dtype, scale, flags=None, spin_limit=1000, **kw):
+    """Every rank's producer (simulate: the peers' partials land in ``rank``'s buffer, flagged),
+    then ``rank``'s again, summing its own chunk in the epilogue, with its own slot poisoned
+    first; returns (out, the partials buffer, what the sum should be, timeouts)."""
+    n = 24
+    inputs, mat2, b, partials, all_flags, counters = simulate(world, rows, 16, n, dtype, True, config=config, outer=outer, **kw)
+    mine = partials[rank].view(world, rows, n)
+    want = mine[rank].float().clone()  # own first, then the peers in rank order, in fp32
+    for peer in range(world):
+        if peer != rank:
+            want += mine[peer].float()
+    want = (want * scale).to(out_dtype)
+    mine[rank].fill_(float("nan"))
+    out = torch.full((rows, n), float("nan"), dtype=out_dtype)
+    timeouts = torch.zeros(world, dtype=torch.int32)
+    flags = all_flags[rank] if flags is None else flags
+    reduction = mrs.OwnReduction(out, flags, timeouts, scale, spin_limit)
+    mrs.matmul_reduce_scatter_producer(
+        inputs[rank], mat2, b, torch.tensor([p.data_ptr() for p in partials], dtype=torch.int64),
+        torch.tensor([all_flags[j, rank].data_ptr() for j in range(world)], dtype=torch.int64), counters[rank],
+        torch.tensor([EPOCH], dtype=torch.int32), rank=rank, world_size=world, config=config, num_programs=3,
+        inner=rows // outer, own_reduction=reduction, **kw,
+    )  # fmt: skip
+    return out, mine, want, timeouts
+
+
+@pytest.mark.parametrize("config", ["pointer", "tma"])
+@pytest.mark.parametrize(
+    "world, rank, rows, outer, scale", [(2, 0, 13, 1, 1.0), (3, 2, 12, 2, 1.0 / 3), (4, 1, 10, 2, 1.0)]
+)
+def test_own_chunk_is_summed_in_the_epilogue(config, world, rank, rows, outer, scale):
+    """The producer that reduces its own chunk: out = scale * (its own partial, then each
+    peer's slot in rank order, in fp32), bit for bit; its own slot is never written (it stays
+    poisoned); no wait gives up."""
+    config = dataclasses.replace(gemm.TEST_CONFIG, tma=config == "tma")
+    out, mine, want, timeouts = _reduce_in_epilogue(world, rank, rows, outer, config, torch.float16, torch.float16, scale)
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    assert mine[rank].isnan().all(), "the own chunk's partial is summed in place, not stored"
+    assert not timeouts.any()
+
+
+def test_epilogue_sum_writes_a_wider_output():
+    """fp16 partials (the inputs' dtype), an fp32 output (autocast's input gradients)."""
+    config = dataclasses.replace(gemm.TEST_CONFIG, tma=True)
+    out, _, want, _ = _reduce_in_epilogue(2, 1, 16, 1, config, torch.float16, torch.float32, 1.0)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+
+
+def test_epilogue_sum_names_a_peer_whose_partial_never_came():
+    world, rank = 4, 0
+    flags = torch.tensor([0, EPOCH, EPOCH - 1, EPOCH], dtype=torch.int32)  # rank 2 is a call behind
+    *_, timeouts = _reduce_in_epilogue(world, rank, 8, 1, gemm.TEST_CONFIG, torch.float32, torch.float32, 1.0,
+                                       flags=flags, spin_limit=50)  # fmt: skip
+    assert timeouts.tolist() == [0, 0, EPOCH, 0]
+
+
+def test_epilogue_sum_refuses_an_output_of_another_shape():
+    world, rows, n = 2, 8, 16
+    a, mat2 = torch.randn(world * rows, 8), torch.randn(8, n)
+    words = torch.zeros(world, dtype=torch.int32)
+    with pytest.raises(ValueError, match="is not a contiguous"):
+        mrs.matmul_reduce_scatter_producer(
+            a, mat2, None, torch.zeros(world, dtype=torch.int64), torch.zeros(world, dtype=torch.int64), words,
+            torch.tensor([1], dtype=torch.int32), rank=0, world_size=world, config=gemm.TEST_CONFIG,
+            own_reduction=mrs.OwnReduction(torch.empty(rows + 1, n), words, words),
+        )  # fmt: skip
 
 
 def _reduce(partials, flags, world, rank, scale, spin_limit=1000):
