@@ -45,7 +45,7 @@ for _var, _value in (
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from tools.measure import relative_error, time_interleaved  # noqa: E402
+from tools.measure import op_calls_since, relative_error, time_interleaved  # noqa: E402
 from tools.no_comm import NoCommunication  # noqa: E402
 
 # (dim, heads, K/V heads, hidden)
@@ -220,7 +220,11 @@ def bench_size(name, args, device, mesh) -> dict:
         runners[(c, "forward+backward")] = lambda m=model, x=x, g=grad: (step(m, x, g), zero(m))
     for key in [k for k in runners if k[0] in EXTRA_COMPILERS]:
         runners[key] = functools.partial(_patched, EXTRA_COMPILERS[key[0]], runners[key])
+    from overlap_pass.lowering import choose, replay
+
+    before = dict(replay.stats)
     timed, host = time_interleaved(runners, device, args.rounds, args.calls, args.warmup, settle=args.settle)
+    calls_timed = op_calls_since(before)  # warm-up and settle calls included
     if args.profile and "overlap" in models:
         for mode in ("forward", "forward+backward"):
             report = _host_profile(runners[("overlap", mode)], args.profile, device)
@@ -228,14 +232,13 @@ def bench_size(name, args, device, mesh) -> dict:
                 print(f"== host profile, overlap {mode}, {name}, {args.profile} calls, rank 0\n{report}", flush=True)
     us = {f"{c} {mode}": t for (c, mode), t in timed.items()}
     host_us = {f"{c} {mode}": t for (c, mode), t in host.items()}
-    from overlap_pass.lowering import choose, replay
-
     return {
         "model": args.model, "layout": args.layout, "size": name, "dim": dim, "heads": heads, "kv_heads": kv_heads, "hidden": hidden,
         "tokens": args.tokens, "batch": args.batch, "autocast": args.autocast, "float8": args.float8, "world": world,
         "us": us, "host_us": host_us,
         "errors": errors, "overlap_pass": _rewrites(),
         "op_calls": dict(replay.stats),  # rank 0's, since the process started: eager, captured, replayed
+        "op_calls_timed": calls_timed,
         # each op shape's variant and the times it was picked on: every size benched so far in this process
         "choices": {key: dict(entry) for key, entry in choose.CHOICES.items()},
     }  # fmt: skip
@@ -376,7 +379,7 @@ def main() -> None:
             row = rows[-1]
             print(f"{name}: {json.dumps(row['us'])}\n  host {json.dumps(row['host_us'])}", flush=True)
             print(f"  errors {json.dumps(row['errors'])}\n  {json.dumps(row['overlap_pass'])}", flush=True)
-            print(f"  op calls {json.dumps(row['op_calls'])}", flush=True)
+            print(f"  op calls {json.dumps(row['op_calls'])}, while timed {json.dumps(row['op_calls_timed'])}", flush=True)
             with open(args.out, "w") as f:
                 json.dump({"meta": meta, "rows": rows}, f, indent=1)
     if dist.get_rank() == 0 and not args.fake_world:  # (the floor alone is printed above)

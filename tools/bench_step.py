@@ -68,7 +68,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from tools.measure import time_interleaved  # noqa: E402
+from tools.measure import op_calls_since, time_interleaved  # noqa: E402
 
 COMPILERS = ("inductor", "async_tp", "overlap")
 LABELS = {"inductor": "plain Inductor", "async_tp": "async TP", "overlap": "overlap"}
@@ -265,7 +265,7 @@ def bench(args, build, step, device) -> dict:
         for compiler in models:
             results[compiler].update(step_us=round(timed[compiler]), host_us=round(host[compiler]))
         if "overlap" in results:  # settle steps included
-            results["overlap"]["op_calls_timed"] = _op_calls_since(before)
+            results["overlap"]["op_calls_timed"] = op_calls_since(before)
     if args.profile:
         for compiler, (model, optimizer) in models.items():
             for _ in range(args.settle):
@@ -274,16 +274,8 @@ def bench(args, build, step, device) -> dict:
             results[compiler]["phases"] = _phase_times(lambda phase, m=model, o=optimizer: step(m, o, phase), args.profile, device)
             results[compiler]["profile"] = _gpu_time(lambda m=model, o=optimizer: step(m, o), args.profile, device)
             if compiler == "overlap":
-                results[compiler]["op_calls_profiled"] = _op_calls_since(before)
+                results[compiler]["op_calls_profiled"] = op_calls_since(before)
     return {"eager_losses": eager_losses, "held_before_mib": round(held_before), "compilers": results}
-
-
-def _op_calls_since(before: dict) -> dict:
-    """This rank's overlap op calls by path (replay.py: eager, captured, replayed) since ``before``
-    (a copy of replay.stats)."""
-    from overlap_pass.lowering import replay
-
-    return {k: v - before.get(k, 0) for k, v in replay.stats.items()}
 
 
 PHASES = ("forward", "backward", "optimizer")

@@ -64,6 +64,14 @@ def time_interleaved(runners: dict, device, rounds: int, calls: int, warmup: int
 OVERLAP_OPS = ("all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter")
 
 
+def op_calls_since(before: dict) -> dict:
+    """This rank's overlap op calls by path (lowering/replay.py: eager, captured, replayed) since
+    ``before``, a copy of replay.stats taken earlier."""
+    from overlap_pass.lowering import replay
+
+    return {k: v - before.get(k, 0) for k, v in replay.stats.items()}
+
+
 @contextlib.contextmanager
 def overlap_op_calls(also: tuple = ()):
     """While open, counts each overlap op call made on CUDA tensors (dispatch's entry points,
