@@ -46,6 +46,11 @@ fold_rowwise_float8: bool = Config(default=True, env_name_default="OVERLAP_PASS_
 # own (passengers.py).
 gather_passengers: bool = Config(default=True, env_name_default="OVERLAP_PASS_GATHER_PASSENGERS")
 
+# Small all-reduces that the graph's inputs alone determine (float8's amaxes of weights and of
+# the block's input) run as one collective per reduce op and dtype, at the first one's place
+# (regions/early_all_reduces.py): one collective's host cost instead of each one's.
+merge_small_all_reduces: bool = Config(default=True, env_name_default="OVERLAP_PASS_MERGE_SMALL_ALL_REDUCES")
+
 # Raise (OverlapNotApplied) instead of warning where a compiled graph holds tensor-parallel
 # collectives next to matmuls and the pass rewrites none of them: for CI and benchmarks, which
 # must not pass on a model that quietly runs without overlap.

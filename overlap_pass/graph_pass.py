@@ -22,7 +22,7 @@ from .debug import describe_node, log
 from .fusion import decide, patterns, rewrite
 from .fusion.patterns import AllGatherMatmulMatch, Candidate
 from .normalize import casts, float8, permutes, waits
-from .regions import all_reduce_split, passengers
+from .regions import all_reduce_split, early_all_reduces, passengers
 
 
 class OverlapPass(CustomGraphPass):
@@ -164,13 +164,14 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
         _name_hosts(decisions, hosts)
     if folded:
         _unfold_rowwise_epilogues(graph)
+    merge_records = _merge_small_all_reduces(graph) if config.merge_small_all_reduces else []
 
     records = split_records + [record for _, record in decisions] + rider_records
-    _count_and_log(records)
+    _count_and_log(records + merge_records)
     if dumping:
-        _dump(before, debug.graph_text(graph), records)
+        _dump(before, debug.graph_text(graph), records + merge_records)
     _tell_if_none_rewritten(records, tensor_parallel)
-    return records
+    return records + merge_records
 
 
 def _tensor_parallel_collectives(graph: Graph) -> set[str]:
@@ -268,6 +269,18 @@ def _name_hosts(decisions: list[tuple[Candidate, dict]], hosts: dict) -> None:
         record.update(op=op.name, passengers=len(op.args[passengers.HOSTS[op.target].passengers]))
         if (record["implementation"] or "").startswith("auto"):
             record["implementation"] = decide.FIRST_CALL
+
+
+def _merge_small_all_reduces(graph: Graph) -> list[dict]:
+    """early_all_reduces.py's coalescing; a record per merged group. Should it fail, the graph is
+    restored and every all-reduce runs on its own."""
+    groups = early_all_reduces.plan(graph)
+    records = []
+    if groups and _edited_or_restored(
+        graph, "merging small all-reduces", lambda: records.extend(early_all_reduces.apply(graph, groups))
+    ):
+        return records
+    return []
 
 
 def _merge_repeated_waits(graph: Graph) -> dict:

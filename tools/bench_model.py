@@ -54,7 +54,8 @@ COMPILERS = ("inductor", "inductor_micro_pipeline_tp", "overlap")
 # backend="overlap" with a config knob changed, measured when named in --compilers (not in the
 # table): what it saves. overlap_eager_ops: every op call queued eagerly (the per-call CUDA
 # graphs of lowering/replay.py off).
-EXTRA_COMPILERS = {"overlap_eager_ops": {"op_graphs": False}}
+# overlap under other settings, patched around the first calls (which compile) and every call
+EXTRA_COMPILERS = {"overlap_eager_ops": {"op_graphs": False}, "overlap_unmerged": {"merge_small_all_reduces": False}}
 # plain Inductor with every collective replaced by a local op of its shape (tools/no_comm.py):
 # the step without communication, the floor of any overlap. Its results are wrong by design.
 FLOOR = "no_communication"
@@ -197,8 +198,9 @@ def bench_size(name, args, device, mesh) -> dict:
     for c, model in list(models.items()):
         eager, x, grad, (out_e, dx_e) = layouts[_layout_of(c, args)[0]]
         try:  # first calls compile: forward-only and forward+backward graphs
-            fwd = forward(model, x).clone()
-            out, dx = step(model, x, grad)
+            with _config_of(c):
+                fwd = forward(model, x).clone()
+                out, dx = step(model, x, grad)
         except RuntimeError as error:  # every rank fails alike (e.g. a compiler under a mode)
             errors[c] = f"failed: {str(error).splitlines()[0]}"
             if dist.get_rank() == 0:
@@ -242,6 +244,13 @@ def bench_size(name, args, device, mesh) -> dict:
         # each op shape's variant and the times it was picked on: every size benched so far in this process
         "choices": {key: dict(entry) for key, entry in choose.CHOICES.items()},
     }  # fmt: skip
+
+
+def _config_of(compiler: str):
+    """overlap's config as ``compiler`` runs it (EXTRA_COMPILERS)."""
+    from overlap_pass import config
+
+    return config.patch(**EXTRA_COMPILERS.get(compiler, {}))
 
 
 def _patched(changes: dict, run):
