@@ -164,14 +164,14 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
         _name_hosts(decisions, hosts)
     if folded:
         _unfold_rowwise_epilogues(graph)
-    merge_records = _merge_small_all_reduces(graph) if config.merge_small_all_reduces else []
+    merged = _merge_small_all_reduces(graph) if config.merge_small_all_reduces else []
 
     records = split_records + [record for _, record in decisions] + rider_records
-    _count_and_log(records + merge_records)
+    _count_and_log(records)
     if dumping:
-        _dump(before, debug.graph_text(graph), records + merge_records)
+        _dump(before, debug.graph_text(graph), records, merged)
     _tell_if_none_rewritten(records, tensor_parallel)
-    return records + merge_records
+    return records
 
 
 def _tensor_parallel_collectives(graph: Graph) -> set[str]:
@@ -272,15 +272,19 @@ def _name_hosts(decisions: list[tuple[Candidate, dict]], hosts: dict) -> None:
 
 
 def _merge_small_all_reduces(graph: Graph) -> list[dict]:
-    """early_all_reduces.py's coalescing; a record per merged group. Should it fail, the graph is
-    restored and every all-reduce runs on its own."""
+    """early_all_reduces.py's coalescing; a record per merged group (decisions.json's
+    "merged_all_reduces", apart from the candidates), counted as all_reduces_merged. Should it
+    fail, the graph is restored and every all-reduce runs on its own."""
     groups = early_all_reduces.plan(graph)
     records = []
-    if groups and _edited_or_restored(
+    if not groups or not _edited_or_restored(
         graph, "merging small all-reduces", lambda: records.extend(early_all_reduces.apply(graph, groups))
     ):
-        return records
-    return []
+        return []
+    for record in records:
+        counters["overlap_pass"]["all_reduces_merged"] += len(record["all_reduces"])
+        log.debug("%d all-reduces merged into %s", len(record["all_reduces"]), record["collective"]["name"])
+    return records
 
 
 def _merge_repeated_waits(graph: Graph) -> dict:
@@ -506,8 +510,8 @@ def _count_and_log(records: list[dict]) -> None:
     )
 
 
-def _dump(before: str, after: str, records: list[dict]) -> None:
-    record = {"graph": debug.graph_name(), "rank": debug.rank(), "candidates": records}
+def _dump(before: str, after: str, records: list[dict], merged: list[dict]) -> None:
+    record = {"graph": debug.graph_name(), "rank": debug.rank(), "candidates": records, "merged_all_reduces": merged}
     try:
         debug.trace_artifacts(before, after, record)
         for folder in debug.write_dump(before, after, record):

@@ -17,7 +17,8 @@ Max, min and sum over ranks act element by element, so each slice holds what its
 all-reduce held, bit for bit (a sum is added in whatever order NCCL picks for either). A max or
 min of floats of several widths runs in the widest, to which the others widen exactly and from
 which the result narrows exactly (bf16 amaxes next to float64 ones, say). The
-inputs' computations move up to the first all-reduce with them; nothing else moves. Every rank
+inputs' computations move up to the first all-reduce with them (only where nothing else reads
+them, so no tensor stays alive longer); nothing else moves. Every rank
 compiles the same graph, so every rank issues the same collectives in the same order.
 """
 
@@ -30,7 +31,6 @@ from ..fusion.rewrite import call
 from .all_reduce_split import ALL_REDUCE
 
 aten = torch.ops.aten
-KIND = "all_reduce_merge"
 SMALL_BYTES = 1 << 20  # an all-reduce this size or under is all latency: merging it is free
 _COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d", "overlap", "symm_mem")
 
@@ -67,7 +67,8 @@ def _small_static(node: Node) -> bool:
 def plan(graph: Graph) -> list[list[Node]]:
     """Groups of two or more all-reduces (each with its one wait) to coalesce, each group in
     graph order: same reduce op, dtype (any float width for max and min) and group; inputs computed from graph inputs alone, of
-    static shapes, at most SMALL_BYTES."""
+    static shapes, at most SMALL_BYTES; what each computes from them feeds nothing else
+(_private), so that moving it up keeps no tensor alive longer."""
     early = _early_nodes(graph)
     groups: dict[tuple, list[Node]] = {}
     for node in graph.find_nodes(op="call_function", target=ALL_REDUCE):
@@ -79,7 +80,28 @@ def plan(graph: Graph) -> list[list[Node]]:
         widens = reduce_op in ("max", "min") and dtype.is_floating_point
         groups.setdefault((reduce_op, "float" if widens else dtype, group_name), []).append(node)
     order = {node: i for i, node in enumerate(graph.nodes)}
-    return [sorted(found, key=order.__getitem__) for found in groups.values() if len(found) > 1]
+    merged = []
+    for found in groups.values():
+        found.sort(key=order.__getitem__)
+        kept = found[:1] + [node for node in found[1:] if _private(_ancestors_after(node.args[0], found[0], order), node)]
+        if len(kept) > 1:
+            merged.append(kept)
+    return merged
+
+
+def _private(moving: set[Node], all_reduce: Node) -> bool:
+    """Whether moving these nodes up with ``all_reduce`` keeps no large tensor alive longer: each
+    feeds nothing else, or is small, or is a view of a graph input (alive anyway)."""
+    return all(
+        _small_static(node) or _views_an_input(node) or all(u in moving or u is all_reduce for u in node.users)
+        for node in moving
+    )
+
+
+def _views_an_input(node: Node) -> bool:
+    while isinstance(node.target, torch._ops.OpOverload) and node.target.is_view:
+        node = node.args[0]
+    return node.op in ("placeholder", "get_attr")
 
 
 def _ancestors_after(node: Node, position: Node, order: dict) -> set[Node]:
@@ -104,7 +126,8 @@ def _flat(graph: Graph, node: Node, dtype: torch.dtype) -> Node:
 
 
 def apply(graph: Graph, groups: list[list[Node]]) -> list[dict]:
-    """Coalesces each group at its first all-reduce's place; returns a record per group."""
+    """Coalesces each group at its first all-reduce's place; returns a record per group: the
+    merged collective, the all-reduces it replaced, its reduce op and its elements."""
     records = []
     for all_reduces in groups:
         first = all_reduces[0]
@@ -135,13 +158,11 @@ def apply(graph: Graph, groups: list[list[Node]]) -> list[dict]:
             graph.erase_node(node)
         records.append(
             {
-                "kind": KIND,
                 "collective": describe_node(merged),
                 "group": {"name": group_name},
-                "rewritten": True,
-                "reason": None,
-                "implementation": None,
-                "merged": {"all_reduces": [n.name for n in all_reduces], "reduce_op": reduce_op, "elements": start},
+                "all_reduces": [n.name for n in all_reduces],
+                "reduce_op": reduce_op,
+                "elements": start,
             }
         )
     return records

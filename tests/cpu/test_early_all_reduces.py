@@ -48,15 +48,24 @@ def run(merge: bool) -> dict:
     expected = gm(*inputs)
     before = len(gm.graph.find_nodes(op="call_function", target=ALL_REDUCE))
     with config.patch(merge_small_all_reduces=merge):
-        records = overlap_graph_pass(gm.graph)
+        overlap_graph_pass(gm.graph)
     gm.recompile()
     got = gm(*inputs)
     maxima, sums, big = got
     torch.testing.assert_close(maxima, expected[0], atol=0, rtol=0)  # a max is a max, merged or not
     torch.testing.assert_close(big, expected[2], atol=0, rtol=0)
     torch.testing.assert_close(sums, expected[1], atol=1e-5, rtol=1e-6)  # gloo may add in another order
-    merged = [r["merged"] for r in records if r["kind"] == early_all_reduces.KIND]
-    return {"before": before, "after": len(gm.graph.find_nodes(op="call_function", target=ALL_REDUCE)), "merged": merged}
+    return {"before": before, "after": len(gm.graph.find_nodes(op="call_function", target=ALL_REDUCE)), "merged": _merged(gm)}
+
+
+def _merged(gm) -> list[dict]:
+    """The graph's all-reduces of a concatenation (the merged ones): reduce op, elements, parts."""
+    found = []
+    for node in gm.graph.find_nodes(op="call_function", target=ALL_REDUCE):
+        source = node.args[0]
+        if source.target is torch.ops.aten.cat.default:
+            found.append({"reduce_op": node.args[1], "elements": source.meta["val"].numel(), "parts": len(source.args[0])})
+    return found
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -64,7 +73,7 @@ def test_amaxes_of_inputs_run_as_one_all_reduce_and_compute_the_same(gloo_world,
     for result in gloo_world(world_size).run(run, True):
         assert result["before"] == 7 and result["after"] == 4, result  # 3 maxima became 1, 2 sums 1
         maxima, sums = sorted(result["merged"], key=lambda m: m["reduce_op"])
-        assert maxima["reduce_op"] == "max" and len(maxima["all_reduces"]) == 3, maxima
+        assert maxima["reduce_op"] == "max" and maxima["parts"] == 3, maxima
         assert maxima["elements"] == 8 + 5 + 7, maxima
         assert sums["reduce_op"] == "sum" and sums["elements"] == 6 * 8 + 8, sums
 
@@ -72,3 +81,25 @@ def test_amaxes_of_inputs_run_as_one_all_reduce_and_compute_the_same(gloo_world,
 def test_config_keeps_every_all_reduce_apart(gloo_world):
     for result in gloo_world(2).run(run, False):
         assert result["before"] == result["after"] == 7 and result["merged"] == [], result
+
+
+def held_apart(x, w, group):
+    """An amax of a large tensor that a later op reads too: moved up with its all-reduce, that
+    tensor would stay alive from there to that op, so it stays where it is."""
+    m0 = _all_reduce(w.abs().amax(), "max", group)
+    y = torch.sin(x * 2)
+    m1 = _all_reduce(y.abs().amax(), "max", group)
+    return y.sum(1) * m0 * m1
+
+
+def run_held_apart() -> tuple[int, list]:
+    group = dist.group.WORLD.group_name
+    inputs = [torch.randn(early_all_reduces.SMALL_BYTES // (4 * 64) + 1, 64), torch.randn(8, 8)]
+    gm = make_fx(lambda *args: held_apart(*args, group), tracing_mode="fake")(*inputs)
+    overlap_graph_pass(gm.graph)
+    return len(gm.graph.find_nodes(op="call_function", target=ALL_REDUCE)), _merged(gm)
+
+
+def test_a_large_tensor_read_later_is_not_moved_up(gloo_world):
+    for count, merged in gloo_world(2).run(run_held_apart):
+        assert count == 2 and merged == [], (count, merged)

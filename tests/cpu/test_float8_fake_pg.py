@@ -77,6 +77,19 @@ def test_float8_sp_block(tmp_path, latency_free, world_size, recipe):
         assert all(c["split"]["reduced_over_tokens"] for c in moved), moved
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_amax_all_reduces_of_weights_run_as_one(tmp_path, latency_free, recipe):
+    """The forward's amaxes computed from its inputs alone (the weights', the block input's) are
+    all-reduced in one collective (regions/early_all_reduces.py), which decisions.json names;
+    the others (of what a matmul computed) stay apart."""
+    dump = _compile(tmp_path, 2, recipe)
+    merged = dump.graphs["forward"]["record"]["merged_all_reduces"]
+    assert len(merged) == 1 and len(merged[0]["all_reduces"]) >= 5 and merged[0]["reduce_op"] == "max", merged
+    before, after = (sum(c[0] == "all_reduce" for c in collectives(dump.graphs["forward"][k])) for k in ("before", "after"))
+    # the two gathers' quantization moved onto the shards adds an amax all-reduce each
+    assert after == before + 2 - (len(merged[0]["all_reduces"]) - 1), (before, after, merged)
+
+
 def test_rowwise_backward_without_the_fold(tmp_path, latency_free):
     """config.fold_rowwise_float8 off: rowwise's forward fuses as above; its backward's matmuls
     stay torchao's scale-after form, so neither their gathers nor their reduce-scatters fuse,
