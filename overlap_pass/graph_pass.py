@@ -511,7 +511,9 @@ def _count_and_log(records: list[dict]) -> None:
 
 
 def _dump(before: str, after: str, records: list[dict], merged: list[dict]) -> None:
-    record = {"graph": debug.graph_name(), "rank": debug.rank(), "candidates": records, "merged_all_reduces": merged}
+    record = {"graph": debug.graph_name(), "rank": debug.rank(), "candidates": records}
+    if merged:
+        record["merged_all_reduces"] = merged
     try:
         debug.trace_artifacts(before, after, record)
         for folder in debug.write_dump(before, after, record):
