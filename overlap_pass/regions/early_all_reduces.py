@@ -18,7 +18,8 @@ all-reduce held, bit for bit (a sum is added in whatever order NCCL picks for ei
 min of floats of several widths runs in the widest, to which the others widen exactly and from
 which the result narrows exactly (bf16 amaxes next to float64 ones, say). The
 inputs' computations move up to the first all-reduce with them (only where nothing else reads
-them, so no tensor stays alive longer); nothing else moves. Every rank
+them, so no tensor stays alive longer, and no matmul or attention among them); nothing else
+moves. Every rank
 compiles the same graph, so every rank issues the same collectives in the same order.
 """
 
@@ -32,6 +33,14 @@ from .all_reduce_split import ALL_REDUCE
 
 aten = torch.ops.aten
 SMALL_BYTES = 1 << 20  # an all-reduce this size or under is all latency: merging it is free
+# what never moves up with an all-reduce: matmuls and attention, whose place in the schedule
+# (next to a collective in flight) matters more than one collective's host cost
+_HEAVY = {
+    aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten._scaled_mm.default,
+    aten.convolution.default, aten._scaled_dot_product_flash_attention.default,
+    aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_cudnn_attention.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
 _COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d", "overlap", "symm_mem")
 
 
@@ -66,9 +75,10 @@ def _small_static(node: Node) -> bool:
 
 def plan(graph: Graph) -> list[list[Node]]:
     """Groups of two or more all-reduces (each with its one wait) to coalesce, each group in
-    graph order: same reduce op, dtype (any float width for max and min) and group; inputs computed from graph inputs alone, of
-    static shapes, at most SMALL_BYTES; what each computes from them feeds nothing else
-(_private), so that moving it up keeps no tensor alive longer."""
+    graph order: same reduce op, dtype (any float width for max and min) and group; inputs
+    computed from graph inputs alone, of static shapes, at most SMALL_BYTES. A later one joins
+    only where what moves up with it is no matmul or attention (_HEAVY), keeps no large tensor
+    alive longer (_private) and passes no write (an input mutation)."""
     early = _early_nodes(graph)
     groups: dict[tuple, list[Node]] = {}
     for node in graph.find_nodes(op="call_function", target=ALL_REDUCE):
@@ -80,13 +90,27 @@ def plan(graph: Graph) -> list[list[Node]]:
         widens = reduce_op in ("max", "min") and dtype.is_floating_point
         groups.setdefault((reduce_op, "float" if widens else dtype, group_name), []).append(node)
     order = {node: i for i, node in enumerate(graph.nodes)}
+    writes = [order[n] for n in graph.nodes if _writes(n)]
     merged = []
     for found in groups.values():
         found.sort(key=order.__getitem__)
-        kept = found[:1] + [node for node in found[1:] if _private(_ancestors_after(node.args[0], found[0], order), node)]
+
+        def movable(node: Node) -> bool:
+            moving = _ancestors_after(node.args[0], found[0], order)
+            # a read moved up past a write to its input would read the value from before it
+            last = max((order[n] for n in moving), default=order[found[0]])
+            light = not any(n.target in _HEAVY or n.op != "call_function" for n in moving)
+            return light and _private(moving, node) and not any(order[found[0]] < w < last for w in writes)
+
+        kept = found[:1] + [node for node in found[1:] if movable(node)]
         if len(kept) > 1:
             merged.append(kept)
     return merged
+
+
+def _writes(node: Node) -> bool:
+    """Whether ``node`` writes into a tensor (a mutable op, as a graph's input mutations are)."""
+    return isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable
 
 
 def _private(moving: set[Node], all_reduce: Node) -> bool:

@@ -2,7 +2,8 @@
 (regions/early_all_reduces.py), on real gloo ranks: float8's pattern of weights' amaxes
 all-reduced with max, in float64 and bf16, between other work. The merged graph computes what
 the graph did before, bit for bit; an all-reduce of what another collective returned, a large
-one, and one of another reduce op stay on their own."""
+one, one of another reduce op, one whose input moved up would keep a large tensor alive longer,
+and one of a matmul's result stay on their own."""
 
 import pytest
 import torch
@@ -83,23 +84,35 @@ def test_config_keeps_every_all_reduce_apart(gloo_world):
         assert result["before"] == result["after"] == 7 and result["merged"] == [], result
 
 
-def held_apart(x, w, group):
+def large_read_later(x, w, group):
     """An amax of a large tensor that a later op reads too: moved up with its all-reduce, that
-    tensor would stay alive from there to that op, so it stays where it is."""
+    tensor would stay alive from there to that op."""
     m0 = _all_reduce(w.abs().amax(), "max", group)
     y = torch.sin(x * 2)
     m1 = _all_reduce(y.abs().amax(), "max", group)
     return y.sum(1) * m0 * m1
 
 
-def run_held_apart() -> tuple[int, list]:
+def after_a_matmul(x, w, group):
+    """An amax of a matmul's result: a matmul keeps its place in the schedule."""
+    m0 = _all_reduce(w.abs().amax(), "max", group)
+    y = torch.sin(x[:8])
+    m1 = _all_reduce((x[:8] @ w).abs().amax(), "max", group)
+    return y * m0 * m1
+
+
+KEPT_APART = {"large_read_later": large_read_later, "after_a_matmul": after_a_matmul}
+
+
+def run_kept_apart(name: str) -> tuple[int, list]:
     group = dist.group.WORLD.group_name
-    inputs = [torch.randn(early_all_reduces.SMALL_BYTES // (4 * 64) + 1, 64), torch.randn(8, 8)]
-    gm = make_fx(lambda *args: held_apart(*args, group), tracing_mode="fake")(*inputs)
+    inputs = [torch.randn(early_all_reduces.SMALL_BYTES // (4 * 64) + 1, 64), torch.randn(64, 64)]
+    gm = make_fx(lambda *args: KEPT_APART[name](*args, group), tracing_mode="fake")(*inputs)
     overlap_graph_pass(gm.graph)
     return len(gm.graph.find_nodes(op="call_function", target=ALL_REDUCE)), _merged(gm)
 
 
-def test_a_large_tensor_read_later_is_not_moved_up(gloo_world):
-    for count, merged in gloo_world(2).run(run_held_apart):
+@pytest.mark.parametrize("name", list(KEPT_APART))
+def test_what_should_keep_its_place_is_not_moved_up(gloo_world, name):
+    for count, merged in gloo_world(2).run(run_kept_apart, name):
         assert count == 2 and merged == [], (count, merged)
