@@ -53,8 +53,8 @@ SIZES = {"llama3-8b": (4096, 32, 8, 14336), "llama3-70b": (8192, 64, 8, 28672)}
 COMPILERS = ("inductor", "inductor_micro_pipeline_tp", "overlap")
 # backend="overlap" with a config knob changed, measured when named in --compilers (not in the
 # table): what it saves. overlap_eager_ops: every op call queued eagerly (the per-call CUDA
-# graphs of lowering/replay.py off).
-# overlap under other settings, patched around the first calls (which compile) and every call
+# graphs of lowering/replay.py off); overlap_unmerged: each small all-reduce on its own
+# (regions/early_all_reduces.py off). Patched around the first calls (which compile) and every call.
 EXTRA_COMPILERS = {"overlap_eager_ops": {"op_graphs": False}, "overlap_unmerged": {"merge_small_all_reduces": False}}
 # plain Inductor with every collective replaced by a local op of its shape (tools/no_comm.py):
 # the step without communication, the floor of any overlap. Its results are wrong by design.
