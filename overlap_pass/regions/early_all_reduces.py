@@ -15,11 +15,10 @@ becomes
 
 Max, min and sum over ranks act element by element, so each slice holds what its own
 all-reduce held, bit for bit (a sum is added in whatever order NCCL picks for either). A max or
-min of floats of several widths runs in the widest, to which the others widen exactly and from
-which the result narrows exactly (bf16 amaxes next to float64 ones, say). The
-inputs' computations move up to the first all-reduce with them (only where nothing else reads
-them, so no tensor stays alive longer, and no matmul or attention among them); nothing else
-moves. Every rank
+min of floats of several types runs in float64, to which each widens exactly and from which
+the result narrows exactly (bf16 amaxes next to float64 ones, say). The inputs' computations
+move up to the first all-reduce with them (only where nothing else reads them, so no tensor
+stays alive longer, and no matmul or attention among them); nothing else moves. Every rank
 compiles the same graph, so every rank issues the same collectives in the same order.
 """
 
@@ -36,10 +35,13 @@ SMALL_BYTES = 1 << 20  # an all-reduce this size or under is all latency: mergin
 # what never moves up with an all-reduce: matmuls and attention, whose place in the schedule
 # (next to a collective in flight) matters more than one collective's host cost
 _HEAVY = {
-    aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten._scaled_mm.default,
-    aten.convolution.default, aten._scaled_dot_product_flash_attention.default,
-    aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_cudnn_attention.default,
-    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    getattr(aten, name).default
+    for name in (
+        "mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "convolution", "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    if hasattr(aten, name)  # each torch release has its own attention kernels
 }
 _COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d", "overlap", "symm_mem")
 
@@ -163,7 +165,8 @@ def apply(graph: Graph, groups: list[list[Node]]) -> list[dict]:
             first.prepend(node)
         waits = [next(iter(node.users)) for node in all_reduces]
         reduce_op, group_name = first.args[1], first.args[2]
-        wide = max((meta_val(node.args[0]).dtype for node in all_reduces), key=lambda d: d.itemsize)
+        dtypes = {meta_val(node.args[0]).dtype for node in all_reduces}
+        wide = dtypes.pop() if len(dtypes) == 1 else torch.float64  # holds every float exactly
         with graph.inserting_before(first):
             flats = [_flat(graph, node.args[0], wide) for node in all_reduces]
             joined = call(graph, aten.cat.default, (flats,))

@@ -293,3 +293,40 @@ def test_fused_float8_reduce_scatter_refuses_before_the_protocol(config_kind, te
         scaled.fused_scaled_mm_reduce_scatter(
             inputs, ones, mat2s, ones, None, "sum", 1, 2, "unused", torch.bfloat16, None, False, gemm_config=config
         )  # fmt: skip
+
+
+class _StubCall:
+    """lowering.matmul_reduce_scatter.Call's surface that reduce_produced uses, recording."""
+
+    rows, n, world = 2, 3, 4
+
+    def __init__(self):
+        self.reduced, self.left = 0, 0
+        self.ws = self
+
+    def reduce(self):
+        self.reduced += 1
+
+    def leave(self):
+        self.left += 1
+
+
+@pytest.mark.parametrize("summed_by_producer", [True, False])
+@pytest.mark.parametrize("reduce_op, scale", [("sum", 1.0), ("avg", 0.25)])
+def test_the_owners_sum_runs_once(summed_by_producer, reduce_op, scale):
+    """A producer that summed the own chunk in its epilogue (returns True) gets no reduction
+    kernel after it; any other gets one; the call leaves the protocol either way, and also when
+    the producer fails; the scale is 1/W for avg."""
+    from overlap_pass.lowering import matmul_reduce_scatter as lowered
+
+    call, out = _StubCall(), torch.empty(6)
+    assert lowered.reduce_produced(call, lambda: summed_by_producer, reduce_op, out) is out
+    assert (call.reduced, call.left) == (0 if summed_by_producer else 1, 1)
+    assert call.out.shape == (2, 3) and call.scale == scale
+
+    def fails():
+        raise RuntimeError("launch failed")
+
+    with pytest.raises(RuntimeError):
+        lowered.reduce_produced(call, fails, reduce_op, out)
+    assert call.left == 2
