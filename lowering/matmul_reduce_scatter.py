@@ -146,12 +146,12 @@ def produce_fused(
     chunk; the Triton one sums the own chunk in its epilogue unless told not to (returns True:
     reduced). ``scales``: float8 operands', (A's, B's) per matmul; ``fast_accum``: theirs."""
     ws = call.ws
-    launch, extra = producer.matmul_reduce_scatter_producer, {}
-    if reduce_in_epilogue:
-        extra["own_reduction"] = call.own_reduction()
     if gluon_kernels.is_pingpong(gemm_config):
         launch = gluon_kernels.load().producer.matmul_reduce_scatter_pingpong
         extra = {"terms": list(zip(flats[1:], mat2s[1:], scales[1:]))}
+    else:
+        launch = producer.matmul_reduce_scatter_producer
+        extra = {"own_reduction": call.own_reduction()} if reduce_in_epilogue else {}
     launch(
         flats[0], mat2s[0], None if bias is None else bias.contiguous(),
         ws.peer_data_addresses(), ws.peer_flag_addresses(),

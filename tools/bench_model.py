@@ -45,7 +45,7 @@ for _var, _value in (
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from tools.measure import op_calls_since, relative_error, time_interleaved  # noqa: E402
+from tools.measure import add_settle_argument, op_calls_since, relative_error, time_interleaved  # noqa: E402
 from tools.no_comm import NoCommunication  # noqa: E402
 
 # (dim, heads, K/V heads, hidden)
@@ -221,7 +221,7 @@ def bench_size(name, args, device, mesh) -> dict:
         runners[(c, "forward")] = lambda m=model, x=x: forward(m, x)
         runners[(c, "forward+backward")] = lambda m=model, x=x, g=grad: (step(m, x, g), zero(m))
     for key in [k for k in runners if k[0] in EXTRA_COMPILERS]:
-        runners[key] = functools.partial(_patched, EXTRA_COMPILERS[key[0]], runners[key])
+        runners[key] = functools.partial(_patched, key[0], runners[key])
     from overlap_pass.lowering import choose, replay
 
     before = dict(replay.stats)
@@ -253,10 +253,8 @@ def _config_of(compiler: str):
     return config.patch(**EXTRA_COMPILERS.get(compiler, {}))
 
 
-def _patched(changes: dict, run):
-    from overlap_pass import config
-
-    with config.patch(**changes):
+def _patched(compiler: str, run):
+    with _config_of(compiler):
         run()
 
 
@@ -337,10 +335,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument(
-        "--settle", type=int, default=0,
-        help="untimed calls opening each round (tools/measure.time_interleaved), as in tools/bench_step.py",
-    )  # fmt: skip
+    add_settle_argument(parser)
     parser.add_argument("--profile", type=int, default=0, help="cProfile this many overlap calls per pass (host time)")
     parser.add_argument(
         "--fake-world", type=int, default=0,

@@ -181,9 +181,9 @@ def _matmul_reduce_scatter_runners(m, k, n, device, group_name) -> tuple[dict, s
     for vname, fn in mrs.variants(1).items():
         if vname != "nccl_cublas":
             runners[f"overlap[{vname}]"] = lambda fn=fn: fn(*args)
-    for config in gemm.CONFIGS[:1]:  # the owner's sum as a kernel of its own, for comparison
-        apart = functools.partial(mrs.fused, gemm_config=config, reduce_in_epilogue=False)
-        runners[f"overlap[fused:{config}, sum apart]"] = lambda fn=apart: fn(*args)
+    # the fused producer with the owner's sum as a kernel of its own, for comparison
+    apart = functools.partial(mrs.fused, gemm_config=gemm.CONFIGS[0], reduce_in_epilogue=False)
+    runners[f"overlap[fused:{gemm.CONFIGS[0]}, sum apart]"] = lambda: apart(*args)
     shapes = dispatch.matmul_reduce_scatter_shapes([a.shape], [b], False, "sum", 0)
     return runners, choose.shape_key(mrs.KIND, world, shapes, a.dtype)
 

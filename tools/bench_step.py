@@ -68,7 +68,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from tools.measure import op_calls_since, time_interleaved  # noqa: E402
+from tools.measure import add_settle_argument, op_calls_since, time_interleaved  # noqa: E402
 
 COMPILERS = ("inductor", "async_tp", "overlap")
 LABELS = {"inductor": "plain Inductor", "async_tp": "async TP", "overlap": "overlap"}
@@ -398,11 +398,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="steps before memory is read (compile, choices)")
     parser.add_argument("--rounds", type=int, default=5, help="0: memory alone (one compiler per process is exact)")
     parser.add_argument("--calls", type=int, default=5)
-    parser.add_argument(
-        "--settle", type=int, default=2,
-        help="untimed steps opening each round: after another compiler's round the activations land at new "
-        "addresses, where overlap's per-call CUDA graphs are captured again (one eager step, one capture)",
-    )  # fmt: skip
+    add_settle_argument(parser, default=2)
     parser.add_argument("--profile", type=int, default=0, help="profile this many steps per compiler: where GPU time goes")
     parser.add_argument("--out", default="bench_step.json")
     args = parser.parse_args()

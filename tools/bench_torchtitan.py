@@ -40,7 +40,7 @@ for _var, _value in (
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from tools.measure import relative_error, time_interleaved  # noqa: E402
+from tools.measure import add_settle_argument, relative_error, time_interleaved  # noqa: E402
 
 COMPILERS = ("inductor", "async_tp", "dist_gemm", "overlap")
 LABELS = {
@@ -199,10 +199,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument(
-        "--settle", type=int, default=0,
-        help="untimed calls opening each round (tools/measure.time_interleaved), as in tools/bench_step.py",
-    )  # fmt: skip
+    add_settle_argument(parser)
     parser.add_argument("--out", default="bench_torchtitan.json")
     parser.add_argument("--png", default=None)
     parser.add_argument("--render", default=None, help="JSON files of earlier runs (commas): print their table, draw --png")

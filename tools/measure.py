@@ -64,6 +64,15 @@ def time_interleaved(runners: dict, device, rounds: int, calls: int, warmup: int
 OVERLAP_OPS = ("all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter")
 
 
+def add_settle_argument(parser, default: int = 0) -> None:
+    """--settle, the tools' ``settle`` of time_interleaved."""
+    parser.add_argument(
+        "--settle", type=int, default=default,
+        help="untimed calls opening each round: after another compiler's round the activations land at new "
+        "addresses, where overlap's per-call CUDA graphs are captured again (one eager call, one capture)",
+    )  # fmt: skip
+
+
 def op_calls_since(before: dict) -> dict:
     """This rank's overlap op calls by path (lowering/replay.py: eager, captured, replayed) since
     ``before``, a copy of replay.stats taken earlier."""

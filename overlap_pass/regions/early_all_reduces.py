@@ -157,6 +157,7 @@ def apply(graph: Graph, groups: list[list[Node]]) -> list[dict]:
     records = []
     for all_reduces in groups:
         first = all_reduces[0]
+        # found again, not taken from plan: an earlier group may have moved some of them up
         order = {node: i for i, node in enumerate(graph.nodes)}
         moving = set()
         for node in all_reduces[1:]:
