@@ -8,9 +8,10 @@ import math
 import torch
 import torch.distributed as dist
 
-from overlap_pass import config, ops, scaled_ops
+from overlap_pass import all_reduce_op, config, ops, scaled_ops
 
 from . import all_gather_matmul as agm
+from . import all_reduce as ar
 from . import choose, scaled
 from . import matmul_reduce_scatter as mrs
 from . import replay, symm, torch_compat
@@ -133,6 +134,10 @@ def _scaled_ag_tensors(args, outputs):
     return tensors, group_name, shard.device
 
 
+def _ar_tensors(args, outputs):
+    return (args[0], outputs), args[3], args[0].device
+
+
 def _scaled_rs_tensors(args, outputs):
     inputs, input_scales, mat2s, mat2_scales, bias, _, _, _, group_name, _, _, _ = args
     return (*inputs, *input_scales, *mat2s, *mat2_scales, bias, outputs), group_name, inputs[0].device
@@ -145,6 +150,7 @@ _GRAPHED_KINDS = {
     mrs.KIND: (mrs.allocate, mrs.KIND, _rs_tensors),
     scaled.AG_KIND: (scaled.allocate_gather, agm.KIND, _scaled_ag_tensors),
     scaled.RS_KIND: (scaled.allocate_scatter, mrs.KIND, _scaled_rs_tensors),
+    ar.KIND: (ar.allocate, ar.KIND, _ar_tensors),
 }
 
 
@@ -342,3 +348,15 @@ def scaled_matmul_reduce_scatter(
     variants = scaled.variants(scaled.RS_KIND, len(inputs))
     reference, dtype, device = scaled_ops.scaled_matmul_reduce_scatter_reference, inputs[0].dtype, inputs[0].device
     return _first_call(scaled.RS_KIND, fast_key, group_name, world_size, variants, shapes, dtype, device, args, reference)
+
+
+def all_reduce(inp, reduce_op, world_size, group_name):
+    fast_key = (ar.KIND, _signature(inp), reduce_op, world_size, group_name, config.implementation)
+    run = _resolved(fast_key)
+    args = (inp, reduce_op, world_size, group_name)
+    if run is not None:
+        return run(*args)
+    torch_compat.check(reduce_op in all_reduce_op.REDUCE_OPS, lambda: f"all_reduce: reduce_op {reduce_op!r}")
+    shapes = {"elements": choose.token_bucket(inp.numel()), "reduce_op": reduce_op}
+    reference = all_reduce_op.all_reduce_reference
+    return _first_call(ar.KIND, fast_key, group_name, world_size, ar.variants(), shapes, inp.dtype, inp.device, args, reference)

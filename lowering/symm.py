@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from overlap_pass import config
+from overlap_pass.templates import all_reduce as all_reduce_kernel
 from overlap_pass.templates import signals
 from overlap_pass.templates.all_gather_matmul import ChunkTimeout
 
@@ -55,6 +56,9 @@ CONTROL_BYTES = 4096  # flags, pads and late flags, padded so that data starts 4
 MIN_DATA_BYTES = 1 << 20
 CHECK_EVERY = 16  # calls between two host reads of the timeout words
 VIEWS_KEPT = 4096  # views of the allocation kept for reuse (_cached_view)
+# kinds whose data region starts with a block of flags of their own (bytes, per world size),
+# which an allocation sets to the epoch as it does the control words
+_FLAGS_IN_DATA = {"all_reduce": all_reduce_kernel.flag_bytes}
 
 
 def next_power_of_two(n: int) -> int:
@@ -249,6 +253,10 @@ class Workspace:
         # only between values less than 2**31 apart
         handle.get_buffer(self.rank, (CONTROL_BYTES,), torch.uint8).zero_()
         handle.get_buffer(self.rank, (3 * world,), torch.int32).copy_(self.epoch.expand(3 * world))
+        flag_words = _FLAGS_IN_DATA.get(self.kind, lambda world: 0)(world) // 4
+        if flag_words:
+            words = handle.get_buffer(self.rank, (flag_words,), torch.int32, storage_offset=CONTROL_BYTES // 4)
+            words.copy_(self.epoch.expand(flag_words))
         pad_ptrs = _lasting(
             [handle.get_buffer(p, (world,), torch.int32, storage_offset=world).data_ptr() for p in range(world)],
             torch.int64,
@@ -438,7 +446,11 @@ class Workspace:
 
 
 # what a rank waits for per peer, in each kind's words
-_WAITED_FOR = {"all_gather_matmul": "the flags of chunks", "matmul_reduce_scatter": "the partials of ranks"}
+_WAITED_FOR = {
+    "all_gather_matmul": "the flags of chunks",
+    "matmul_reduce_scatter": "the partials of ranks",
+    "all_reduce": "the elements of ranks",
+}
 
 
 def describe_timeouts(timeouts: torch.Tensor, rank: int, kind: str) -> None:

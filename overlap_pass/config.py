@@ -51,6 +51,12 @@ gather_passengers: bool = Config(default=True, env_name_default="OVERLAP_PASS_GA
 # (regions/early_all_reduces.py): one collective's host cost instead of each one's.
 merge_small_all_reduces: bool = Config(default=True, env_name_default="OVERLAP_PASS_MERGE_SMALL_ALL_REDUCES")
 
+# All-reduces of at most this many bytes (static shapes) run as overlap::all_reduce: a one-shot
+# all-reduce through symmetric memory that a per-call CUDA graph replays, or NCCL where the
+# first call's measurement finds it faster (regions/small_all_reduces.py). A small all-reduce
+# is all latency and host steps. 0: every all-reduce stays NCCL's.
+small_all_reduce_bytes: int = int(os.environ.get("OVERLAP_PASS_SMALL_ALL_REDUCE_BYTES", 256 << 10))
+
 # Raise (OverlapNotApplied) instead of warning where a compiled graph holds tensor-parallel
 # collectives next to matmuls and the pass rewrites none of them: for CI and benchmarks, which
 # must not pass on a model that quietly runs without overlap.
@@ -60,7 +66,8 @@ strict: bool = Config(default=False, env_name_default="OVERLAP_PASS_STRICT")
 # the variants measured at a shape's first call (lowering/choose.py); elsewhere the reference
 # decomposition. "reference" forces the torch.distributed decomposition; "fused",
 # "copy_engine_cublas", "cublas_push" (matmul_reduce_scatter only) and "nccl_cublas" force one
-# CUDA variant where the op has it (else the op measures as with "auto").
+# CUDA variant where the op has it (else the op measures as with "auto"); "one_shot" is
+# overlap::all_reduce's (regions/small_all_reduces.py).
 implementation: str = Config(default="auto", env_name_default="OVERLAP_PASS_IMPLEMENTATION")
 
 # Replay the symmetric-memory variants' calls from per-call CUDA graphs where a call's tensors sit
@@ -104,6 +111,6 @@ choice_cache: str = Config(
 # writes its dump. TORCH_COMPILE_DEBUG=1 also dumps, into Inductor's debug folder.
 debug_dir: str | None = Config(default=None, env_name_default="OVERLAP_PASS_DEBUG_DIR")
 
-IMPLEMENTATIONS = ("auto", "reference", "fused", "copy_engine_cublas", "cublas_push", "nccl_cublas")
+IMPLEMENTATIONS = ("auto", "reference", "fused", "copy_engine_cublas", "cublas_push", "nccl_cublas", "one_shot")
 
 install_config_module(sys.modules[__name__])

@@ -22,7 +22,7 @@ from .debug import describe_node, log
 from .fusion import decide, patterns, rewrite
 from .fusion.patterns import AllGatherMatmulMatch, Candidate
 from .normalize import casts, float8, permutes, waits
-from .regions import all_reduce_split, early_all_reduces, passengers
+from .regions import all_reduce_split, early_all_reduces, passengers, small_all_reduces
 
 
 class OverlapPass(CustomGraphPass):
@@ -165,11 +165,12 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
     if folded:
         _unfold_rowwise_epilogues(graph)
     merged = _merge_small_all_reduces(graph) if config.merge_small_all_reduces else []
+    small = _rewrite_small_all_reduces(graph)
 
     records = split_records + [record for _, record in decisions] + rider_records
     _count_and_log(records)
     if dumping:
-        _dump(before, debug.graph_text(graph), records, merged)
+        _dump(before, debug.graph_text(graph), records, merged, small)
     _tell_if_none_rewritten(records, tensor_parallel)
     return records
 
@@ -284,6 +285,19 @@ def _merge_small_all_reduces(graph: Graph) -> list[dict]:
     for record in records:
         counters["overlap_pass"]["all_reduces_merged"] += len(record["all_reduces"])
         log.debug("%d all-reduces merged into %s", len(record["all_reduces"]), record["collective"]["name"])
+    return records
+
+
+def _rewrite_small_all_reduces(graph: Graph) -> list[dict]:
+    """small_all_reduces.py's rewrite; a record per all-reduce (decisions.json's
+    "small_all_reduces"), counted as small_all_reduces_rewritten. Should it fail, the graph is
+    restored and every all-reduce stays as it was."""
+    records = []
+    if not _edited_or_restored(
+        graph, "rewriting small all-reduces", lambda: records.extend(small_all_reduces.rewrite_all(graph))
+    ):
+        return []
+    counters["overlap_pass"]["small_all_reduces_rewritten"] += sum(r["rewritten"] for r in records)
     return records
 
 
@@ -510,10 +524,12 @@ def _count_and_log(records: list[dict]) -> None:
     )
 
 
-def _dump(before: str, after: str, records: list[dict], merged: list[dict]) -> None:
+def _dump(before: str, after: str, records: list[dict], merged: list[dict], small: list[dict]) -> None:
     record = {"graph": debug.graph_name(), "rank": debug.rank(), "candidates": records}
     if merged:
         record["merged_all_reduces"] = merged
+    if small:
+        record["small_all_reduces"] = small
     try:
         debug.trace_artifacts(before, after, record)
         for folder in debug.write_dump(before, after, record):

@@ -61,7 +61,9 @@ def time_interleaved(runners: dict, device, rounds: int, calls: int, warmup: int
     return us, host_us
 
 
-OVERLAP_OPS = ("all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter")
+OVERLAP_OPS = (
+    "all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter", "all_reduce",
+)  # fmt: skip
 
 
 def add_settle_argument(parser, default: int = 0) -> None:

@@ -52,7 +52,7 @@ def group_ranks(group_name: str) -> list[int] | None:
         return None
 
 
-def _spans_hosts(ranks: list[int]) -> bool:
+def spans_hosts(ranks: list[int]) -> bool:
     """Whether ranks sit on different hosts, by torchrun's LOCAL_WORLD_SIZE (ranks are laid
     out host by host). Unknown layouts count as one host."""
     per_host = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
@@ -184,7 +184,7 @@ def should_fuse(match: Match) -> tuple[bool, str]:
         return False, f"tensors on devices {sorted(devices)}"
     if devices == {"cuda"}:
         ranks = group_ranks(match.group_name)
-        if ranks is not None and _spans_hosts(ranks):
+        if ranks is not None and spans_hosts(ranks):
             return False, "group spans hosts: the overlapped ops need every rank on one host"
     if isinstance(match, MatmulReduceScatterMatch):
         rows = meta_val(match.scattered).shape[match.scatter_dim]

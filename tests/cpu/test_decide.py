@@ -9,7 +9,7 @@ from overlap_pass.fusion import decide
 )
 def test_groups_that_span_hosts(monkeypatch, local_world_size, ranks, spans):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
-    assert decide._spans_hosts(ranks) == spans
+    assert decide.spans_hosts(ranks) == spans
 
 
 def test_decisions_show_the_choice_of_the_mode_compiled_for(monkeypatch, tmp_path):

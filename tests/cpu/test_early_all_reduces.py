@@ -48,7 +48,8 @@ def run(merge: bool) -> dict:
     gm = make_fx(lambda *args: amaxes(*args, group), tracing_mode="fake")(*inputs)
     expected = gm(*inputs)
     before = len(gm.graph.find_nodes(op="call_function", target=ALL_REDUCE))
-    with config.patch(merge_small_all_reduces=merge):
+    # (the merge alone: small_all_reduces.py would make each all-reduce left an overlap op)
+    with config.patch(merge_small_all_reduces=merge, small_all_reduce_bytes=0):
         overlap_graph_pass(gm.graph)
     gm.recompile()
     got = gm(*inputs)
@@ -108,7 +109,8 @@ def run_kept_apart(name: str) -> tuple[int, list]:
     group = dist.group.WORLD.group_name
     inputs = [torch.randn(early_all_reduces.SMALL_BYTES // (4 * 64) + 1, 64), torch.randn(64, 64)]
     gm = make_fx(lambda *args: KEPT_APART[name](*args, group), tracing_mode="fake")(*inputs)
-    overlap_graph_pass(gm.graph)
+    with config.patch(small_all_reduce_bytes=0):
+        overlap_graph_pass(gm.graph)
     return len(gm.graph.find_nodes(op="call_function", target=ALL_REDUCE)), _merged(gm)
 
 
