@@ -70,6 +70,13 @@ SP_PREFIX = "sp:"
 def _compile(model, compiler, mode=None):
     # options make a backend of their own, so Dynamo does not hand one model's compiled code
     # to another (a config patched around the first call would not)
+    if compiler in EXTRA_COMPILERS:
+        # a backend object of its own too: under one backend Dynamo hands a frame compiled for
+        # one model to any other model of the same code (its guards do not check which module),
+        # so two overlap compilers named "overlap" would both run the first one's graphs
+        from overlap_pass import overlap_backend
+
+        return torch.compile(model, backend=functools.partial(overlap_backend, mode=mode))
     if compiler.startswith("overlap"):
         return torch.compile(model, backend="overlap", mode=mode)
     if compiler == "inductor":

@@ -21,8 +21,10 @@ def test_every_shape_matches_nccl(pool):
 
 @pytest.mark.quick
 def test_back_to_back_calls_replay(pool):
+    # every call captured or replayed; eager: each reduce op's trial of the forced variant before
+    # its first call (choose.runs_everywhere)
     for paths in pool.run(cases.back_to_back, 400):
-        assert paths["replayed"] >= 390 and paths["eager"] + paths["captured"] + paths["replayed"] == 400, paths
+        assert paths["replayed"] >= 390 and paths["captured"] + paths["replayed"] == 400, paths
 
 
 def test_a_late_peer_is_named(pool):
