@@ -5,8 +5,8 @@
 # one process (timing; where the torchtitan step's GPU time goes); then each compiler alone in a
 # process of its own with a fresh choice cache (device memory); the per-call host time of the
 # ops; the exposed communication of the 8B block. At W=4, where the machine has 4 GPUs: the
-# torchtitan step under TP alone and FSDP2 x TP. Measured on 2xH200 (W=2) and 4xH100 (W=4); each
-# command under 5 minutes.
+# torchtitan step under TP alone and FSDP2 x TP, and the 8B block's exposed communication.
+# Measured on 2xH200 (W=2) and 4xH100 (W=4); each command under 5 minutes.
 source "$(dirname "$0")/_common.sh"
 torchrun --nproc-per-node 2 -m tools.bench_step --profile 2 --out "$OUT/step_tp2_w2.json"
 torchrun --nproc-per-node 2 -m tools.bench_step --model hf --out "$OUT/step_hf_w2.json"
@@ -24,4 +24,5 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
     # (these rows were timed with --settle 0: each round's first two overlap steps included)
     torchrun --nproc-per-node 4 -m tools.bench_step --tp 4 --settle 0 --out "$OUT/step_tp4_w4.json"
     torchrun --nproc-per-node 4 -m tools.bench_step --tp 2 --settle 0 --out "$OUT/step_dp2_tp2_w4.json"
+    torchrun --nproc-per-node 4 -m tools.exposed_time --per-collective --out "$OUT/exposed_block8b_w4.json"
 fi

@@ -48,8 +48,9 @@ NCCL_KINDS = (("AllGather", "all_gather"), ("ReduceScatter", "reduce_scatter"), 
 # kernels that wait for a peer rather than compute (templates/signals.py)
 WAITING = ("barrier_kernel", "wait_kernel")
 # overlap's kernels that are a collective's own step: the owner's sum of its peers' partials
-# (templates/matmul_reduce_scatter.py), as NCCL's reduce-scatter kernel sums
-OVERLAP_COLLECTIVES = (("reduce_partials", "reduce_scatter"),)
+# (templates/matmul_reduce_scatter.py), as NCCL's reduce-scatter kernel sums; the small
+# all-reduce's kernel (templates/all_reduce.py), as NCCL's all-reduce kernel
+OVERLAP_COLLECTIVES = (("reduce_partials", "reduce_scatter"), ("one_shot_all_reduce", "all_reduce"))
 
 
 def kind_of(event: dict) -> str:

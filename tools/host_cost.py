@@ -1,6 +1,7 @@
 """Host time of one op call: overlap's fused ops against what plain Inductor's code calls for the
 same work (NCCL collective, wait, cuBLAS matmul) and PyTorch's async TP ops, and where overlap's
-call spends its time, layer by layer.
+call spends its time, layer by layer; and overlap::all_reduce against NCCL's all-reduce and wait
+of the same small tensor (an amax per token row, as float8's).
 
     torchrun --nproc-per-node 2 -m tools.host_cost --tokens 512 --dim 4096 --out host.json
 
@@ -119,6 +120,8 @@ def bench(args, device, group) -> list[dict]:
     c10d = torch.ops._c10d_functional
     ag_args = (shard, [weight.t()], [None], 0, world, name, False, [], [], [])
     rs_args = ([cols], [weight_rs.t()], None, "sum", 0, world, name, None)
+    amax = torch.rand(args.tokens, device=device, generator=gen)
+    ar_args = (amax, "max", world, name)
 
     def inductor_ag():
         gathered = c10d.wait_tensor.default(c10d.all_gather_into_tensor.default(shard, world, name))
@@ -128,10 +131,12 @@ def bench(args, device, group) -> list[dict]:
         partial = torch.mm(cols, weight_rs.t())
         return c10d.wait_tensor.default(c10d.reduce_scatter_tensor.default(partial, "sum", world, name))
 
+    from overlap_pass import all_reduce_op
     from overlap_pass import ops as overlap_ops
 
     empty_ag = _empty_op("all_gather_matmul", overlap_ops._SCHEMAS["all_gather_matmul"], (None, [torch.mm(shard, weight.t())]))
     empty_rs = _empty_op("matmul_reduce_scatter", overlap_ops._SCHEMAS["matmul_reduce_scatter"], shard.clone())
+    empty_ar = _empty_op("all_reduce", all_reduce_op._SCHEMAS["all_reduce"], amax.clone())
     ops = {
         "all_gather -> matmul": {
             "torch dispatcher alone (an empty op of the schema)": lambda: empty_ag(*ag_args),
@@ -154,6 +159,17 @@ def bench(args, device, group) -> list[dict]:
                 for layer, run in _layers(
                     lambda: torch.ops.overlap.matmul_reduce_scatter.default(*rs_args),
                     lambda: dispatch.matmul_reduce_scatter(*rs_args), rs_args, "matmul_reduce_scatter", device,
+                ).items()
+            },
+        },
+        "all_reduce (max, fp32, an element per token)": {
+            "torch dispatcher alone (an empty op of the schema)": lambda: empty_ar(*ar_args),
+            "plain Inductor (NCCL)": lambda: c10d.wait_tensor.default(c10d.all_reduce.default(amax, "max", name)),
+            **{
+                f"overlap {layer}": run
+                for layer, run in _layers(
+                    lambda: torch.ops.overlap.all_reduce.default(*ar_args),
+                    lambda: dispatch.all_reduce(*ar_args), ar_args, "all_reduce", device,
                 ).items()
             },
         },

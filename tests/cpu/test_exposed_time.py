@@ -27,6 +27,7 @@ def _mark(name, ts):
         (_kernel("barrier_kernel", 0, 1), "waiting"),
         (_kernel("wait_kernel", 0, 1), "waiting"),
         (_kernel("reduce_partials_kernel", 0, 1), "reduce_scatter"),
+        (_kernel("one_shot_all_reduce_kernel", 0, 1), "all_reduce"),
         (_kernel("all_gather_matmul_tma_kernel", 0, 1), "compute"),
         (_kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 0, 1), "compute"),
         ({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1}, ""),
