@@ -12,11 +12,12 @@ the input's size. Both take the op's arguments and return its output; one_shot w
 """
 
 import torch
+import torch.distributed as dist
 
 from overlap_pass import config
 from overlap_pass.templates import all_reduce as kernel
 
-from . import choose, symm
+from . import choose, symm, torch_compat
 
 KIND = "all_reduce"
 
@@ -26,9 +27,13 @@ def allocate(inp, reduce_op, world_size, group_name):
     return torch.empty_like(inp, memory_format=torch.contiguous_format)
 
 
+_NCCL_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
 def nccl(inp, reduce_op, world_size, group_name):
-    out = torch.ops._c10d_functional.all_reduce.default(inp, reduce_op, group_name)
-    return torch.ops._c10d_functional.wait_tensor.default(out)
+    out = inp.clone(memory_format=torch.contiguous_format)
+    dist.all_reduce(out, op=_NCCL_OPS[reduce_op], group=torch_compat.resolve_process_group(group_name))
+    return out
 
 
 def one_shot(inp, reduce_op, world_size, group_name, outputs=None):

@@ -357,6 +357,10 @@ def all_reduce(inp, reduce_op, world_size, group_name):
     if run is not None:
         return run(*args)
     torch_compat.check(reduce_op in all_reduce_op.REDUCE_OPS, lambda: f"all_reduce: reduce_op {reduce_op!r}")
+    if inp.numel() * inp.element_size() > config.small_all_reduce_bytes:  # (a symbolic size, grown)
+        if not torch.cuda.is_current_stream_capturing():
+            _remember(fast_key, ar.nccl)
+        return ar.nccl(*args)
     shapes = {"elements": choose.token_bucket(inp.numel()), "reduce_op": reduce_op}
     reference = all_reduce_op.all_reduce_reference
     return _first_call(ar.KIND, fast_key, group_name, world_size, ar.variants(), shapes, inp.dtype, inp.device, args, reference)

@@ -299,7 +299,9 @@ def _rewrite_small_all_reduces(graph: Graph) -> list[dict]:
         graph, "rewriting small all-reduces", lambda: records.extend(small_all_reduces.rewrite_all(graph))
     ):
         return []
-    counters["overlap_pass"]["small_all_reduces_rewritten"] += sum(r["rewritten"] for r in records)
+    rewritten = sum(r["rewritten"] for r in records)
+    if rewritten:
+        counters["overlap_pass"]["small_all_reduces_rewritten"] += rewritten
     return records
 
 

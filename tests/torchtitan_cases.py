@@ -207,8 +207,20 @@ def _rewritten(folder: str) -> dict:
 
 
 def _fused_ops(graphs: dict) -> dict:
-    """{graph name: sorted overlap ops in its rewritten code}."""
-    return {name: sorted(re.findall(r"torch\.ops\.overlap\.(\w+)", code)) for name, code in graphs.items()}
+    """{graph name: sorted fused overlap ops in its rewritten code} (overlap::all_reduce apart:
+    _all_reduces)."""
+    return {
+        name: sorted(op for op in re.findall(r"torch\.ops\.overlap\.(\w+)", code) if op != "all_reduce")
+        for name, code in graphs.items()
+    }
+
+
+def _all_reduces(graphs: dict) -> dict:
+    """{graph name: (overlap::all_reduce calls, functional all-reduces) in its rewritten code}."""
+    return {
+        name: (len(re.findall(r"torch\.ops\.overlap\.all_reduce\.", code)), len(re.findall(r"_c10d_functional\.all_reduce_?\.", code)))
+        for name, code in graphs.items()
+    }
 
 
 def assert_every_block_collective_rewritten(results: list[dict]) -> None:
@@ -304,4 +316,7 @@ def forward_backward(
             _local(ours.grad), _local(theirs.grad), **tol, msg=lambda m, name=name: f"{name}: {m}"
         )
     graphs = _rewritten(folder)
-    return {"decisions": _decisions(folder), "ops": _fused_ops(graphs), "graphs": graphs, "loss": full[0].item()}
+    return {
+        "decisions": _decisions(folder), "ops": _fused_ops(graphs), "all_reduces": _all_reduces(graphs),
+        "graphs": graphs, "loss": full[0].item(),
+    }  # fmt: skip

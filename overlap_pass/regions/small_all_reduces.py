@@ -11,9 +11,9 @@ chosen per size at the first call, as for the fused ops. Large all-reduces stay 
 the one-shot kernel moves W - 1 copies of the tensor into every rank, where NCCL's ring moves
 about two.
 
-Taken: static shapes of at most config.small_all_reduce_bytes, a float dtype and reduce op the
-kernel has (all_reduce_op.py), read through one wait, on a group of more than one rank within
-one host. Each all-reduce left in the graph gets a record (decisions.json's
+Taken: at most config.small_all_reduce_bytes (a symbolic size at its value when traced: a call
+over the limit at run time goes to NCCL), a float dtype and reduce op the kernel has
+(all_reduce_op.py), read through one wait, on a group of more than one rank within one host. Each all-reduce left in the graph gets a record (decisions.json's
 "small_all_reduces"), with the reason where it stays.
 """
 
@@ -22,7 +22,7 @@ from torch.fx import Graph, Node
 
 from .. import all_reduce_op, config
 from ..debug import describe_node
-from ..fusion import decide
+from ..fusion import decide, sizes
 from ..fusion.patterns import WAIT, meta_val
 from ..fusion.rewrite import call
 from .all_reduce_split import ALL_REDUCE
@@ -36,13 +36,15 @@ def _why_not(node: Node, limit: int) -> str | None:
     if len(users) != 1 or users[0].target is not WAIT:
         return "its result is not read through exactly one wait_tensor"
     val = meta_val(source)
-    if not isinstance(val, torch.Tensor) or not all(isinstance(s, int) for s in val.shape):
-        return "symbolic or unknown shape"
+    if not isinstance(val, torch.Tensor):
+        return "unknown shape"
     if val.dtype not in all_reduce_op.DTYPES:
         return f"dtype {val.dtype}"
     if reduce_op not in all_reduce_op.REDUCE_OPS:
         return f"reduce op {reduce_op!r}"
-    size = val.numel() * val.element_size()
+    # a symbolic size is judged at its value when traced; at run time the op hands a larger
+    # call to NCCL (lowering/dispatch.py)
+    size = sizes.hint(sizes.prod(val.shape)) * val.element_size()
     if size > limit:
         return f"{size} bytes, over config.small_all_reduce_bytes ({limit}): NCCL's ring moves less"
     ranks = decide.group_ranks(group_name)

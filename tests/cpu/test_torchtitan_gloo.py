@@ -132,8 +132,9 @@ def test_llama3_float8_rowwise_fuses_every_scaled_matmul(pool, spmd_backend):
     quantizations of the gathered activations (gradients) run on the shards, both gathers feed
     all_gather_scaled_matmul (their row scales travel with them), both scatters come from
     scaled_matmul_reduce_scatter; the token-wise quantizations for the weight gradients, no
-    matmul's rows, ride in those ops as passengers (passengers.py); DTensor's all-reduces of the weights' amax stay. Loss and every gradient
-    equal eager at fp32 tolerance."""
+    matmul's rows, ride in those ops as passengers (passengers.py); DTensor's all-reduces of the
+    weights' amax stay collectives, each an overlap::all_reduce (small_all_reduces.py). Loss and
+    every gradient equal eager at fp32 tolerance."""
     pytest.importorskip("torchao", reason="pip install -e .[float8]")
     results = pool.run(cases.forward_backward, spmd_backend, 2, "overlap", 0, True, True)
     assert results[0]["loss"] == results[1]["loss"]
@@ -154,3 +155,5 @@ def test_llama3_float8_rowwise_fuses_every_scaled_matmul(pool, spmd_backend):
             assert splits <= {MAX}, (rank, name, candidates)
             ops = result["ops"][name]
             assert ops == ["all_gather_scaled_matmul"] * 2 + ["scaled_matmul_reduce_scatter"] * 2, (rank, name, ops)
+            assert result["all_reduces"][name][1] == 0, (rank, name, result["all_reduces"])
+        assert sum(ours for ours, _ in result["all_reduces"].values()) > 0, (rank, result["all_reduces"])
