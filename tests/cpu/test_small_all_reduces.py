@@ -126,3 +126,29 @@ def why_kept(reduce_op: str) -> str | None:
 def test_a_reduce_op_the_kernel_lacks_stays(gloo_world, reduce_op):
     for reason in gloo_world(2).run(why_kept, reduce_op):
         assert reason == f"reduce op {reduce_op!r}", reason
+
+
+def symbolic_sizes() -> list:
+    """An all-reduce of a tensor of symbolic length (a per-token amax under shapes that change):
+    judged at its traced size, rewritten, and right at other sizes; one traced over the limit
+    stays."""
+    group = dist.group.WORLD.group_name
+    records = []
+    for traced in (10, LIMIT // 4 + 1):
+        gm = make_fx(lambda t: _all_reduce(t * 2, "max", group), tracing_mode="symbolic")(torch.randn(traced))
+        with config.patch(small_all_reduce_bytes=LIMIT):
+            records += [(r["rewritten"], r.get("reason", "")) for r in small_all_reduces.rewrite_all(gm.graph)]
+        gm.recompile()
+        for size in (7, 13):
+            torch.manual_seed(dist.get_rank() + size)
+            x = torch.randn(size)
+            want = x * 2
+            dist.all_reduce(want, op=dist.ReduceOp.MAX)
+            torch.testing.assert_close(gm(x), want, atol=0, rtol=0)
+    return records
+
+
+def test_symbolic_sizes_are_judged_at_their_traced_value(gloo_world):
+    for records in gloo_world(2).run(symbolic_sizes):
+        assert records[0] == (True, "") and not records[1][0], records
+        assert "over config.small_all_reduce_bytes" in records[1][1], records
