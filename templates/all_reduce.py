@@ -50,6 +50,7 @@ def programs(numel: int) -> int:
 
 @triton.jit
 def _combine(acc, value, OP: tl.constexpr):
+    # (OP as in OPS: 2 is max, 3 min; sum and avg add, avg divides after)
     if OP == 2:
         return tl.maximum(acc, value)
     elif OP == 3:

@@ -13,8 +13,9 @@ about two.
 
 Taken: at most config.small_all_reduce_bytes (a symbolic size at its value when traced: a call
 over the limit at run time goes to NCCL), a float dtype and reduce op the kernel has
-(all_reduce_op.py), read through one wait, on a group of more than one rank within one host. Each all-reduce left in the graph gets a record (decisions.json's
-"small_all_reduces"), with the reason where it stays.
+(all_reduce_op.py), read through one wait, on a group of more than one rank within one host.
+Each all-reduce left in the graph gets a record (decisions.json's "small_all_reduces"), with
+the reason where it stays.
 """
 
 import torch
