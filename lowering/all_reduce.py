@@ -27,12 +27,12 @@ def allocate(inp, reduce_op, world_size, group_name):
     return torch.empty_like(inp, memory_format=torch.contiguous_format)
 
 
-_NCCL_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+NCCL_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
 def nccl(inp, reduce_op, world_size, group_name):
     out = inp.clone(memory_format=torch.contiguous_format)
-    dist.all_reduce(out, op=_NCCL_OPS[reduce_op], group=torch_compat.resolve_process_group(group_name))
+    dist.all_reduce(out, op=NCCL_OPS[reduce_op], group=torch_compat.resolve_process_group(group_name))
     return out
 
 

@@ -13,7 +13,6 @@ from tests.gpu_common import group_name, message_of_a_late_peer, poison_workspac
 NUMELS = (1, 7, 1000, ar.kernel.BLOCK * 17 + 3, 65536)
 DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 OPS = ("sum", "avg", "max", "min")
-NCCL_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
 def _input(numel, dtype, seed):
@@ -24,7 +23,7 @@ def _input(numel, dtype, seed):
 def _expected(x, op):
     """NCCL's all-reduce of the fp64 values: exact for max and min, the true sum otherwise."""
     wide = x.double()
-    dist.all_reduce(wide, op=NCCL_OPS[op])
+    dist.all_reduce(wide, op=ar.NCCL_OPS[op])
     return wide
 
 
