@@ -42,13 +42,13 @@ def one_shot(inp, reduce_op, world_size, group_name, outputs=None):
         return out
     src = inp.contiguous().view(-1)
     ws = symm.workspace(KIND, group_name, inp.device)
-    spin = config.spin_limit
-    ws.enter(kernel.flag_bytes(world_size) + world_size * src.numel() * src.element_size(), spin)
+    spin, flag_bytes = config.spin_limit, kernel.flag_bytes(world_size)
+    ws.enter(flag_bytes + world_size * src.numel() * src.element_size(), spin)
     try:
         kernel.ONE_SHOT[(kernel.programs(src.numel()),)](
             src, out.view(-1), ws.peer_data_addresses(), ws.epoch, ws.chunk_timeouts,
             src.numel(), ws.rank, world_size,
-            OP=kernel.OPS[reduce_op], FLAG_BYTES=kernel.flag_bytes(world_size), SPIN_LIMIT=spin,
+            OP=kernel.OPS[reduce_op], FLAG_BYTES=flag_bytes, SPIN_LIMIT=spin,
             BLOCK=kernel.BLOCK, num_warps=kernel.NUM_WARPS,
         )  # fmt: skip
     finally:

@@ -51,10 +51,11 @@ gather_passengers: bool = Config(default=True, env_name_default="OVERLAP_PASS_GA
 # (regions/early_all_reduces.py): one collective's host cost instead of each one's.
 merge_small_all_reduces: bool = Config(default=True, env_name_default="OVERLAP_PASS_MERGE_SMALL_ALL_REDUCES")
 
-# All-reduces of at most this many bytes (static shapes) run as overlap::all_reduce: a one-shot
-# all-reduce through symmetric memory that a per-call CUDA graph replays, or NCCL where the
-# first call's measurement finds it faster (regions/small_all_reduces.py). A small all-reduce
-# is all latency and host steps. 0: every all-reduce stays NCCL's.
+# All-reduces of at most this many bytes run as overlap::all_reduce: a one-shot all-reduce
+# through symmetric memory that a per-call CUDA graph replays, or NCCL where the first call's
+# measurement finds it faster (regions/small_all_reduces.py). A small all-reduce is all latency
+# and host steps. A symbolic size is judged at its traced value; a call over the limit at run
+# time goes to NCCL. 0: every all-reduce stays NCCL's.
 small_all_reduce_bytes: int = int(os.environ.get("OVERLAP_PASS_SMALL_ALL_REDUCE_BYTES", 256 << 10))
 
 # Raise (OverlapNotApplied) instead of warning where a compiled graph holds tensor-parallel
