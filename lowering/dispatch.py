@@ -27,6 +27,11 @@ def _rs_variants(num_inputs: int) -> dict:
     return mrs.variants(num_inputs)
 
 
+@functools.cache
+def _rs_tail_variants(num_inputs: int) -> dict:
+    return mrs.tail_variants(num_inputs)
+
+
 def _layouts(mat2s) -> list:
     # "t": a transposed [N, K] weight (a linear's), "n": row-major [K, N]
     return [[*m.shape, "t" if m.stride(0) == 1 and m.dim() == 2 else "n"] for m in mat2s]
@@ -127,6 +132,13 @@ def _rs_tensors(args, outputs):
     return (*inputs, *mat2s, bias, outputs), group_name, inputs[0].device
 
 
+def _rs_tail_tensors(args, outputs):
+    *op_args, tail_inputs, tail_mat2s = args
+    out, tail_outs = outputs
+    tensors, group_name, device = _rs_tensors(op_args, out)
+    return (*tensors, *tail_inputs, *tail_mat2s, *tail_outs), group_name, device
+
+
 def _scaled_ag_tensors(args, outputs):
     shard, shard_scale, mat2s, mat2_scales, biases, _, _, group_name, _, _, _, passengers = args
     gathered, outs, passenger_outs = outputs
@@ -148,6 +160,7 @@ def _scaled_rs_tensors(args, outputs):
 _GRAPHED_KINDS = {
     agm.KIND: (agm.allocate, agm.KIND, _ag_tensors),
     mrs.KIND: (mrs.allocate, mrs.KIND, _rs_tensors),
+    mrs.TAIL_KIND: (mrs.allocate_tail, mrs.KIND, _rs_tail_tensors),
     scaled.AG_KIND: (scaled.allocate_gather, agm.KIND, _scaled_ag_tensors),
     scaled.RS_KIND: (scaled.allocate_scatter, mrs.KIND, _scaled_rs_tensors),
     ar.KIND: (ar.allocate, ar.KIND, _ar_tensors),
@@ -256,6 +269,36 @@ def matmul_reduce_scatter(
     variants = _rs_variants(len(inputs))
     reference, dtype, device = ops.matmul_reduce_scatter_reference, inputs[0].dtype, inputs[0].device
     return _first_call(mrs.KIND, fast_key, group_name, world_size, variants, shapes, dtype, device, args, reference)
+
+
+def matmul_reduce_scatter_tail(
+    inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype, tail_inputs, tail_mat2s
+):  # fmt: skip
+    """The op with its tail matmuls (ops.py's ``.tail`` overload), chosen and replayed apart
+    from the op alone: the tail changes what each variant hides."""
+    if out_dtype == inputs[0].dtype:
+        out_dtype = None
+    fast_key = (
+        mrs.TAIL_KIND, tuple(_signature(a) for a in inputs), tuple(_signature(m) for m in mat2s),
+        _signature(bias), reduce_op, scatter_dim, world_size, group_name, out_dtype,
+        tuple(_signature(a) for a in tail_inputs), tuple(_signature(m) for m in tail_mat2s), config.implementation,
+    )  # fmt: skip
+    run = _resolved(fast_key)
+    if run is not None:
+        dim = scatter_dim % inputs[0].dim()
+        return run(inputs, mat2s, bias, reduce_op, dim, world_size, group_name, out_dtype, tail_inputs, tail_mat2s)
+    dim = ops._check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, out_dtype)
+    ops.check_tail_matmuls(tail_inputs, tail_mat2s)
+    args = (inputs, mat2s, bias, reduce_op, dim, world_size, group_name, out_dtype, tail_inputs, tail_mat2s)
+    shapes = matmul_reduce_scatter_shapes(
+        [a.shape for a in inputs], mat2s, bias is not None, reduce_op, dim, out_dtype
+    )
+    # each tail matmul's [M, N]: a weight gradient's contracts over the tokens, so the key
+    # changes with the bucket alone and a neighbour's choice still applies
+    shapes["tail"] = [[a.shape[0], m.shape[1]] for a, m in zip(tail_inputs, tail_mat2s)]
+    variants = _rs_tail_variants(len(inputs))
+    reference, dtype, device = ops.matmul_reduce_scatter_tail_reference, inputs[0].dtype, inputs[0].device
+    return _first_call(mrs.TAIL_KIND, fast_key, group_name, world_size, variants, shapes, dtype, device, args, reference)
 
 
 def _scale_kind(scale: torch.Tensor) -> str:

@@ -29,6 +29,12 @@ place (strided views, a batched matmul per chunk, or the producer's row remap), 
 holds its chunk's rows in the output's own order, so the owner's sum writes the output as it
 is, contiguous, and calls replay from per-call graphs at any batch.
 
+Tail matmuls (the op's ``.tail`` overload, regions/tail_matmuls.py): independent matmuls, a
+backward's weight gradients, queued after the partials and before the owner's sum, so that they
+run while the last partials travel; the sum, which waits for those, then finds them there. Every
+variant takes them (``tail``: (a, mat2, out) triples): NCCL's reduce-scatter runs asynchronously
+under them, the fused producer leaves its sum to the kernel after them.
+
 Partials travel in the inputs' dtype; ``out_dtype`` (fp32 for autocast's input gradients) is
 only the dtype the owner's fp32 sum is written in. Workspace data: [recv: W x rows x N |
 staging: W x rows x N], recv slot p holding rank p's partial of this rank's chunk. All take the
@@ -49,6 +55,7 @@ from . import gluon_kernels, symm, torch_compat
 from .row_layout import RowLayout, matmul_into
 
 KIND = "matmul_reduce_scatter"
+TAIL_KIND = "matmul_reduce_scatter_tail"
 
 
 def _input_rows(inputs, scatter_dim, world_size):
@@ -66,6 +73,21 @@ def allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name
     full = [*inputs[0].shape[:-1], mat2s[0].shape[1]]
     shape = ops._scattered_shape(full, scatter_dim, world_size)
     return inputs[0].new_empty(shape, dtype=out_dtype or inputs[0].dtype)
+
+
+def _tail_outputs(tail_inputs, tail_mat2s) -> list[torch.Tensor]:
+    return [a.new_empty(a.shape[0], mat2.shape[1]) for a, mat2 in zip(tail_inputs, tail_mat2s)]
+
+
+def allocate_tail(*args):
+    """The ``.tail`` overload's outputs: the op's, and each tail matmul's [M, N]."""
+    *op_args, tail_inputs, tail_mat2s = args
+    return allocate(*op_args), _tail_outputs(tail_inputs, tail_mat2s)
+
+
+def run_tail(tail) -> None:
+    for a, mat2, out in tail:
+        torch.mm(a, mat2, out=out)
 
 
 def _chunk_partial(flats, mat2s, bias, layout, chunk, out):
@@ -113,25 +135,29 @@ class Call:
 
 
 def _overlapped(
-    produce, inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None, outputs=None
+    produce, inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None, outputs=None,
+    tail=(),
 ):  # fmt: skip
     """What every symmetric-memory variant does around its own step, ``produce(call, flats,
     mat2s, bias)``, which gets every partial into its owner's slot and flags it: enter (barrier),
-    produce, the owner's reduction (into ``outputs``, from allocate, if given), leave."""
+    produce, the tail matmuls, the owner's reduction (into ``outputs``, from allocate, if
+    given), leave."""
     flats, layout = _input_rows(inputs, scatter_dim, world_size)
     call = Call(layout, mat2s[0].shape[1], flats[0].dtype, flats[0].device, group_name)
     if outputs is None:
         outputs = allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype)
-    return reduce_produced(call, lambda: produce(call, flats, mat2s, bias), reduce_op, outputs)
+    return reduce_produced(call, lambda: produce(call, flats, mat2s, bias), reduce_op, outputs, tail)
 
 
-def reduce_produced(call: Call, produce, reduce_op: str, out: torch.Tensor) -> torch.Tensor:
-    """``produce()`` (every partial into its owner's slot, flagged), then the owner's reduction
-    into ``out`` unless ``produce()`` returned True (its kernel summed the own chunk itself,
-    Call.own_reduction), then leave (also when a launch fails)."""
+def reduce_produced(call: Call, produce, reduce_op: str, out: torch.Tensor, tail=()) -> torch.Tensor:
+    """``produce()`` (every partial into its owner's slot, flagged), the tail matmuls, then the
+    owner's reduction into ``out`` unless ``produce()`` returned True (its kernel summed the own
+    chunk itself, Call.own_reduction), then leave (also when a launch fails)."""
     call.out, call.scale = out.view(call.rows, call.n), 1.0 / call.world if reduce_op == "avg" else 1.0
     try:
-        if not produce():
+        reduced = produce()
+        run_tail(tail)
+        if not reduced:
             call.reduce()
     finally:  # joined even when a launch fails: the next call must not overtake the pushes
         call.ws.leave()
@@ -193,23 +219,23 @@ def _produce_cublas_push(call, flats, mat2s, bias):
             call.ws.signal_peer(chunk)  # stream order: after the matmul's stores
 
 
-def fused(inputs, *args, gemm_config=None, outputs=None, reduce_in_epilogue=True):
+def fused(inputs, *args, gemm_config=None, outputs=None, reduce_in_epilogue=True, tail=()):
     """``reduce_in_epilogue=False``: the owner's sum as a kernel after the producer (the other
-    variants' way; benchmarks time the two side by side)."""
+    variants' way; benchmarks time the two side by side), as it is under tail matmuls."""
     if len(inputs) != 1:  # before the barrier: every rank refuses alike, nobody waits
         raise NotImplementedError("the fused producer takes one matmul (use a cuBLAS variant for sums)")
     produce = functools.partial(
-        produce_fused, gemm_config=gemm_config or gemm.CONFIGS[0], reduce_in_epilogue=reduce_in_epilogue
+        produce_fused, gemm_config=gemm_config or gemm.CONFIGS[0], reduce_in_epilogue=reduce_in_epilogue and not tail
     )
-    return _overlapped(produce, inputs, *args, outputs=outputs)
+    return _overlapped(produce, inputs, *args, outputs=outputs, tail=tail)
 
 
-def copy_engine_cublas(*args, outputs=None):
-    return _overlapped(_produce_copy_engine, *args, outputs=outputs)
+def copy_engine_cublas(*args, outputs=None, tail=()):
+    return _overlapped(_produce_copy_engine, *args, outputs=outputs, tail=tail)
 
 
-def cublas_push(*args, outputs=None):
-    return _overlapped(_produce_cublas_push, *args, outputs=outputs)
+def cublas_push(*args, outputs=None, tail=()):
+    return _overlapped(_produce_cublas_push, *args, outputs=outputs, tail=tail)
 
 
 def _joined(inputs, mat2s) -> tuple[list, list]:
@@ -219,18 +245,18 @@ def _joined(inputs, mat2s) -> tuple[list, list]:
     return [torch.cat(inputs, dim=-1)], [torch.cat(mat2s, dim=0)]
 
 
-def joined_copy_engine_cublas(inputs, mat2s, *args, outputs=None):
+def joined_copy_engine_cublas(inputs, mat2s, *args, outputs=None, tail=()):
     """copy_engine_cublas over the joined matmul."""
-    return _overlapped(_produce_copy_engine, *_joined(inputs, mat2s), *args, outputs=outputs)
+    return _overlapped(_produce_copy_engine, *_joined(inputs, mat2s), *args, outputs=outputs, tail=tail)
 
 
-def joined_fused(inputs, mat2s, *args, gemm_config, outputs=None):
+def joined_fused(inputs, mat2s, *args, gemm_config, outputs=None, tail=()):
     """The fused producer over the joined matmul: a sum's tiles hidden behind the GEMM as one
     matmul's are, for the copies' cost (the inputs' bytes and the weights')."""
-    return fused(*_joined(inputs, mat2s), *args, gemm_config=gemm_config, outputs=outputs)
+    return fused(*_joined(inputs, mat2s), *args, gemm_config=gemm_config, outputs=outputs, tail=tail)
 
 
-def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None):
+def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None, tail=()):
     flats, layout = _input_rows(inputs, scatter_dim, world_size)
     n = mat2s[0].shape[1]
     whole = RowLayout(1, 1, flats[0].shape[0])  # every row as one chunk
@@ -242,7 +268,11 @@ def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_n
         full = full.view(layout.outer, world_size, layout.inner, n).transpose(0, 1).contiguous()
     out = allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, full.dtype)
     op = dist.ReduceOp.AVG if reduce_op == "avg" else dist.ReduceOp.SUM
-    dist.reduce_scatter_tensor(out, full, op=op, group=torch_compat.resolve_process_group(group_name))
+    group = torch_compat.resolve_process_group(group_name)
+    work = dist.reduce_scatter_tensor(out, full, op=op, group=group, async_op=bool(tail))
+    if tail:  # under NCCL's kernel, on its stream
+        run_tail(tail)
+        work.wait()
     return out
 
 
@@ -259,3 +289,19 @@ def variants(num_inputs: int = 1) -> dict:
     table["cublas_push"] = cublas_push
     table["nccl_cublas"] = nccl_cublas
     return table
+
+
+def tail_variants(num_inputs: int = 1) -> dict:
+    """The ``.tail`` overload's variants: each of ``variants``, taking the tail matmuls' operands
+    after the op's arguments and returning (out, tail outputs)."""
+    return {name: functools.partial(_with_tail, v) for name, v in variants(num_inputs).items()}
+
+
+def _with_tail(variant, *args, outputs=None):
+    """``outputs``: allocate_tail's, for a replayed call (the baseline, never replayed, makes
+    its own)."""
+    *op_args, tail_inputs, tail_mat2s = args
+    out, tail_outs = outputs or (None, _tail_outputs(tail_inputs, tail_mat2s))
+    tail = list(zip(tail_inputs, tail_mat2s, tail_outs))
+    given = {} if out is None else {"outputs": out}
+    return variant(*op_args, tail=tail, **given), tail_outs

@@ -46,6 +46,11 @@ fold_rowwise_float8: bool = Config(default=True, env_name_default="OVERLAP_PASS_
 # own (passengers.py).
 gather_passengers: bool = Config(default=True, env_name_default="OVERLAP_PASS_GATHER_PASSENGERS")
 
+# Matmuls that read nothing of a reduce-scatter op's result and that it does not read (a
+# backward's weight gradients) run inside the op, after its partials and before its sum, while
+# the last partials travel (regions/tail_matmuls.py): the op's exposed end, hidden.
+tail_matmuls: bool = Config(default=True, env_name_default="OVERLAP_PASS_TAIL_MATMULS")
+
 # Small all-reduces that the graph's inputs alone determine (float8's amaxes of weights and of
 # the block's input) run as one collective per reduce op and dtype, at the first one's place
 # (regions/early_all_reduces.py): one collective's host cost instead of each one's.

@@ -22,7 +22,7 @@ from .debug import describe_node, log
 from .fusion import decide, patterns, rewrite
 from .fusion.patterns import AllGatherMatmulMatch, Candidate
 from .normalize import casts, float8, permutes, waits
-from .regions import all_reduce_split, early_all_reduces, passengers, small_all_reduces
+from .regions import all_reduce_split, early_all_reduces, passengers, small_all_reduces, tail_matmuls
 
 
 class OverlapPass(CustomGraphPass):
@@ -162,6 +162,8 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
         _rewrite_all(graph, decisions)
         rider_records, hosts = _attach_passengers(graph, [c.collective for c in candidates if c.kind == patterns.ALL_GATHER_MATMUL])
         _name_hosts(decisions, hosts)
+        if config.tail_matmuls:
+            _take_tail_matmuls(graph, decisions)
     if folded:
         _unfold_rowwise_epilogues(graph)
     merged = _merge_small_all_reduces(graph) if config.merge_small_all_reduces else []
@@ -271,6 +273,24 @@ def _name_hosts(decisions: list[tuple[Candidate, dict]], hosts: dict) -> None:
             continue
         record.update(op=op.name, passengers=len(op.args[passengers.HOSTS[op.target].passengers]))
         if (record["implementation"] or "").startswith("auto"):
+            record["implementation"] = decide.FIRST_CALL
+
+
+def _take_tail_matmuls(graph: Graph, decisions: list[tuple[Candidate, dict]]) -> None:
+    """tail_matmuls.py's rewrite; each op's record names the op it became and the matmuls in
+    its tail (counted as tail_matmuls_taken). A cached choice is not the one that runs: the
+    tail is in the key of the op's calls, so it is measured at its first call. Should it fail,
+    the graph is restored as it was after the fused rewrites."""
+    taken = {}
+    if not _edited_or_restored(graph, "taking tail matmuls", lambda: taken.update(tail_matmuls.take_all(graph))):
+        return
+    for _, record in decisions:
+        found = taken.get(record.get("op"))
+        if found is None:
+            continue
+        record.update(op=found["op"], tail_matmuls=found["tail_matmuls"])
+        counters["overlap_pass"]["tail_matmuls_taken"] += len(found["tail_matmuls"])
+        if (record["implementation"] or "").startswith("auto") and record["implementation"] != decide.PER_SHAPE:
             record["implementation"] = decide.FIRST_CALL
 
 

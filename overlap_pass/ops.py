@@ -11,6 +11,9 @@ reference decomposition.
     matmul_reduce_scatter:  out = reduce_scatter(sum_i inputs[i] @ mat2s[i] + bias, scatter_dim)
                             each rank's partial (the sum) in the inputs' dtype, the reduction over
                             ranks in fp32, ``out`` in ``out_dtype`` (default: the inputs' dtype)
+    matmul_reduce_scatter.tail: the same, and tail[j] = tail_inputs[j] @ tail_mat2s[j], 2-D
+                            matmuls that read nothing of ``out`` (weight gradients of the
+                            backward, regions/tail_matmuls.py), run while the partials travel
 
 Matmuls contract the last dim of A (or inputs[i]) with dim 0 of mat2 ([K, N]); the gathered or
 scattered dim is any other dim. The contractions are a column-parallel linear's weight gradient
@@ -46,6 +49,11 @@ _SCHEMAS = {
     "matmul_reduce_scatter": (
         "(Tensor[] inputs, Tensor[] mat2s, Tensor? bias, str reduce_op, "
         "int scatter_dim, int world_size, str group_name, ScalarType? out_dtype=None) -> Tensor"
+    ),
+    "matmul_reduce_scatter.tail": (
+        "(Tensor[] inputs, Tensor[] mat2s, Tensor? bias, str reduce_op, int scatter_dim, "
+        "int world_size, str group_name, ScalarType? out_dtype, Tensor[] tail_inputs, "
+        "Tensor[] tail_mat2s) -> (Tensor, Tensor[])"
     ),
 }
 
@@ -164,6 +172,15 @@ def _check_matmul_reduce_scatter(
     return dim
 
 
+def check_tail_matmuls(tail_inputs, tail_mat2s) -> None:
+    torch._check(len(tail_inputs) == len(tail_mat2s), lambda: "one tail mat2 per tail input")
+    for a, mat2 in zip(tail_inputs, tail_mat2s):
+        torch._check(
+            a.dim() == 2 and mat2.dim() == 2 and a.shape[1] == mat2.shape[0] and a.dtype == mat2.dtype,
+            lambda: f"a tail matmul is 2-D, got {list(a.shape)} {a.dtype} @ {list(mat2.shape)} {mat2.dtype}",
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # Fake kernels
 
@@ -196,6 +213,13 @@ def _matmul_reduce_scatter_fake(
     return inputs[0].new_empty(
         _scattered_shape(full, dim, world_size), dtype=out_dtype or inputs[0].dtype
     )
+
+
+def _matmul_reduce_scatter_tail_fake(*args):
+    *op_args, tail_inputs, tail_mat2s = args
+    check_tail_matmuls(tail_inputs, tail_mat2s)
+    tail = [a.new_empty(a.shape[0], mat2.shape[1]) for a, mat2 in zip(tail_inputs, tail_mat2s)]
+    return _matmul_reduce_scatter_fake(*op_args), tail
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,12 +374,22 @@ def matmul_reduce_scatter_reference(
     return reduce_scatter_partials(group, partial, reduce_op, out_dtype)
 
 
+def matmul_reduce_scatter_tail_reference(*args):
+    """The op, then its tail matmuls (on one stream, the order is all one could see)."""
+    *op_args, tail_inputs, tail_mat2s = args
+    check_tail_matmuls(tail_inputs, tail_mat2s)
+    out = matmul_reduce_scatter_reference(*op_args)
+    return out, [torch.mm(a, mat2) for a, mat2 in zip(tail_inputs, tail_mat2s)]
+
+
 def is_registered(name: str) -> bool:
+    """``name``: an op ("all_reduce") or an overload ("matmul_reduce_scatter.tail")."""
+    op_name, _, overload = name.partition(".")
     try:
-        getattr(torch.ops.overlap, name)
+        packet = getattr(torch.ops.overlap, op_name)
     except (AttributeError, RuntimeError):
         return False
-    return True
+    return not overload or overload in packet.overloads()
 
 
 def register(schemas: dict[str, str], kernels: dict) -> None:
@@ -377,7 +411,7 @@ def _cuda_kernel(name: str, *args, **kwargs):
     """CUDA tensors: the variant lowering/choose.py picks (the lowering loads on first use)."""
     from overlap_pass.lowering import dispatch
 
-    return getattr(dispatch, name)(*args, **kwargs)
+    return getattr(dispatch, name.replace(".", "_"))(*args, **kwargs)
 
 
 register(
@@ -385,5 +419,6 @@ register(
     {
         "all_gather_matmul": (_all_gather_matmul_fake, all_gather_matmul_reference),
         "matmul_reduce_scatter": (_matmul_reduce_scatter_fake, matmul_reduce_scatter_reference),
+        "matmul_reduce_scatter.tail": (_matmul_reduce_scatter_tail_fake, matmul_reduce_scatter_tail_reference),
     },
 )

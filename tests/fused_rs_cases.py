@@ -3,6 +3,8 @@ runs on every rank of an NCCL RankPool. Outputs are checked against an fp32 refe
 rank's inputs regenerated from their seeds, summed locally), on fresh random inputs, with the
 workspace poisoned with NaN before."""
 
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -219,3 +221,75 @@ def late_peer_is_named(seed=0) -> str:
         mrs.KIND, 2 * world * rows * n * inputs[0].element_size(),
         lambda group_name: mrs.copy_engine_cublas(inputs, mat2s, b, reduce_op, scatter_dim, world, group_name),
     )  # fmt: skip
+
+
+def _tail_problem(seed):
+    """Two tail matmuls of a weight gradient's form ([M, tokens] @ [tokens, N]), odd sizes, and
+    their torch.mm results (the bits the tail must give: the same cuBLAS call)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed * 7919 + dist.get_rank())
+    shapes = [(96, 520, 72), (33, 257, 130)]
+    inputs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen) for m, k, _ in shapes]
+    mat2s = [torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=gen) / k**0.5 for _, k, n in shapes]
+    return inputs, mat2s, [torch.mm(a, m) for a, m in zip(inputs, mat2s)]
+
+
+def tail_matmuls_match(seed=0) -> int:
+    """The ``.tail`` overload: each variant on outputs poisoned with NaN (the baseline makes its
+    own), then through the op (auto and forced), on a plain, a summed and a batch-4 shape: the
+    reduce-scatter matches the reference, each tail matmul gives torch.mm's bits."""
+    world, checked = dist.get_world_size(), 0
+    for index in (0, 4, 8):
+        ref = _reference(index, torch.bfloat16, seed + index)
+        inputs, mat2s, b, reduce_op, scatter_dim = _problem(index, torch.bfloat16, seed + index)
+        tail_inputs, tail_mat2s, want = _tail_problem(seed + index)
+        args = (inputs, mat2s, b, reduce_op, scatter_dim, world, group_name(), None, tail_inputs, tail_mat2s)
+        calls = dict(mrs.tail_variants(len(inputs)))
+        for implementation in ("auto", "copy_engine_cublas", "nccl_cublas"):
+            calls[f"op ({implementation})"] = functools.partial(_tail_op, implementation)
+        for name, variant in calls.items():
+            poison_workspace()
+            if name.startswith("op") or name == "nccl_cublas":
+                out, tail = variant(*args)
+            else:
+                outputs = mrs.allocate_tail(*args)
+                for t in (outputs[0], *outputs[1]):
+                    t.fill_(float("nan"))
+                out, tail = variant(*args, outputs=outputs)
+            _check(f"{name} with a tail", out, ref, torch.bfloat16)
+            for j, (got, expected) in enumerate(zip(tail, want)):
+                assert torch.equal(got, expected), f"{name}: tail matmul {j} differs from torch.mm on rank {dist.get_rank()}"
+            checked += 1
+    symm.check_all_timeouts()
+    return checked
+
+
+def _tail_op(implementation, *args):
+    with config.patch(implementation=implementation):
+        return torch.ops.overlap.matmul_reduce_scatter.tail(*args)
+
+
+def tail_calls_replay(calls: int, seed=0) -> int:
+    """The ``.tail`` overload through calls_that_replay (per-call graphs, new values each call,
+    rank 0 eager): the reduce-scatter and both tail matmuls checked every call."""
+    world = dist.get_world_size()
+    index = 4  # a sum of two matmuls, as a backward's input gradient
+    count = len(SHAPES[index][2])
+
+    def problem(s):
+        inputs, mat2s, b, _, _ = _problem(index, torch.bfloat16, seed + s)
+        tail_inputs, tail_mat2s, _ = _tail_problem(seed + s)
+        return [*inputs, *mat2s, b, *tail_inputs, *tail_mat2s]
+
+    def run(tensors):
+        inputs, mat2s, b = tensors[:count], tensors[count : 2 * count], tensors[2 * count]
+        tail_inputs, tail_mat2s = tensors[2 * count + 1 : 2 * count + 3], tensors[2 * count + 3 :]
+        _, _, _, reduce_op, scatter_dim = _problem(index, torch.bfloat16, 0)
+        out, tail = torch.ops.overlap.matmul_reduce_scatter.tail(
+            inputs, mat2s, b, reduce_op, scatter_dim, world, group_name(), None, tail_inputs, tail_mat2s
+        )
+        return [out, *tail]
+
+    def reference(s):
+        return [_reference(index, torch.bfloat16, seed + s), *_tail_problem(seed + s)[2]]
+
+    return calls_that_replay(calls, ("fused", "copy_engine_cublas", "cublas_push"), problem, run, reference)

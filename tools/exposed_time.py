@@ -308,7 +308,7 @@ def main() -> None:
     import torch.distributed._symmetric_memory as symm_mem
     from torch.distributed.device_mesh import init_device_mesh
 
-    from tools.bench_model import SIZES, _compile, _model
+    from tools.bench_model import SIZES, _compile, _config_of, _model
 
     torch._dynamo.config.recompile_limit = 64
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -331,12 +331,13 @@ def main() -> None:
         model = model.to(device=device, dtype=torch.bfloat16)
         model = _compile(model, compiler)
 
-        def step(mark, model=model):
+        def step(mark, model=model, compiler=compiler):
             inp = x.detach().requires_grad_()
-            with mark("forward"):
-                out = model(inp)
-            with mark("backward"):
-                out.backward(grad)
+            with _config_of(compiler):  # (bench_model's compilers with a config knob changed)
+                with mark("forward"):
+                    out = model(inp)
+                with mark("backward"):
+                    out.backward(grad)
             for p in model.parameters():
                 p.grad = None
 

@@ -62,7 +62,8 @@ def time_interleaved(runners: dict, device, rounds: int, calls: int, warmup: int
 
 
 OVERLAP_OPS = (
-    "all_gather_matmul", "matmul_reduce_scatter", "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter", "all_reduce",
+    "all_gather_matmul", "matmul_reduce_scatter", "matmul_reduce_scatter_tail", "all_gather_scaled_matmul",
+    "scaled_matmul_reduce_scatter", "all_reduce",
 )  # fmt: skip
 
 

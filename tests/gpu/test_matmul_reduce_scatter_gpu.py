@@ -52,3 +52,13 @@ def test_a_late_peer_is_named(pool):
     others = [r for r in range(pool.world_size) if r != 1]
     assert f"rank 1 gave up waiting at the barrier for ranks {others}" in messages[1], messages[1]
     assert f"for the partials of ranks {others}" in messages[1], messages[1]
+
+
+def test_tail_matmuls_run_in_every_variant(pool):
+    expected = sum(len(cases._variants(i)) + 3 for i in (0, 4, 8))
+    assert pool.run(cases.tail_matmuls_match) == [expected] * pool.world_size
+
+
+def test_tail_calls_replay_per_call_graphs(pool):
+    captured = pool.run(cases.tail_calls_replay, 12)
+    assert captured[0] == 0 and all(c >= 3 for c in captured[1:]), captured

@@ -1,0 +1,106 @@
+"""Independent matmuls run in a reduce-scatter op's tail (regions/tail_matmuls.py), on real gloo
+ranks. On a traced graph: a matmul that reads nothing of the op and that the op does not read is
+taken (its readers now read the op's output), one computed from the op's result, one the op reads
+and one over the op's FLOPs are not; the graph computes what it did before. Through torch.compile,
+the sequence-parallel block's backward runs the weight gradients of Q, K, V and of gate and up in
+the tails of their input gradients' reduce-scatters and matches eager; config.tail_matmuls off
+leaves them as they were."""
+
+import glob
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch._dynamo.utils import counters
+from torch.distributed.device_mesh import init_device_mesh
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from overlap_pass import config
+from overlap_pass.regions import tail_matmuls
+from tools.tp_models import TransformerBlock, parallelize_block
+
+MM = torch.ops.aten.mm.default
+
+
+def region(x, w, a, b, big, group):
+    world = dist.get_world_size()
+    fed = torch.mm(x, w)  # the op reads it: stays
+    out = torch.ops.overlap.matmul_reduce_scatter([fed], [w.t()], None, "sum", 0, world, group)
+    free = torch.mm(a, b)  # independent, small: taken
+    later = torch.mm(out, w)  # reads the op's result: stays
+    huge = torch.mm(big, big)  # independent, over the op's FLOPs: stays
+    return out, free.relu(), later, huge
+
+
+def traced() -> dict:
+    group, world = dist.group.WORLD.group_name, dist.get_world_size()
+    torch.manual_seed(dist.get_rank())
+    inputs = [torch.randn(8 * world, 12), torch.randn(12, 12), torch.randn(6, 8 * world), torch.randn(8 * world, 5), torch.randn(64, 64)]
+    gm = make_fx(lambda *args: region(*args, group), tracing_mode="fake")(*inputs)
+    expected = gm(*inputs)
+    found = tail_matmuls.take_all(gm.graph)
+    gm.graph.lint()
+    gm.recompile()
+    got = gm(*inputs)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+    tails = gm.graph.find_nodes(op="call_function", target=tail_matmuls.TAIL_OP)
+    return {
+        "taken": [[m["shape"] for m in r["tail_matmuls"]] for r in found.values()],
+        "tail ops": len(tails),
+        "plain ops": len(gm.graph.find_nodes(op="call_function", target=tail_matmuls.OP)),
+        "matmuls left": sorted(tuple(n.meta["val"].shape) for n in gm.graph.find_nodes(op="call_function", target=MM)),
+    }
+
+
+def test_only_independent_matmuls_within_the_budget_are_taken(gloo_world):
+    for result in gloo_world(2).run(traced):
+        assert result["taken"] == [[[6, 5]]], result
+        assert result["tail ops"] == 1 and result["plain ops"] == 0, result
+        # the one the op reads, the one reading its result, the one over its FLOPs
+        assert result["matmuls left"] == [(8, 12), (16, 12), (64, 64)], result
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def compiled_block(enabled: bool, folder: str) -> dict:
+    """The SP block (DTensor), forward and backward, under backend="overlap" and eagerly."""
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    block = parallelize_block(TransformerBlock(dim=64, heads=4, hidden=96, kv_heads=2), mesh)
+    torch.manual_seed(1 + dist.get_rank())
+    x = torch.randn(2, 6, 64)
+    grads = []
+    counters["overlap_pass"].clear()
+    torch._dynamo.reset()
+    patches = config.patch(tail_matmuls=enabled, debug_dir=os.path.join(folder, str(enabled)))
+    for model in (torch.compile(block, backend="overlap"), block):
+        inp = x.clone().requires_grad_()
+        with patches:
+            out = model(inp)
+            out.backward(torch.ones_like(out))
+        grads.append([out.detach(), inp.grad] + [_local(p.grad).clone() for p in block.parameters()])
+        for p in block.parameters():
+            p.grad = None
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    backward = glob.glob(os.path.join(folder, str(enabled), f"rank{dist.get_rank()}", "*backward*", "decisions.json"))
+    records = json.load(open(backward[0]))["candidates"]
+    tails = [sorted(m["shape"][0] for m in r.get("tail_matmuls", [])) for r in records if r["kind"] == "matmul_reduce_scatter"]
+    return {"taken": counters["overlap_pass"]["tail_matmuls_taken"], "tails": sorted(tails)}
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_block_backward_takes_its_weight_gradients(gloo_world, tmp_path, enabled):
+    for result in gloo_world(2).run(compiled_block, enabled, str(tmp_path)):
+        if enabled:
+            # Q, K and V's weight gradients in their input gradient's reduce-scatter (rows: each
+            # rank's columns), gate's and up's in theirs
+            assert result == {"taken": 5, "tails": [[16, 16, 32], [48, 48]]}, result
+        else:
+            assert result == {"taken": 0, "tails": [[], []]}, result
