@@ -11,9 +11,10 @@ travel (lowering/matmul_reduce_scatter.py):
     g = aten.mm(a, b)          # independent        ->                     .tail(..., [a], [b])
 
 Taken: 2-D aten.mm nodes that are neither an input of the op (transitively) nor computed from
-its result, whose operands exist before the op in graph order; nearest the op first, while
-their FLOPs stay within the op's own (its tail needs far less; more would only keep its result
-waiting), each in one op. What read a taken matmul now reads the op's output for it (and comes
+its result, whose operands exist before the op in graph order, and that sit between the overlap
+ops either side of it (a whole model's backward: the same layer's, so no activation of another
+layer is kept alive longer); nearest the op first, while their FLOPs stay within the op's own
+(its tail needs far less; more would only keep its result waiting), each in one op. What read a taken matmul now reads the op's output for it (and comes
 after the op). float8 ops keep their tails: their weight gradients are scaled matmuls.
 """
 
@@ -52,14 +53,18 @@ def _closure(start: Node, step) -> set[Node]:
     return seen
 
 
-def _tail_for(op: Node, free: list[Node], order: dict[Node, int]) -> list[Node]:
-    """The matmuls of ``free`` that ``op`` takes (module docstring), nearest first."""
+def _tail_for(op: Node, free: list[Node], order: dict[Node, int], overlap_ops: list[int]) -> list[Node]:
+    """The matmuls of ``free`` that ``op`` takes (module docstring), nearest first;
+    ``overlap_ops``: the graph positions of every overlap op, sorted."""
     inputs, mat2s = op.args[0], op.args[1]
     budget = _flops([_shape(a) for a in inputs], [_shape(m) for m in mat2s])
     tied = _closure(op, lambda n: n.all_input_nodes) | _closure(op, lambda n: n.users)
+    here = order[op]
+    after = max((p for p in overlap_ops if p < here), default=-1)
+    before = min((p for p in overlap_ops if p > here), default=len(order))
     taken, spent = [], 0
-    for mm in sorted(free, key=lambda n: abs(order[n] - order[op])):
-        if mm in tied or any(order[a] > order[op] for a in mm.all_input_nodes):
+    for mm in sorted(free, key=lambda n: abs(order[n] - here)):
+        if not after < order[mm] < before or mm in tied or any(order[a] > here for a in mm.all_input_nodes):
             continue
         cost = _flops([_shape(mm.args[0])], [_shape(mm.args[1])])
         if spent + cost > budget:
@@ -67,6 +72,10 @@ def _tail_for(op: Node, free: list[Node], order: dict[Node, int]) -> list[Node]:
         taken.append(mm)
         spent += cost
     return sorted(taken, key=order.get)
+
+
+def _is_overlap_op(node: Node) -> bool:
+    return node.op == "call_function" and getattr(node.target, "namespace", None) == "overlap"
 
 
 def _is_plain_mm(node: Node) -> bool:
@@ -80,7 +89,9 @@ def take_all(graph: Graph) -> dict[str, dict]:
     results = {}
     for op in list(graph.find_nodes(op="call_function", target=OP)):
         free = [n for n in graph.find_nodes(op="call_function", target=MM) if _is_plain_mm(n)]
-        taken = _tail_for(op, free, graph_order(graph))
+        order = graph_order(graph)
+        overlap_ops = sorted(order[n] for n in graph.nodes if _is_overlap_op(n))
+        taken = _tail_for(op, free, order, overlap_ops)
         if taken:
             results[op.name] = {"op": _replace(graph, op, taken).name, "tail_matmuls": [describe_node(mm) for mm in taken]}
             stable_topological_sort(graph)  # a taken matmul's readers that sat before the op move after it

@@ -1,7 +1,8 @@
 """Independent matmuls run in a reduce-scatter op's tail (regions/tail_matmuls.py), on real gloo
-ranks. On a traced graph: a matmul that reads nothing of the op and that the op does not read is
-taken (its readers now read the op's output), one computed from the op's result, one the op reads
-and one over the op's FLOPs are not; the graph computes what it did before. Through torch.compile,
+ranks. On a traced graph of two ops: a matmul that reads nothing of an op and that the op does not
+read is taken (its readers now read the op's output); one computed from the op's result, one the
+op reads, one over the op's FLOPs and one beyond the previous op are not; the graph computes what
+it did before. Through torch.compile,
 the sequence-parallel block's backward runs the weight gradients of Q, K, V and of gate and up in
 the tails of their input gradients' reduce-scatters and matches eager; config.tail_matmuls off
 leaves them as they were."""
@@ -24,20 +25,23 @@ from tools.tp_models import TransformerBlock, parallelize_block
 MM = torch.ops.aten.mm.default
 
 
-def region(x, w, a, b, big, group):
+def region(x, w, a, b, big, y, w2, group):
     world = dist.get_world_size()
-    fed = torch.mm(x, w)  # the op reads it: stays
+    early = torch.mm(big, big)  # over the first op's FLOPs, outside the second's window: stays
+    fed = torch.mm(x, w)  # the first op reads it: stays
     out = torch.ops.overlap.matmul_reduce_scatter([fed], [w.t()], None, "sum", 0, world, group)
-    free = torch.mm(a, b)  # independent, small: taken
-    later = torch.mm(out, w)  # reads the op's result: stays
-    huge = torch.mm(big, big)  # independent, over the op's FLOPs: stays
-    return out, free.relu(), later, huge
+    free = torch.mm(a, b)  # independent, small: in the first op's tail
+    later = torch.mm(out, w)  # reads the first op's result: in the second's tail
+    out2 = torch.ops.overlap.matmul_reduce_scatter([y], [w2], None, "sum", 0, world, group)
+    huge = torch.mm(big, big)  # within the second op's FLOPs: in its tail
+    return early, out, free.relu(), later, out2, huge
 
 
 def traced() -> dict:
     group, world = dist.group.WORLD.group_name, dist.get_world_size()
     torch.manual_seed(dist.get_rank())
-    inputs = [torch.randn(8 * world, 12), torch.randn(12, 12), torch.randn(6, 8 * world), torch.randn(8 * world, 5), torch.randn(64, 64)]
+    shapes = [(8 * world, 12), (12, 12), (6, 8 * world), (8 * world, 5), (64, 64), (8 * world, 512), (512, 64)]
+    inputs = [torch.randn(shape) for shape in shapes]
     gm = make_fx(lambda *args: region(*args, group), tracing_mode="fake")(*inputs)
     expected = gm(*inputs)
     found = tail_matmuls.take_all(gm.graph)
@@ -55,12 +59,11 @@ def traced() -> dict:
     }
 
 
-def test_only_independent_matmuls_within_the_budget_are_taken(gloo_world):
+def test_only_independent_matmuls_near_the_op_within_its_flops_are_taken(gloo_world):
     for result in gloo_world(2).run(traced):
-        assert result["taken"] == [[[6, 5]]], result
-        assert result["tail ops"] == 1 and result["plain ops"] == 0, result
-        # the one the op reads, the one reading its result, the one over its FLOPs
-        assert result["matmuls left"] == [(8, 12), (16, 12), (64, 64)], result
+        assert result["taken"] == [[[6, 5]], [[8, 12], [64, 64]]], result
+        assert result["tail ops"] == 2 and result["plain ops"] == 0, result
+        assert result["matmuls left"] == [(16, 12), (64, 64)], result  # fed, early
 
 
 def _local(t):
