@@ -57,7 +57,7 @@ def _tail_for(op: Node, free: list[Node], order: dict[Node, int], overlap_ops: l
     """The matmuls of ``free`` that ``op`` takes (module docstring), nearest first;
     ``overlap_ops``: the graph positions of every overlap op, sorted."""
     inputs, mat2s = op.args[0], op.args[1]
-    budget = _flops([_shape(a) for a in inputs], [_shape(m) for m in mat2s])
+    most = _flops([_shape(a) for a in inputs], [_shape(m) for m in mat2s])
     tied = _closure(op, lambda n: n.all_input_nodes) | _closure(op, lambda n: n.users)
     here = order[op]
     after = max((p for p in overlap_ops if p < here), default=-1)
@@ -67,7 +67,7 @@ def _tail_for(op: Node, free: list[Node], order: dict[Node, int], overlap_ops: l
         if not after < order[mm] < before or mm in tied or any(order[a] > here for a in mm.all_input_nodes):
             continue
         cost = _flops([_shape(mm.args[0])], [_shape(mm.args[1])])
-        if spent + cost > budget:
+        if spent + cost > most:
             continue
         taken.append(mm)
         spent += cost
