@@ -22,6 +22,10 @@ torchrun --nproc-per-node 2 -m tools.host_cost --implementation fused --out "$OU
 torchrun --nproc-per-node 2 -m tools.exposed_time --per-collective --out "$OUT/exposed_block8b_w2.json"
 if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
     torchrun --nproc-per-node 4 -m tools.bench_step --tp 4 --out "$OUT/step_tp4_w4.json"
+    for compiler in inductor overlap; do
+        OVERLAP_PASS_CHOICE_CACHE=$(mktemp -d)/choices.json torchrun --nproc-per-node 4 -m tools.bench_step \
+            --tp 4 --compilers "$compiler" --rounds 0 --out "$OUT/memory_tp4_w4_$compiler.json"
+    done
     # (this row was timed with --settle 0: each round's first two overlap steps included)
     torchrun --nproc-per-node 4 -m tools.bench_step --tp 2 --settle 0 --out "$OUT/step_dp2_tp2_w4.json"
     torchrun --nproc-per-node 4 -m tools.exposed_time --per-collective --out "$OUT/exposed_block8b_w4.json"
