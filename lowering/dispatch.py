@@ -133,10 +133,10 @@ def _rs_tensors(args, outputs):
 
 
 def _rs_tail_tensors(args, outputs):
-    *op_args, tail_inputs, tail_mat2s = args
+    *op_args, _, tail_with = args
     out, tail_outs = outputs
     tensors, group_name, device = _rs_tensors(op_args, out)
-    return (*tensors, *tail_inputs, *tail_mat2s, *tail_outs), group_name, device
+    return (*tensors, *tail_with, *tail_outs), group_name, device
 
 
 def _scaled_ag_tensors(args, outputs):
@@ -272,7 +272,7 @@ def matmul_reduce_scatter(
 
 
 def matmul_reduce_scatter_tail(
-    inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype, tail_inputs, tail_mat2s
+    inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype, tail_of, tail_with
 ):  # fmt: skip
     """The op with its tail matmuls (ops.py's ``.tail`` overload), chosen and replayed apart
     from the op alone: the tail changes what each variant hides."""
@@ -281,21 +281,21 @@ def matmul_reduce_scatter_tail(
     fast_key = (
         mrs.TAIL_KIND, tuple(_signature(a) for a in inputs), tuple(_signature(m) for m in mat2s),
         _signature(bias), reduce_op, scatter_dim, world_size, group_name, out_dtype,
-        tuple(_signature(a) for a in tail_inputs), tuple(_signature(m) for m in tail_mat2s), config.implementation,
+        tuple(tail_of), tuple(_signature(w) for w in tail_with), config.implementation,
     )  # fmt: skip
     run = _resolved(fast_key)
     if run is not None:
         dim = scatter_dim % inputs[0].dim()
-        return run(inputs, mat2s, bias, reduce_op, dim, world_size, group_name, out_dtype, tail_inputs, tail_mat2s)
+        return run(inputs, mat2s, bias, reduce_op, dim, world_size, group_name, out_dtype, tail_of, tail_with)
     dim = ops._check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, out_dtype)
-    ops.check_tail_matmuls(tail_inputs, tail_mat2s)
-    args = (inputs, mat2s, bias, reduce_op, dim, world_size, group_name, out_dtype, tail_inputs, tail_mat2s)
+    ops.check_tail_matmuls(inputs, tail_of, tail_with)
+    args = (inputs, mat2s, bias, reduce_op, dim, world_size, group_name, out_dtype, tail_of, tail_with)
     shapes = matmul_reduce_scatter_shapes(
         [a.shape for a in inputs], mat2s, bias is not None, reduce_op, dim, out_dtype
     )
-    # each tail matmul's [M, N]: a weight gradient's contracts over the tokens, so the key
-    # changes with the bucket alone and a neighbour's choice still applies
-    shapes["tail"] = [[a.shape[0], m.shape[1]] for a, m in zip(tail_inputs, tail_mat2s)]
+    # each tail matmul's input and columns: it contracts over the tokens, so the key changes
+    # with the bucket alone and a neighbour's choice still applies
+    shapes["tail"] = [[i, w.shape[-1]] for i, w in zip(tail_of, tail_with)]
     variants = _rs_tail_variants(len(inputs))
     reference, dtype, device = ops.matmul_reduce_scatter_tail_reference, inputs[0].dtype, inputs[0].device
     return _first_call(mrs.TAIL_KIND, fast_key, group_name, world_size, variants, shapes, dtype, device, args, reference)

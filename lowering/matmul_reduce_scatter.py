@@ -76,14 +76,14 @@ def allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name
     return inputs[0].new_empty(shape, dtype=out_dtype or inputs[0].dtype)
 
 
-def _tail_outputs(tail_inputs, tail_mat2s) -> list[torch.Tensor]:
-    return [a.new_empty(a.shape[0], mat2.shape[1]) for a, mat2 in zip(tail_inputs, tail_mat2s)]
+def _tail_outputs(operands) -> list[torch.Tensor]:
+    return [a.new_empty(a.shape[0], b.shape[1]) for a, b in operands]
 
 
 def allocate_tail(*args):
-    """The ``.tail`` overload's outputs: the op's, and each tail matmul's [M, N]."""
-    *op_args, tail_inputs, tail_mat2s = args
-    return allocate(*op_args), _tail_outputs(tail_inputs, tail_mat2s)
+    """The ``.tail`` overload's outputs: the op's, and each tail matmul's [K_i, N_j]."""
+    *op_args, tail_of, tail_with = args
+    return allocate(*op_args), _tail_outputs(ops.tail_operands(op_args[0], tail_of, tail_with))
 
 
 def run_tail(tail) -> None:
@@ -309,8 +309,9 @@ def tail_variants(num_inputs: int = 1) -> dict:
 def _with_tail(variant, *args, outputs=None):
     """``outputs``: allocate_tail's, for a replayed call (the baseline, never replayed, makes
     its own)."""
-    *op_args, tail_inputs, tail_mat2s = args
-    out, tail_outs = outputs or (None, _tail_outputs(tail_inputs, tail_mat2s))
-    tail = list(zip(tail_inputs, tail_mat2s, tail_outs))
+    *op_args, tail_of, tail_with = args
+    operands = ops.tail_operands(op_args[0], tail_of, tail_with)
+    out, tail_outs = outputs or (None, _tail_outputs(operands))
+    tail = [(a, b, o) for (a, b), o in zip(operands, tail_outs)]
     given = {} if out is None else {"outputs": out}
     return variant(*op_args, tail=tail, **given), tail_outs

@@ -46,8 +46,8 @@ fold_rowwise_float8: bool = Config(default=True, env_name_default="OVERLAP_PASS_
 # own (passengers.py).
 gather_passengers: bool = Config(default=True, env_name_default="OVERLAP_PASS_GATHER_PASSENGERS")
 
-# Matmuls that read nothing of a reduce-scatter op's result and that it does not read (a
-# backward's weight gradients) run inside the op, after its partials and before its sum, while
+# The weight gradients of a reduce-scatter op's linears (contractions of its inputs, the output
+# gradients, over the tokens) run inside the op, after its partials and before its sum, while
 # the last partials travel (regions/tail_matmuls.py): the op's exposed end, hidden.
 tail_matmuls: bool = Config(default=True, env_name_default="OVERLAP_PASS_TAIL_MATMULS")
 

@@ -11,9 +11,11 @@ reference decomposition.
     matmul_reduce_scatter:  out = reduce_scatter(sum_i inputs[i] @ mat2s[i] + bias, scatter_dim)
                             each rank's partial (the sum) in the inputs' dtype, the reduction over
                             ranks in fp32, ``out`` in ``out_dtype`` (default: the inputs' dtype)
-    matmul_reduce_scatter.tail: the same, and tail[j] = tail_inputs[j] @ tail_mat2s[j], 2-D
-                            matmuls that read nothing of ``out`` (weight gradients of the
-                            backward, regions/tail_matmuls.py), run while the partials travel
+    matmul_reduce_scatter.tail: the same, and
+                            tail[j] = rows(inputs[tail_of[j]])^T @ rows(tail_with[j])
+                            (rows: [-1, last dim]), contractions over the tokens: the weight
+                            gradients of the op's own linears (regions/tail_matmuls.py), run
+                            while the partials travel
 
 Matmuls contract the last dim of A (or inputs[i]) with dim 0 of mat2 ([K, N]); the gathered or
 scattered dim is any other dim. The contractions are a column-parallel linear's weight gradient
@@ -52,8 +54,8 @@ _SCHEMAS = {
     ),
     "matmul_reduce_scatter.tail": (
         "(Tensor[] inputs, Tensor[] mat2s, Tensor? bias, str reduce_op, int scatter_dim, "
-        "int world_size, str group_name, ScalarType? out_dtype, Tensor[] tail_inputs, "
-        "Tensor[] tail_mat2s) -> (Tensor, Tensor[])"
+        "int world_size, str group_name, ScalarType? out_dtype, int[] tail_of, Tensor[] tail_with) "
+        "-> (Tensor, Tensor[])"
     ),
 }
 
@@ -172,12 +174,26 @@ def _check_matmul_reduce_scatter(
     return dim
 
 
-def check_tail_matmuls(tail_inputs, tail_mat2s) -> None:
-    torch._check(len(tail_inputs) == len(tail_mat2s), lambda: "one tail mat2 per tail input")
-    for a, mat2 in zip(tail_inputs, tail_mat2s):
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+def tail_operands(inputs, tail_of, tail_with) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(left, right) of each tail matmul: the rows of the op's input ``tail_of[j]`` transposed,
+    and the rows of ``tail_with[j]``. Given by index, the input is the op's own: Inductor stores
+    each argument of an op apart, and a second view of an input was stored a second time."""
+    return [(_rows(inputs[i]).t(), _rows(w)) for i, w in zip(tail_of, tail_with)]
+
+
+def check_tail_matmuls(inputs, tail_of, tail_with) -> None:
+    torch._check(len(tail_of) == len(tail_with), lambda: "one tensor per tail matmul")
+    for i, w in zip(tail_of, tail_with):
+        torch._check(0 <= i < len(inputs), lambda: f"tail_of {i}: the op has {len(inputs)} inputs")
+        a = inputs[i]
         torch._check(
-            a.dim() == 2 and mat2.dim() == 2 and a.shape[1] == mat2.shape[0] and a.dtype == mat2.dtype,
-            lambda: f"a tail matmul is 2-D, got {list(a.shape)} {a.dtype} @ {list(mat2.shape)} {mat2.dtype}",
+            w.dim() >= 2 and math.prod(w.shape[:-1]) == math.prod(a.shape[:-1]) and w.dtype == a.dtype,
+            lambda: f"a tail matmul contracts input {i} {list(a.shape)} ({a.dtype}) with {list(w.shape)} "
+            f"({w.dtype}) over their rows",
         )
 
 
@@ -216,9 +232,10 @@ def _matmul_reduce_scatter_fake(
 
 
 def _matmul_reduce_scatter_tail_fake(*args):
-    *op_args, tail_inputs, tail_mat2s = args
-    check_tail_matmuls(tail_inputs, tail_mat2s)
-    tail = [a.new_empty(a.shape[0], mat2.shape[1]) for a, mat2 in zip(tail_inputs, tail_mat2s)]
+    *op_args, tail_of, tail_with = args
+    inputs = op_args[0]
+    check_tail_matmuls(inputs, tail_of, tail_with)
+    tail = [a.new_empty(a.shape[0], b.shape[1]) for a, b in tail_operands(inputs, tail_of, tail_with)]
     return _matmul_reduce_scatter_fake(*op_args), tail
 
 
@@ -376,10 +393,10 @@ def matmul_reduce_scatter_reference(
 
 def matmul_reduce_scatter_tail_reference(*args):
     """The op, then its tail matmuls (on one stream, the order is all one could see)."""
-    *op_args, tail_inputs, tail_mat2s = args
-    check_tail_matmuls(tail_inputs, tail_mat2s)
+    *op_args, tail_of, tail_with = args
+    check_tail_matmuls(op_args[0], tail_of, tail_with)
     out = matmul_reduce_scatter_reference(*op_args)
-    return out, [torch.mm(a, mat2) for a, mat2 in zip(tail_inputs, tail_mat2s)]
+    return out, [torch.mm(a, b) for a, b in tail_operands(op_args[0], tail_of, tail_with)]
 
 
 def is_registered(name: str) -> bool:

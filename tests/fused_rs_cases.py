@@ -223,14 +223,14 @@ def late_peer_is_named(seed=0) -> str:
     )  # fmt: skip
 
 
-def _tail_problem(seed):
-    """Two tail matmuls of a weight gradient's form ([M, tokens] @ [tokens, N]), odd sizes, and
-    their torch.mm results (the bits the tail must give: the same cuBLAS call)."""
+def _tail_problem(inputs, seed):
+    """A tail matmul per input of the op, of a weight gradient's form (the input's rows
+    transposed, contracted with [rows, N] over the tokens, N odd and even), and their torch.mm
+    results (the bits the tail must give: the same cuBLAS call)."""
     gen = torch.Generator(device="cuda").manual_seed(seed * 7919 + dist.get_rank())
-    shapes = [(96, 520, 72), (33, 257, 130)]
-    inputs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen) for m, k, _ in shapes]
-    mat2s = [torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=gen) / k**0.5 for _, k, n in shapes]
-    return inputs, mat2s, [torch.mm(a, m) for a, m in zip(inputs, mat2s)]
+    rows = [a.reshape(-1, a.shape[-1]) for a in inputs]
+    tail_with = [torch.randn(r.shape[0], 72 + 5 * j, device="cuda", dtype=r.dtype, generator=gen) for j, r in enumerate(rows)]
+    return list(range(len(inputs))), tail_with, [torch.mm(r.t(), w) for r, w in zip(rows, tail_with)]
 
 
 def tail_matmuls_match(seed=0) -> int:
@@ -241,8 +241,8 @@ def tail_matmuls_match(seed=0) -> int:
     for index in (0, 4, 8):
         ref = _reference(index, torch.bfloat16, seed + index)
         inputs, mat2s, b, reduce_op, scatter_dim = _problem(index, torch.bfloat16, seed + index)
-        tail_inputs, tail_mat2s, want = _tail_problem(seed + index)
-        args = (inputs, mat2s, b, reduce_op, scatter_dim, world, group_name(), None, tail_inputs, tail_mat2s)
+        tail_of, tail_with, want = _tail_problem(inputs, seed + index)
+        args = (inputs, mat2s, b, reduce_op, scatter_dim, world, group_name(), None, tail_of, tail_with)
         calls = dict(mrs.tail_variants(len(inputs)))
         for implementation in ("auto", "copy_engine_cublas", "nccl_cublas"):
             calls[f"op ({implementation})"] = functools.partial(_tail_op, implementation)
@@ -274,22 +274,21 @@ def tail_calls_replay(calls: int, seed=0) -> int:
     world = dist.get_world_size()
     index = 4  # a sum of two matmuls, as a backward's input gradient
     count = len(SHAPES[index][2])
+    _, _, _, reduce_op, scatter_dim = _problem(index, torch.bfloat16, 0)
 
     def problem(s):
         inputs, mat2s, b, _, _ = _problem(index, torch.bfloat16, seed + s)
-        tail_inputs, tail_mat2s, _ = _tail_problem(seed + s)
-        return [*inputs, *mat2s, b, *tail_inputs, *tail_mat2s]
+        return [*inputs, *mat2s, b, *_tail_problem(inputs, seed + s)[1]]
 
     def run(tensors):
-        inputs, mat2s, b = tensors[:count], tensors[count : 2 * count], tensors[2 * count]
-        tail_inputs, tail_mat2s = tensors[2 * count + 1 : 2 * count + 3], tensors[2 * count + 3 :]
-        _, _, _, reduce_op, scatter_dim = _problem(index, torch.bfloat16, 0)
+        inputs, mat2s, b, tail_with = tensors[:count], tensors[count : 2 * count], tensors[2 * count], tensors[2 * count + 1 :]
         out, tail = torch.ops.overlap.matmul_reduce_scatter.tail(
-            inputs, mat2s, b, reduce_op, scatter_dim, world, group_name(), None, tail_inputs, tail_mat2s
+            inputs, mat2s, b, reduce_op, scatter_dim, world, group_name(), None, list(range(count)), tail_with
         )
         return [out, *tail]
 
     def reference(s):
-        return [_reference(index, torch.bfloat16, seed + s), *_tail_problem(seed + s)[2]]
+        inputs, _, _, _, _ = _problem(index, torch.bfloat16, seed + s)
+        return [_reference(index, torch.bfloat16, seed + s), *_tail_problem(inputs, seed + s)[2]]
 
     return calls_that_replay(calls, ("fused", "copy_engine_cublas", "cublas_push"), problem, run, reference)

@@ -55,8 +55,8 @@ COMPILERS = ("inductor", "inductor_micro_pipeline_tp", "overlap")
 # table): what it saves. overlap_eager_ops: every op call queued eagerly (the per-call CUDA
 # graphs of lowering/replay.py off); overlap_unmerged: each small all-reduce on its own
 # (regions/early_all_reduces.py off); overlap_nccl_all_reduces: every all-reduce NCCL's
-# (regions/small_all_reduces.py off); overlap_no_tail_matmuls: the backward's weight gradients
-# outside the reduce-scatters' tails (regions/tail_matmuls.py off). Patched around the first
+# (regions/small_all_reduces.py off); overlap_no_tail_matmuls: the weight gradients outside the
+# reduce-scatter ops' tails (regions/tail_matmuls.py off). Patched around the first
 # calls (which compile) and every call.
 EXTRA_COMPILERS = {
     "overlap_eager_ops": {"op_graphs": False},

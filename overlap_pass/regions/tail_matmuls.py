@@ -1,21 +1,23 @@
-"""After the fused rewrites: independent matmuls run in a reduce-scatter op's tail.
+"""After the fused rewrites: the weight gradients of a reduce-scatter op's linears run in its tail.
 
 A matmul -> reduce-scatter op ends by summing its chunk's partials, and the last partial to
 arrive left its peer as the peer's last matmul finished: the op waits for that transfer with
-nothing to compute. A backward graph holds matmuls that read nothing of the op's result and
-that the op does not read: the weight gradients of the same linears (x^T @ dy), computed anyway.
-Queued inside the op, after its partials and before its sum, they run while the last partials
-travel (lowering/matmul_reduce_scatter.py):
+nothing to compute. In a backward graph the op's inputs are output gradients dy of linears
+whose input gradients it reduce-scatters, and their weight gradients contract the same dy over
+the tokens, dy^T @ x, computed anyway and reading nothing of the op's result. Queued inside the
+op, after its partials and before its sum, they run while the last partials travel
+(lowering/matmul_reduce_scatter.py):
 
-    out = overlap.matmul_reduce_scatter(...)                 (out, [g]) = overlap.matmul_reduce_scatter
-    g = aten.mm(a, b)          # independent        ->                     .tail(..., [a], [b])
+    out = overlap.matmul_reduce_scatter([dq, dk, dv], ...)        (out, [gq, gk, gv]) =
+    gq = aten.mm(t(dq'), x)     # dq': dq's rows        ->          overlap.matmul_reduce_scatter
+    ...                                                               .tail(..., [0, 1, 2], [x, x, x])
 
-Taken: 2-D aten.mm nodes that are neither an input of the op (transitively) nor computed from
-its result, whose operands exist before the op in graph order, and that sit between the overlap
-ops either side of it (a whole model's backward: the same layer's, so no activation of another
-layer is kept alive longer); nearest the op first, while their FLOPs stay within the op's own
-(its tail needs far less; more would only keep its result waiting), each in one op. What read a taken matmul now reads the op's output for it (and comes
-after the op). float8 ops keep their tails: their weight gradients are scaled matmuls.
+Taken: an aten.mm whose left operand is the transpose of a 2-D view of one of the op's inputs
+(the same rows: a view of the same result) and whose right operand is computed before the op and
+not from its result. The op gets the input's index, not the view: Inductor stores each argument
+of an op apart, and a second view of a result the op already reads was stored a second time.
+What read a taken matmul now reads the op's output for it (and comes after the op). float8's
+reduce-scatters keep their weight gradients outside: those are scaled matmuls.
 """
 
 import operator
@@ -26,25 +28,40 @@ from torch.fx import Graph, Node
 
 from ..debug import describe_node
 from ..fusion import sizes
-from ..fusion.patterns import graph_order
+from ..fusion.patterns import graph_order, is_transpose
 from ..fusion.rewrite import call
 
 OP = torch.ops.overlap.matmul_reduce_scatter.default
 TAIL_OP = torch.ops.overlap.matmul_reduce_scatter.tail
 MM = torch.ops.aten.mm.default
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default)
 
 
-def _flops(rows_shapes, mat2_shapes) -> int:
-    return sum(2 * sizes.hint(sizes.prod(r[:-1])) * sizes.hint(r[-1]) * sizes.hint(m[1]) for r, m in zip(rows_shapes, mat2_shapes))
+def _base(node: Node) -> Node:
+    while node.op == "call_function" and node.target in _VIEWS:
+        node = node.args[0]
+    return node
 
 
 def _shape(node: Node) -> tuple:
     return tuple(node.meta["val"].shape)
 
 
-def _closure(start: Node, step) -> set[Node]:
-    """Every node reachable from ``start`` through ``step(node)`` (its inputs, or its users)."""
-    seen, stack = set(), [start]
+def _input_index(left: Node, inputs: list[Node]) -> int | None:
+    """The op input whose rows ``left`` transposes (``t(view of it)``), if any."""
+    if left.op != "call_function" or not is_transpose(left):
+        return None
+    rows = left.args[0]
+    for i, inp in enumerate(inputs):
+        shape = _shape(inp)
+        if _base(inp) is _base(rows) and sizes.same_shape((sizes.prod(shape[:-1]), shape[-1]), _shape(rows)):
+            return i
+    return None
+
+
+def _reachable(node: Node, step) -> set[Node]:
+    """Every node reached from ``node`` through ``step`` (a node's users, or its inputs)."""
+    seen, stack = set(), [node]
     while stack:
         for nxt in step(stack.pop()):
             if nxt not in seen:
@@ -53,61 +70,48 @@ def _closure(start: Node, step) -> set[Node]:
     return seen
 
 
-def _tail_for(op: Node, free: list[Node], order: dict[Node, int], overlap_ops: list[int]) -> list[Node]:
-    """The matmuls of ``free`` that ``op`` takes (module docstring), nearest first;
-    ``overlap_ops``: the graph positions of every overlap op, sorted."""
-    inputs, mat2s = op.args[0], op.args[1]
-    most = _flops([_shape(a) for a in inputs], [_shape(m) for m in mat2s])
-    tied = _closure(op, lambda n: n.all_input_nodes) | _closure(op, lambda n: n.users)
-    here = order[op]
-    after = max((p for p in overlap_ops if p < here), default=-1)
-    before = min((p for p in overlap_ops if p > here), default=len(order))
-    taken, spent = [], 0
-    for mm in sorted(free, key=lambda n: abs(order[n] - here)):
-        if not after < order[mm] < before or mm in tied or any(order[a] > here for a in mm.all_input_nodes):
-            continue
-        cost = _flops([_shape(mm.args[0])], [_shape(mm.args[1])])
-        if spent + cost > most:
-            continue
-        taken.append(mm)
-        spent += cost
-    return sorted(taken, key=order.get)
-
-
-def _is_overlap_op(node: Node) -> bool:
-    return node.op == "call_function" and getattr(node.target, "namespace", None) == "overlap"
-
-
-def _is_plain_mm(node: Node) -> bool:
-    val = node.meta.get("val")
-    return isinstance(val, torch.Tensor) and val.dtype in (torch.bfloat16, torch.float16, torch.float32)
+def _tail_of(op: Node, order: dict[Node, int]) -> list[tuple[Node, int]]:
+    """(matmul, the op input it contracts) for each weight gradient the op takes (module
+    docstring), in graph order."""
+    inputs = op.args[0]
+    after = _reachable(op, lambda n: n.users)
+    before = _reachable(op, lambda n: n.all_input_nodes)
+    taken = {}
+    for base in {_base(inp) for inp in inputs}:
+        for mm in _reachable(base, lambda n: n.users):
+            if mm.op != "call_function" or mm.target is not MM or mm in taken or mm in before:
+                continue
+            index, right = _input_index(mm.args[0], inputs), mm.args[1]
+            if index is not None and right not in after and order[right] < order[op]:
+                taken[mm] = index
+    return sorted(taken.items(), key=lambda pair: order[pair[0]])
 
 
 def take_all(graph: Graph) -> dict[str, dict]:
-    """Moves matmuls into the reduce-scatter ops' tails (module docstring); returns, per op
-    node name it replaced, {"op": the new node's name, "tail_matmuls": [described matmuls]}."""
+    """Moves the weight gradients into the reduce-scatter ops' tails (module docstring);
+    returns, per op node name it replaced, {"op": the new node's name, "tail_matmuls":
+    [described matmuls]}."""
     results = {}
     for op in list(graph.find_nodes(op="call_function", target=OP)):
-        free = [n for n in graph.find_nodes(op="call_function", target=MM) if _is_plain_mm(n)]
-        order = graph_order(graph)
-        overlap_ops = sorted(order[n] for n in graph.nodes if _is_overlap_op(n))
-        taken = _tail_for(op, free, order, overlap_ops)
+        taken = _tail_of(op, graph_order(graph))
         if taken:
-            results[op.name] = {"op": _replace(graph, op, taken).name, "tail_matmuls": [describe_node(mm) for mm in taken]}
+            described = [describe_node(mm) for mm, _ in taken]
+            results[op.name] = {"op": _replace(graph, op, taken).name, "tail_matmuls": described}
             stable_topological_sort(graph)  # a taken matmul's readers that sat before the op move after it
     return results
 
 
-def _replace(graph: Graph, op: Node, taken: list[Node]) -> Node:
+def _replace(graph: Graph, op: Node, taken: list[tuple[Node, int]]) -> Node:
     """``op`` and the matmuls ``taken`` as one ``.tail`` node at the op's place; returns it."""
     out_dtype = op.args[7] if len(op.args) > 7 else op.kwargs.get("out_dtype")
+    tail_args = ([index for _, index in taken], [mm.args[1] for mm, _ in taken])
     with graph.inserting_before(op):
-        fused = call(graph, TAIL_OP, (*op.args[:7], out_dtype, [mm.args[0] for mm in taken], [mm.args[1] for mm in taken]))
+        fused = call(graph, TAIL_OP, (*op.args[:7], out_dtype, *tail_args))
         out = call(graph, operator.getitem, (fused, 0))
         outs = call(graph, operator.getitem, (fused, 1))
-        for i, mm in enumerate(taken):
+        for i, (mm, _) in enumerate(taken):
             mm.replace_all_uses_with(call(graph, operator.getitem, (outs, i)))
     op.replace_all_uses_with(out)
-    for node in (op, *taken):
+    for node in (op, *(mm for mm, _ in taken)):
         graph.erase_node(node)
     return fused
