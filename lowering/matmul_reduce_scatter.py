@@ -29,9 +29,9 @@ place (strided views, a batched matmul per chunk, or the producer's row remap), 
 holds its chunk's rows in the output's own order, so the owner's sum writes the output as it
 is, contiguous, and calls replay from per-call graphs at any batch.
 
-Tail matmuls (the op's ``.tail`` overload, regions/tail_matmuls.py): independent matmuls, a
-backward's weight gradients, queued after the partials and before the owner's sum, so that they
-run while the last partials travel; the sum, which waits for those, then finds them there. Every
+Tail matmuls (the op's ``.tail`` overload, regions/tail_matmuls.py): the weight gradients of the
+op's linears, queued after the partials and before the owner's sum, so that they run while the
+last partials travel; the sum, which waits for those, then finds them there. Every
 variant takes them (``tail``: (a, mat2, out) triples): the copy engine's sum runs on the side
 stream behind its pushes, beside them; NCCL's reduce-scatter runs asynchronously under them; the
 fused producer leaves its sum to the kernel after them.
