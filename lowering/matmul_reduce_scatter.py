@@ -32,9 +32,8 @@ is, contiguous, and calls replay from per-call graphs at any batch.
 Tail matmuls (the op's ``.tail`` overload, regions/tail_matmuls.py): the weight gradients of the
 op's linears, queued after the partials and before the owner's sum, so that they run while the
 last partials travel; the sum, which waits for those, then finds them there. Every
-variant takes them (``tail``: (a, mat2, out) triples): the copy engine's sum runs on the side
-stream behind its pushes, beside them; NCCL's reduce-scatter runs asynchronously under them; the
-fused producer leaves its sum to the kernel after them.
+variant takes them (``tail``: (a, mat2, out) triples): NCCL's reduce-scatter runs asynchronously
+under them; the fused producer leaves its sum to the kernel after them.
 
 Partials travel in the inputs' dtype; ``out_dtype`` (fp32 for autocast's input gradients) is
 only the dtype the owner's fp32 sum is written in. Workspace data: [recv: W x rows x N |
@@ -153,18 +152,13 @@ def _overlapped(
 def reduce_produced(call: Call, produce, reduce_op: str, out: torch.Tensor, tail=()) -> torch.Tensor:
     """``produce()`` (every partial into its owner's slot, flagged), the tail matmuls, then the
     owner's reduction into ``out`` unless ``produce()`` returned True (its kernel summed the own
-    chunk itself, Call.own_reduction), then leave (also when a launch fails). Where ``produce``
-    pushed on the side stream (the copy engine), the reduction follows the pushes there, beside
-    the tail matmuls: memory-bound beside compute-bound, joined at leave."""
+    chunk itself, Call.own_reduction), then leave (also when a launch fails). The reduction
+    stays on the caller's stream, after the tail: on the side stream beside it (the copy
+    engine's pushes are there) it took SMs from the tail's GEMMs, which ran 100 µs longer per
+    backward than they hid (8B block, 2×H100 and 4×H100)."""
     call.out, call.scale = out.view(call.rows, call.n), 1.0 / call.world if reduce_op == "avg" else 1.0
     try:
         reduced = produce()
-        if tail and not reduced and call.ws.forked:
-            call.ws.fork()  # the own partial, the caller stream's last write, before the sum
-            with call.ws.on_side_stream():
-                call.reduce()
-            run_tail(tail)
-            return out
         run_tail(tail)
         if not reduced:
             call.reduce()

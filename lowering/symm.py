@@ -359,11 +359,6 @@ class Workspace:
         self.side_stream.wait_event(self._fork_event)
         self._forked = True
 
-    @property
-    def forked(self) -> bool:
-        """Whether the call in progress queued work on the side stream (fork)."""
-        return self._forked
-
     @contextlib.contextmanager
     def on_side_stream(self):
         """Work queued inside runs on the side stream (cheaper than torch.cuda.stream)."""

@@ -25,7 +25,7 @@ AGM, MRS, SPLIT = "all_gather_matmul", "matmul_reduce_scatter", all_reduce_split
 DIM, SEQ = 32, 8
 
 _COLLECTIVE = re.compile(r'"(\w+)\[([\d, ]*)\][^"]*" = torch\.ops\.(?:_c10d_functional|overlap)\.(\w+)\.default')
-_TUPLE_OP = re.compile(r"= torch\.ops\.overlap\.(\w+)\.(?:default|tail)\(")
+_TUPLE_OP = re.compile(r"= torch\.ops\.overlap\.(\w+)\.default")
 
 
 def collectives(graph_text: str) -> list[tuple]:
@@ -57,8 +57,7 @@ def test_plain_tp_block(tmp_path, latency_free, world_size, bias, batch):
     FFN's gather is fused with gate and up; two saved activations (the attention output and the
     norm's rsqrt, as AOTAutograd's partitioner chose to save them whole) ride in that op as its
     passengers (passengers.py); the block output is gathered plainly. Backward: the five all-reduced input grads of Q, K, V, gate and
-    up become two reduce-scatters of sums, which run Q, K, V's and gate's and up's weight grads in
-    their tails; the block output's grad after the FFN norm's backward
+    up become two reduce-scatters of sums; the block output's grad after the FFN norm's backward
     is gathered once for O's input and weight grads; the input grad is gathered plainly; each
     norm weight's grad (a sum over tokens) and a bias grad are all-reduced from the shards'
     sums."""
@@ -84,9 +83,10 @@ def test_plain_tp_block(tmp_path, latency_free, world_size, bias, batch):
     assert any(row[4].endswith("(+2 passengers)") for row in shown), shown
     assert collectives(dump.graphs["backward"]["before"]) == [full] * 5
     norm_weight_grads = [("all_reduce", "f32", f"{DIM}")] * (3 if bias else 2)  # + O's bias grad
-    # the two reduce-scatters with their weight gradients in their tails (tail_matmuls.py)
     assert collectives(dump.after("backward")) == sorted(
-        [("all_gather_into_tensor", "f32", f"{tokens}, {DIM}"), (AGM,)] + [(MRS,)] * 2 + norm_weight_grads,
+        [("all_gather_into_tensor", "f32", f"{tokens}, {DIM}"), (AGM,)]
+        + [(MRS, "f32", f"{rows}, {DIM}")] * 2
+        + norm_weight_grads,
         key=str,
     )
     forward, backward = dump.candidates("forward"), dump.candidates("backward")
