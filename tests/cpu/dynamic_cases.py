@@ -14,8 +14,9 @@ import unittest.mock
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+from torch._dynamo.utils import counters
 
-from overlap_pass import ops
+from overlap_pass import config, ops
 from overlap_pass.regions import all_reduce_split
 
 from tools.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
@@ -138,6 +139,16 @@ def dtensor_at_lengths(lengths: list[int], block: bool) -> list[dict]:
         return torch.randn(2, length * world, dim).chunk(world, dim=1)[dist.get_rank()]
 
     return _train_at([shard(length) for length in lengths], model, compiled_fn, _close)
+
+
+def block_tails_at_lengths(lengths: list[int]) -> dict:
+    """dtensor_at_lengths' block with the weight gradients in the reduce-scatters' tails
+    (config.tail_matmuls): the op calls of each call, and how many weight gradients the
+    compiled backwards took (the static graph's and the symbolic one's)."""
+    counters["overlap_pass"].clear()
+    with config.patch(tail_matmuls=True):
+        _, calls = dtensor_at_lengths(lengths, True)
+    return {"calls": calls, "taken": counters["overlap_pass"]["tail_matmuls_taken"]}
 
 
 @_decided

@@ -39,6 +39,14 @@ def test_dtensor_sequence_parallel_at_changing_lengths(gloo_world, block):
     _every_call_fused(counts, 8 if block else 4)
 
 
+def test_tail_matmuls_at_changing_lengths(gloo_world):
+    """With the weight gradients in the reduce-scatters' tails, the symbolic backward takes them
+    as the static one does, and every call still fuses and matches eager."""
+    for result in gloo_world(2).run(cases.block_tails_at_lengths, LENGTHS):
+        assert result["taken"] == 10, result  # Q, K, V's and gate's and up's, in each backward
+        _every_call_fused(result["calls"], 8)
+
+
 FLOAT8_LENGTHS = [16, 24, 40, 16]  # multiples of 16, as _scaled_mm takes them
 
 

@@ -91,7 +91,8 @@ def compiled_block(enabled: bool, folder: str) -> dict:
     for got, want in zip(*grads):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     backward = glob.glob(os.path.join(folder, str(enabled), f"rank{dist.get_rank()}", "*backward*", "decisions.json"))
-    records = json.load(open(backward[0]))["candidates"]
+    with open(backward[0]) as f:
+        records = json.load(f)["candidates"]
     tails = [sorted(m["shape"][0] for m in r.get("tail_matmuls", [])) for r in records if r["kind"] == "matmul_reduce_scatter"]
     return {"taken": counters["overlap_pass"]["tail_matmuls_taken"], "tails": sorted(tails)}
 
