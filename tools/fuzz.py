@@ -71,12 +71,14 @@ class Coverage:
         self.rewritten = collections.Counter()
         self.reasons = collections.Counter()
         self.cases = collections.Counter()
+        self.tail_matmuls = collections.Counter()  # per layout, with config.tail_matmuls on
 
     def add(self, case: dict, decisions: list[dict]) -> None:
         layout = case["layout"]
         self.cases[layout] += 1
         for record in decisions:
             self.found[layout, record["kind"]] += 1
+            self.tail_matmuls[layout] += record.get("tail_matmuls", 0)
             if record["rewritten"]:
                 self.rewritten[layout, record["kind"]] += 1
             else:
@@ -92,6 +94,9 @@ class Coverage:
             done = sum(self.rewritten[layout, k] for k in kinds)
             total = sum(self.found[layout, k] for k in kinds)
             lines.append(f"{layout:<14} {self.cases[layout]:>5}  " + "  ".join(cells) + f"  {done} / {total}")
+        if any(self.tail_matmuls.values()):
+            taken = ", ".join(f"{layout} {n}" for layout, n in self.tail_matmuls.items() if n)
+            lines.append(f"weight gradients in reduce-scatter tails: {taken}")
         lines.append("")
         lines.append("skip reasons (count  layout  graph  kind: reason):")
         for (layout, graph, kind, reason), count in sorted(self.reasons.items(), key=lambda kv: (kv[0][0], -kv[1])):
@@ -103,6 +108,7 @@ class Coverage:
             "cases": dict(self.cases),
             "candidates": {f"{layout}/{kind}": n for (layout, kind), n in self.found.items()},
             "rewritten": {f"{layout}/{kind}": n for (layout, kind), n in self.rewritten.items()},
+            "tail_matmuls": {layout: n for layout, n in self.tail_matmuls.items() if n},
             "skip_reasons": [
                 {"layout": layout, "graph": graph, "kind": kind, "reason": reason, "count": n}
                 for (layout, graph, kind, reason), n in self.reasons.most_common()

@@ -350,14 +350,18 @@ def _compare_steps(case: dict, model: nn.Module, backend: str, mismatches: list)
 
 
 def _decisions(folder: str) -> list[dict]:
-    """Every candidate record of the graphs this rank compiled: graph, kind, rewritten, reason."""
+    """Every candidate record of the graphs this rank compiled: graph, kind, rewritten, reason,
+    and how many weight gradients ran in its tail (config.tail_matmuls)."""
     found = []
     for path in sorted(glob.glob(os.path.join(folder, "*", "*", "decisions.json"))):
         with open(path) as f:
             record = json.load(f)
         graph = next((k for k in ("forward", "backward", "inference") if k in record["graph"]), record["graph"])
         found += [
-            {"graph": graph, "kind": c["kind"], "rewritten": c["rewritten"], "reason": c.get("reason")}
+            {
+                "graph": graph, "kind": c["kind"], "rewritten": c["rewritten"], "reason": c.get("reason"),
+                "tail_matmuls": len(c.get("tail_matmuls", [])),
+            }  # fmt: skip
             for c in record["candidates"]
         ]
     return found
