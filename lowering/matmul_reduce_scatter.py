@@ -154,8 +154,8 @@ def reduce_produced(call: Call, produce, reduce_op: str, out: torch.Tensor, tail
     owner's reduction into ``out`` unless ``produce()`` returned True (its kernel summed the own
     chunk itself, Call.own_reduction), then leave (also when a launch fails). The reduction
     stays on the caller's stream, after the tail: on the side stream beside it (the copy
-    engine's pushes are there) it took SMs from the tail's GEMMs, which ran 100 µs longer per
-    backward than they hid (8B block, 2×H100 and 4×H100)."""
+    engine's pushes are there) it took SMs from the tail's GEMMs, which then slowed by more
+    than they hid."""
     call.out, call.scale = out.view(call.rows, call.n), 1.0 / call.world if reduce_op == "avg" else 1.0
     try:
         reduced = produce()

@@ -48,8 +48,8 @@ gather_passengers: bool = Config(default=True, env_name_default="OVERLAP_PASS_GA
 
 # The weight gradients of a reduce-scatter op's linears (contractions of its inputs, the output
 # gradients, over the tokens) run inside the op, after its partials and before its sum, while
-# the last partials travel (regions/tail_matmuls.py). Off: on the 8B block (W=2 and 4, H100)
-# it hid 35-55 µs of exposed communication a backward, and the step did not measurably gain.
+# the last partials travel (regions/tail_matmuls.py). Off: measured, the GEMMs beside the
+# transfers slowed by about what it hid (docs/rewrites.md#tail-matmuls).
 tail_matmuls: bool = Config(default=False, env_name_default="OVERLAP_PASS_TAIL_MATMULS")
 
 # Small all-reduces that the graph's inputs alone determine (float8's amaxes of weights and of
