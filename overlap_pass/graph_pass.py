@@ -264,23 +264,19 @@ def _attach_passengers(graph: Graph, all_gathers: list) -> tuple[list[dict], dic
 
 
 def _name_hosts(decisions: list[tuple[Candidate, dict]], hosts: dict) -> None:
-    """A host's record names the op it became with its riders, and how many ride. A choice
-    cached for the op without them is not the one that runs: the key of the op's calls holds
-    the passengers (lowering/dispatch.py), so it is measured at its first call."""
+    """A host's record names the op it became with its riders, and how many ride."""
     for _, record in decisions:
         op = hosts.get(record.get("op"))
         if op is None:
             continue
         record.update(op=op.name, passengers=len(op.args[passengers.HOSTS[op.target].passengers]))
-        if (record["implementation"] or "").startswith("auto"):
-            record["implementation"] = decide.FIRST_CALL
+        _choice_made_at_first_call(record)
 
 
 def _take_tail_matmuls(graph: Graph, decisions: list[tuple[Candidate, dict]]) -> None:
     """tail_matmuls.py's rewrite; each op's record names the op it became and the matmuls in
-    its tail (counted as tail_matmuls_taken). A cached choice is not the one that runs: the
-    tail is in the key of the op's calls, so it is measured at its first call. Should it fail,
-    the graph is restored as it was after the fused rewrites."""
+    its tail (counted as tail_matmuls_taken). Should it fail, the graph is restored as it was
+    after the fused rewrites."""
     taken = {}
     if not _edited_or_restored(graph, "taking tail matmuls", lambda: taken.update(tail_matmuls.take_all(graph))):
         return
@@ -290,8 +286,16 @@ def _take_tail_matmuls(graph: Graph, decisions: list[tuple[Candidate, dict]]) ->
             continue
         record.update(op=found["op"], tail_matmuls=found["tail_matmuls"])
         counters["overlap_pass"]["tail_matmuls_taken"] += len(found["tail_matmuls"])
-        if (record["implementation"] or "").startswith("auto") and record["implementation"] != decide.PER_SHAPE:
-            record["implementation"] = decide.FIRST_CALL
+        _choice_made_at_first_call(record)
+
+
+def _choice_made_at_first_call(record: dict) -> None:
+    """A record whose op gained arguments after the decision (passengers, a tail): a choice
+    cached for the op without them is not the one that runs, its calls' key holding them
+    (lowering/dispatch.py), so it is measured at its first call; one made per shape at run
+    time still is."""
+    if (record["implementation"] or "").startswith("auto") and record["implementation"] != decide.PER_SHAPE:
+        record["implementation"] = decide.FIRST_CALL
 
 
 def _merge_small_all_reduces(graph: Graph) -> list[dict]:

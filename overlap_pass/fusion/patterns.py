@@ -508,7 +508,8 @@ def next_to_matmul(collective: Node) -> bool:
     return _reached_from_matmul(collective.args[0], depth=6)
 
 
-def _under_views(node: Node) -> Node:
+def under_views(node: Node) -> Node:
+    """What ``node`` is a view, reshape or _unsafe_view of (through any chain of them)."""
     while isinstance(node, Node) and node.target in VIEWS:
         node = node.args[0]
     return node
@@ -530,7 +531,7 @@ def _why_no_matmul(gathered: Node, gather_dim: int, others: list[Node], notes: l
     if mats:
         return "gathered tensor is the matmul's right operand (mat2), not its rows"
     scaled = [u for u in others if u.target is SCALED_MM]
-    if any(_under_views(scaled_mm_args(u)["mat2"]) is gathered for u in scaled):
+    if any(under_views(scaled_mm_args(u)["mat2"]) is gathered for u in scaled):
         return "a scaled matmul reads the gathered tensor as its mat2 (a float8 weight gradient): not fused yet"
     if scaled:
         return "the gathered tensor is a scaled matmul's scale: it goes with its rows' all-gather"

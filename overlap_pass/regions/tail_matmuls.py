@@ -29,21 +29,12 @@ from torch.fx import Graph, Node
 
 from ..debug import describe_node
 from ..fusion import sizes
-from ..fusion.patterns import graph_order, is_transpose
+from ..fusion.patterns import graph_order, is_transpose, under_views
 from ..fusion.rewrite import call
 
 OP = torch.ops.overlap.matmul_reduce_scatter.default
 TAIL_OP = torch.ops.overlap.matmul_reduce_scatter.tail
 MM = torch.ops.aten.mm.default
-_VIEWS = (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default)
-
-
-def _base(node: Node) -> Node:
-    while node.op == "call_function" and node.target in _VIEWS:
-        node = node.args[0]
-    return node
-
-
 def _shape(node: Node) -> tuple:
     return tuple(node.meta["val"].shape)
 
@@ -55,7 +46,7 @@ def _input_index(left: Node, inputs: list[Node]) -> int | None:
     rows = left.args[0]
     for i, inp in enumerate(inputs):
         shape = _shape(inp)
-        if _base(inp) is _base(rows) and sizes.same_shape((sizes.prod(shape[:-1]), shape[-1]), _shape(rows)):
+        if under_views(inp) is under_views(rows) and sizes.same_shape((sizes.prod(shape[:-1]), shape[-1]), _shape(rows)):
             return i
     return None
 
@@ -78,7 +69,7 @@ def _tail_of(op: Node, order: dict[Node, int]) -> list[tuple[Node, int]]:
     after = _reachable(op, lambda n: n.users)
     before = _reachable(op, lambda n: n.all_input_nodes)
     taken = {}
-    for base in {_base(inp) for inp in inputs}:
+    for base in {under_views(inp) for inp in inputs}:
         for mm in _reachable(base, lambda n: n.users):
             if mm.op != "call_function" or mm.target is not MM or mm in taken or mm in before:
                 continue

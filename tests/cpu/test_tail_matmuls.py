@@ -22,6 +22,8 @@ from overlap_pass import config
 from overlap_pass.regions import tail_matmuls
 from tools.tp_models import TransformerBlock, parallelize_block
 
+from .numerics_cases import _local
+
 MM = torch.ops.aten.mm.default
 
 
@@ -62,10 +64,6 @@ def test_only_the_weight_gradients_of_the_ops_inputs_are_taken(gloo_world):
         assert result["taken"] == [[[12, 5]]] and result["tail_of"] == [[0]], result
         assert result["plain ops"] == 0, result
         assert result["matmuls left"] == [(6, 5), (12, 12)], result  # unrelated, after
-
-
-def _local(t):
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def compiled_block(enabled: bool, folder: str) -> dict:
