@@ -64,6 +64,12 @@ merge_small_all_reduces: bool = Config(default=True, env_name_default="OVERLAP_P
 # time goes to NCCL. 0: every all-reduce stays NCCL's.
 small_all_reduce_bytes: int = int(os.environ.get("OVERLAP_PASS_SMALL_ALL_REDUCE_BYTES", 256 << 10))
 
+# A plain-TP split (all_reduce_split.py) counts a collective as fused only where it moves at
+# least this many bytes a rank; a smaller one counts as plain: the op call a split adds costs
+# the host 40-90 us (tools/host_cost.py), and where the host sets the pace a smaller collective
+# buys nothing. A symbolic size is judged at its traced value. 0: every fusable one counts.
+split_min_bytes: int = int(os.environ.get("OVERLAP_PASS_SPLIT_MIN_BYTES", 16 << 20))
+
 # Raise (OverlapNotApplied) instead of warning where a compiled graph holds tensor-parallel
 # collectives next to matmuls and the pass rewrites none of them: for CI and benchmarks, which
 # must not pass on a model that quietly runs without overlap.

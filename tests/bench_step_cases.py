@@ -1,7 +1,6 @@
 """tools/bench_step.py's two training steps at toy sizes, on whatever ranks run them: eager, then
 backend="overlap", each from the same weights, two steps each (the tool's own recipes)."""
 
-import unittest.mock
 
 import torch
 import torch.distributed as dist
@@ -33,7 +32,7 @@ def losses(model: str, dp: int = 1) -> dict:
     counters["overlap_pass"].clear()
     found = {}
     # toy sizes: every split pays when a collective's latency is not counted
-    with unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0):
+    with all_reduce_split.sizes_ignored():
         for compiler in (None, "overlap"):
             model_, optimizer = build(compiler)
             found[compiler or "eager"] = [bench_step._value(step(model_, optimizer)) for _ in range(2)]

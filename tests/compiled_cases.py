@@ -6,7 +6,6 @@ import glob
 import json
 import os
 import tempfile
-import unittest.mock
 
 import torch
 import torch.distributed as dist
@@ -72,7 +71,7 @@ def tp_block(
     cache = os.path.join(folder, "choices.json") if mode else config.choice_cache
     # with a mode, graph trees record where every allocation left in their pool came from
     history = inductor_config.patch({"triton.cudagraph_trees_history_recording": bool(mode)})
-    split_always = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0 if plain else all_reduce_split.LATENCY_BYTES)
+    split_always = all_reduce_split.sizes_ignored(plain)
     with config.patch(debug_dir=folder, choice_cache=cache), history, split_always:
         overlap = torch.compile(copy.deepcopy(eager), backend="overlap", mode=mode)
         inductor = torch.compile(copy.deepcopy(eager), mode=mode)

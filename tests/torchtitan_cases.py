@@ -299,8 +299,7 @@ def forward_backward(
         # the test model is tiny: every split and quantization before a gather pays when a
         # collective's latency is not counted
         tiny = not sequence_parallel or float8
-        latency_bytes = 0 if tiny else all_reduce_split.LATENCY_BYTES
-        latency = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", latency_bytes)
+        latency = all_reduce_split.sizes_ignored(tiny)
         with config.patch(debug_dir=folder, enabled=backend == "inductor"), context(), latency:
             loss = cross_entropy_loss(model(inputs, **extra), targets, global_vocab_size=VOCAB) / targets.numel()
             with spmd_types.no_typecheck():

@@ -63,6 +63,7 @@ EXTRA_COMPILERS = {
     "overlap_unmerged": {"merge_small_all_reduces": False},
     "overlap_nccl_all_reduces": {"small_all_reduce_bytes": 0},
     "overlap_tail_matmuls": {"tail_matmuls": True},
+    "overlap_split_all": {"split_min_bytes": 0},
 }
 # plain Inductor with every collective replaced by a local op of its shape (tools/no_comm.py):
 # the step without communication, the floor of any overlap. Its results are wrong by design.

@@ -22,6 +22,7 @@ one overlap prefill at each length (0: nothing fused).
 """
 
 import argparse
+import functools
 import json
 import os
 import tempfile
@@ -36,11 +37,12 @@ for _var, _value in (
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from tools.measure import OVERLAP_OPS, overlap_op_calls, relative_error, slowest, time_interleaved  # noqa: E402
+from tools.bench_model import EXTRA_COMPILERS, _compile, _config_of  # noqa: E402
+from tools.measure import OVERLAP_OPS, add_settle_argument, overlap_op_calls, relative_error, slowest, time_interleaved  # noqa: E402
 
 # (hidden, heads, K/V heads, FFN)
 SIZES = {"llama3-8b": (4096, 32, 8, 14336), "llama3-70b": (8192, 64, 8, 28672), "small": (1024, 8, 8, 3584)}
-BACKENDS = ("inductor", "overlap")
+BACKENDS = ("inductor", "overlap", *EXTRA_COMPILERS)
 TOLERANCE = 3e-2  # bf16 logits through --layers layers, summed in another order than eager's
 
 
@@ -89,6 +91,11 @@ def _overlap_calls(run) -> int:
     return sum(counts[name] for name in OVERLAP_OPS)
 
 
+def _call(backend: str, model, ids):
+    with _config_of(backend):  # (compiles under the backend's config at a new length)
+        return model(input_ids=ids)
+
+
 def _first_call(run, device) -> float:
     """One call's wall time in ms, the GPU idle before and after (slowest rank)."""
     torch.cuda.synchronize(device)
@@ -111,8 +118,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
+    add_settle_argument(parser, default=2)
+    parser.add_argument(
+        "--backends", default="inductor,overlap",
+        help=f"inductor first, then any of {','.join(BACKENDS[1:])} (overlap with a config patch: tools/bench_model.py)",
+    )  # fmt: skip
     parser.add_argument("--out", default="bench_prefill.json")
     args = parser.parse_args()
+    args.backends = args.backends.split(",")
+    if args.backends[0] != "inductor" or not set(args.backends) <= set(BACKENDS):
+        parser.error(f"--backends: inductor first, then any of {','.join(BACKENDS[1:])}")
     args.lengths = [int(n) for n in args.lengths.split(",")]
 
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -122,7 +137,7 @@ def main() -> None:
     world, rank = dist.get_world_size(), dist.get_rank()
     folder = saved_model(args.size, args.layers, args.vocab, max(args.lengths) + 1, device)
     eager = load_model(folder, device)
-    compiled = {b: torch.compile(load_model(folder, device), backend=b) for b in BACKENDS}
+    compiled = {b: _compile(load_model(folder, device), b) for b in args.backends}
 
     shapes = [(args.batch, n) for n in args.lengths]
     if args.decode_batch:
@@ -133,13 +148,13 @@ def main() -> None:
             gen = torch.Generator(device=device).manual_seed(length)  # the same prompt on every rank
             ids = torch.randint(0, args.vocab, (batch, length), device=device, generator=gen)
             reference = eager(input_ids=ids).logits
-            runners = {b: (lambda m=m: m(input_ids=ids)) for b, m in compiled.items()}
+            runners = {b: functools.partial(_call, b, m, ids) for b, m in compiled.items()}
             row = {"batch": batch, "length": length, "tokens": batch * length, "first_ms": {}, "error": {}}
             for backend, run in runners.items():
                 row["first_ms"][backend] = _first_call(run, device)
                 row["error"][backend] = relative_error(run().logits, reference)
-            row["overlap_op_calls"] = _overlap_calls(runners["overlap"])
-            us, host_us = time_interleaved(runners, device, args.rounds, args.calls, args.warmup)
+            row["overlap_op_calls"] = {b: _overlap_calls(run) for b, run in runners.items() if b != "inductor"}
+            us, host_us = time_interleaved(runners, device, args.rounds, args.calls, args.warmup, args.settle)
             row["us"], row["host_us"] = us, host_us
             rows.append(row)
             if rank == 0:
@@ -152,16 +167,17 @@ def main() -> None:
 def _report(args, world: int, rows: list) -> None:
     print(f"\nHugging Face Llama ({args.size} widths, {args.layers} layers, vocab {args.vocab}), tp_plan, W={world}, "
           f"bf16, no grad; {torch.cuda.get_device_name()}, torch {torch.__version__}")  # fmt: skip
-    print("| batch x length | overlap ops a call | Inductor µs | overlap µs | speedup | first call ms: Inductor "
-          "| overlap | logits' relative error: Inductor | overlap |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| batch x length | backend | overlap ops a call | Inductor µs | its µs | speedup | host µs: Inductor "
+          "| its | first call ms: Inductor | its | logits' relative error: Inductor | its |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        ind, ours = r["us"]["inductor"], r["us"]["overlap"]
-        print(
-            f"| {r['batch']} x {r['length']} | {r['overlap_op_calls']} | {ind:.0f} | {ours:.0f} | {ind / ours:.2f}x "
-            f"| {r['first_ms']['inductor']:.0f} | {r['first_ms']['overlap']:.0f} "
-            f"| {r['error']['inductor']:.1e} | {r['error']['overlap']:.1e} |"
-        )
+        us, host, first, error = r["us"], r["host_us"], r["first_ms"], r["error"]
+        for b in args.backends[1:]:
+            print(
+                f"| {r['batch']} x {r['length']} | {b} | {r['overlap_op_calls'][b]} | {us['inductor']:.0f} | {us[b]:.0f} "
+                f"| {us['inductor'] / us[b]:.2f}x | {host['inductor']:.0f} | {host[b]:.0f} | {first['inductor']:.0f} "
+                f"| {first[b]:.0f} | {error['inductor']:.1e} | {error[b]:.1e} |"
+            )
     bad = [r for r in rows if not all(e < TOLERANCE for e in r["error"].values())]  # NaN fails too
     print(f"logits within {TOLERANCE} of eager's: {len(rows) - len(bad)} of {len(rows)} shapes")
     with open(args.out, "w") as f:

@@ -42,6 +42,7 @@ of an all-gather along a later dim (DTensor's split/cat) are not the token order
 such a region reads no row-shaped operand from outside.
 """
 
+import contextlib
 import dataclasses
 import math
 import operator
@@ -84,13 +85,24 @@ _RANK_LOCAL = (
 _MATMULS = (aten.mm.default, aten.addmm.default)
 # what one more collective costs beyond its bytes, in bytes (launch and latency, ~10 us)
 LATENCY_BYTES = 1 << 20
-# A fused collective of a split moves at least this many latencies' worth of bytes a rank
-# (16 MiB), or it counts as plain: the op call a split adds costs the host 40-90 us
-# (tools/host_cost.py), and where the step's host sets the pace a smaller collective buys
-# nothing. Measured crossover, Hugging Face Llama prefill at 8B widths, W=4, 4xH100: split at
-# 1001 and 2048 tokens (6 and 12 MiB a rank) it ran 0.92x and 0.93x, at 4095 and 8192
-# (24 and 48 MiB) 1.06x and 1.07x.
-FUSED_MIN_LATENCIES = 16
+
+
+@contextlib.contextmanager
+def sizes_ignored(ignored: bool = True):
+    """Regions judged as if a collective cost its bytes alone, with no latency and no minimum
+    size for a fused one (``ignored``): how tests and tools/fuzz_models.py split the tiny
+    shapes they run."""
+    global LATENCY_BYTES
+    if not ignored:
+        yield
+        return
+    kept = LATENCY_BYTES
+    LATENCY_BYTES = 0
+    try:
+        with config.patch(split_min_bytes=0):
+            yield
+    finally:
+        LATENCY_BYTES = kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -413,9 +425,9 @@ def _decide(region: Region, order: dict[Node, int]) -> tuple[bool, str]:
     share = (region.world_size - 1) / region.world_size
 
     def latency_bound(node: Node) -> bool:
-        # too few bytes for a fused op to pay for its call (FUSED_MIN_LATENCIES): the matmul
+        # too few bytes for a fused op to pay for its call (config.split_min_bytes): the matmul
         # beside it is short (a decode step's few tokens, a short prompt), so it saves nothing
-        return share * _bytes(node) < FUSED_MIN_LATENCIES * LATENCY_BYTES
+        return share * _bytes(node) < config.split_min_bytes
 
     padded = not divisible(region.tokens, region.world_size)
 
@@ -460,7 +472,7 @@ def _decide(region: Region, order: dict[Node, int]) -> tuple[bool, str]:
         f"(bytes a rank sends, {_size(LATENCY_BYTES)} a collective for its latency"
         + (f"; {len(riders)} gather(s) ride in a fused one, no latency" if riders else "")
         + (
-            f"; {short} collective(s) under {_size(FUSED_MIN_LATENCIES * LATENCY_BYTES)} a rank "
+            f"; {short} collective(s) under {_size(config.split_min_bytes)} a rank "
             "count as plain: too short to pay for a fused op's call"
             if short
             else ""

@@ -162,7 +162,7 @@ def float8_at_lengths(lengths: list[int], recipe: str) -> list[int]:
     world = dist.get_world_size()
     block = _float8_block(recipe, parallelize_block)
     # at these sizes the cost model keeps the float8 gathers: forced, as in float8_tp_block
-    forced = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0)
+    forced = all_reduce_split.sizes_ignored()
     with forced, torch._inductor.config.patch(FLOAT8_CPU_INDUCTOR):
         compiled_fn = torch.compile(copy.deepcopy(block), backend="overlap")
 
@@ -187,7 +187,7 @@ def plain_tp_at_lengths(lengths: list[int], batch, backend: str = "overlap") -> 
     block = parallelize_block_plain(TransformerBlock(dim=32, heads=max(4, world), hidden=64), _mesh())
     compiled = torch.compile(copy.deepcopy(block), backend=backend)
     counts = []
-    with unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0), torch.no_grad():
+    with all_reduce_split.sizes_ignored(), torch.no_grad():
         for call, length in enumerate(lengths):
             torch.manual_seed(length)  # the same input on every rank
             x = torch.randn(batch[call] if isinstance(batch, list) else batch, length, 32)

@@ -11,7 +11,6 @@ import glob
 import json
 import os
 import tempfile
-import unittest.mock
 
 import torch
 import torch.distributed as dist
@@ -115,7 +114,7 @@ def plain_tp_block(bias: bool, batch: int, seed: int = 0, autocast: bool = False
     # tokens divisible by W at batch 1, yet chunks cross sequences
     seq = 3 * dist.get_world_size() + extra_tokens
     tol = dict(atol=3e-2, rtol=3e-2) if autocast else TOL
-    with unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0):
+    with all_reduce_split.sizes_ignored():
         _compare_module(block, lambda: torch.randn(batch, seq, 32), seed, tol, autocast, replicated=True)
 
 
@@ -132,7 +131,7 @@ def plain_tp_functional(name: str, seed: int = 0, extra_tokens: int = 0) -> dict
     torch.manual_seed(seed + 1 + dist.get_rank())
     x, w_row, w_col = torch.randn(residual.shape[0], 24), torch.randn(24, 32), torch.randn(32, 40)
     args = (x, residual, w_row, w_col, norm_weight)
-    with unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0):
+    with all_reduce_split.sizes_ignored():
         compiled = torch.compile(fn, backend="overlap", fullgraph=True)(*args, _group_name())
     torch.testing.assert_close(compiled, fn(*args, _group_name()), **TOL)
 
@@ -335,7 +334,7 @@ def float8_plain_tp_block(recipe: str, tokens: int, seed: int = 0) -> dict:
     block = _float8_block(recipe, parallelize_block_plain)
     torch.manual_seed(seed)  # the same input on every rank
     x = torch.randn(1, tokens, 64, dtype=torch.bfloat16)
-    forced = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0)
+    forced = all_reduce_split.sizes_ignored()
     with forced, torch._inductor.config.patch(FLOAT8_CPU_INDUCTOR):
         _float8_steps(block, x, 1, 0)
 
@@ -354,7 +353,7 @@ def float8_tp_block(recipe: str, batch: int, seed: int = 0, fold: bool = True) -
     block = _float8_block(recipe, parallelize_block)
     torch.manual_seed(seed + 1000 * dist.get_rank())
     x = torch.randn(batch, 32 // world, 64, dtype=torch.bfloat16)
-    forced = unittest.mock.patch.object(all_reduce_split, "LATENCY_BYTES", 0)
+    forced = all_reduce_split.sizes_ignored()
     with forced, config.patch(fold_rowwise_float8=fold), torch._inductor.config.patch(FLOAT8_CPU_INDUCTOR):
         _float8_steps(block, x, 2, world)
 

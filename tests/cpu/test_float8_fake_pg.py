@@ -33,8 +33,9 @@ def _compile(tmp_path, world_size: int, recipe: str, **patches):
 
 
 @pytest.fixture
-def latency_free(monkeypatch):
-    monkeypatch.setattr(all_reduce_split, "LATENCY_BYTES", 0)
+def latency_free():
+    with all_reduce_split.sizes_ignored():
+        yield
 
 
 def _without_amax_all_reduces(found: list[tuple]) -> list[tuple]:

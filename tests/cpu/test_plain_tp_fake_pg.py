@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
+from overlap_pass import config
 from overlap_pass.regions import all_reduce_split, passengers
 from tests.plain_tp_cases import (
     max_reduced,
@@ -38,10 +39,11 @@ def collectives(graph_text: str) -> list[tuple]:
 
 
 @pytest.fixture
-def latency_free(monkeypatch):
+def latency_free():
     """The cost model with a collective's latency counted as nothing, as it is next to the bytes
     of a real model's activations; the test models are far smaller."""
-    monkeypatch.setattr(all_reduce_split, "LATENCY_BYTES", 0)
+    with all_reduce_split.sizes_ignored():
+        yield
 
 
 def _plain_block(world_size: int, bias: bool):
@@ -122,7 +124,7 @@ def test_gathers_that_ride_in_a_fused_one_cost_no_latency(tmp_path, riders, monk
     for them. The backward, five all-reduces for one plain gather and two small all-reduces,
     is split either way."""
     monkeypatch.setattr(all_reduce_split, "LATENCY_BYTES", 512)
-    monkeypatch.setattr(all_reduce_split, "FUSED_MIN_LATENCIES", 1)  # a fused one needs one latency's worth
+    monkeypatch.setattr(config, "split_min_bytes", 512)  # a fused one needs one latency's worth
     with fake_world(2):
         x = torch.randn(1, SEQ, DIM, requires_grad=True)
         _, dump = compile_and_dump(_plain_block(2, False), (x,), tmp_path, backward=True, gather_passengers=riders)
