@@ -5,7 +5,8 @@
 # one process (timing; where the torchtitan step's GPU time goes); then each compiler alone in a
 # process of its own with a fresh choice cache (device memory); the per-call host time of the
 # ops; the exposed communication of the 8B block. At W=4, where the machine has 4 GPUs: the
-# torchtitan step under TP alone and FSDP2 x TP, and the 8B block's exposed communication.
+# torchtitan step under TP alone and FSDP2 x TP (its memory, and the host time of each phase),
+# Hugging Face's step, and the 8B block's exposed communication.
 # Measured on 2xH200 (W=2) and 4xH100 (W=4); each command under 5 minutes.
 source "$(dirname "$0")/_common.sh"
 torchrun --nproc-per-node 2 -m tools.bench_step --profile 2 --out "$OUT/step_tp2_w2.json"
@@ -26,7 +27,12 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
         OVERLAP_PASS_CHOICE_CACHE=$(mktemp -d)/choices.json torchrun --nproc-per-node 4 -m tools.bench_step \
             --tp 4 --compilers "$compiler" --rounds 0 --out "$OUT/memory_tp4_w4_$compiler.json"
     done
-    # (this row was timed with --settle 0: each round's first two overlap steps included)
-    torchrun --nproc-per-node 4 -m tools.bench_step --tp 2 --settle 0 --out "$OUT/step_dp2_tp2_w4.json"
+    for compiler in inductor overlap; do
+        OVERLAP_PASS_CHOICE_CACHE=$(mktemp -d)/choices.json torchrun --nproc-per-node 4 -m tools.bench_step \
+            --tp 2 --compilers "$compiler" --rounds 0 --out "$OUT/memory_dp2_tp2_w4_$compiler.json"
+    done
+    torchrun --nproc-per-node 4 -m tools.bench_step --tp 2 --out "$OUT/step_dp2_tp2_w4.json"
+    torchrun --nproc-per-node 4 -m tools.bench_step --tp 2 --rounds 3 --profile 2 --out "$OUT/phases_dp2_tp2_w4.json"
+    torchrun --nproc-per-node 4 -m tools.bench_step --model hf --out "$OUT/step_hf_w4.json"
     torchrun --nproc-per-node 4 -m tools.exposed_time --per-collective --out "$OUT/exposed_block8b_w4.json"
 fi

@@ -111,6 +111,35 @@ def _resolved(fast_key: tuple):
     return run
 
 
+# call signatures whose first calls ran NCCL + cuBLAS (config.fused_from_call), most recent last
+_WARMED: collections.OrderedDict[tuple, None] = collections.OrderedDict()
+
+
+def _baseline_at_first_calls(fast_key: tuple, baseline, device):
+    """The run of ``fast_key``'s first config.fused_from_call - 1 calls: NCCL + cuBLAS, which
+    then hands the signature to _first_call's choice; None where its first calls are over, the
+    implementation is forced, or CUDA graphs take the host out of the way (a capture records
+    the call; graph trees warm a model up, to record its next call: the choice is made now).
+    The same on every rank: each calls the op with the same signatures in the same order."""
+    if (
+        config.fused_from_call <= 1 or config.implementation != "auto" or fast_key in _WARMED
+        or torch.cuda.is_current_stream_capturing() or choose.replays_graphs(device)
+    ):  # fmt: skip
+        return None
+    left = [config.fused_from_call - 1]
+
+    def run(*args):
+        left[0] -= 1
+        if left[0] == 0:  # the next call chooses
+            _RESOLVED.pop(fast_key, None)
+            _WARMED[fast_key] = None
+            while len(_WARMED) > 4 * max(config.shapes_kept, 1):
+                _WARMED.popitem(last=False)
+        return baseline(*args)
+
+    return run
+
+
 def _remember(fast_key: tuple, run) -> None:
     """Keeps ``run`` for ``fast_key``; drops the least recently used signature past
     config.shapes_kept, and its per-call graphs (a later call of it resolves again: its
@@ -200,6 +229,10 @@ def _first_call(kind, fast_key, group_name, world_size, variants, shapes, dtype,
     )
     if config.implementation == "reference" or not _symmetric_memory_usable(group):
         return reference(*args)
+    early = _baseline_at_first_calls(fast_key, variants[choose.BASELINE], device)
+    if early is not None:
+        _remember(fast_key, early)
+        return early(*args)
     calls = variant_calls(kind, fast_key, variants)
     key = choose.shape_key(kind, world_size, shapes, dtype)
     name = choose.choose(key, calls, args, group, device)

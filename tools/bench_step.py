@@ -395,7 +395,11 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=8192, help="tokens per sequence")
     parser.add_argument("--tp", type=int, default=0, help="tensor-parallel degree (default: every rank)")
     parser.add_argument("--compilers", default=",".join(COMPILERS))
-    parser.add_argument("--warmup", type=int, default=3, help="steps before memory is read (compile, choices)")
+    parser.add_argument(
+        "--warmup", type=int, default=5,
+        help="steps before memory is read: the compile, the ops' first calls (NCCL + cuBLAS, config.fused_from_call), "
+        "their choice and the capture of their per-call graphs",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=5, help="0: memory alone (one compiler per process is exact)")
     parser.add_argument("--calls", type=int, default=5)
     add_settle_argument(parser, default=2)

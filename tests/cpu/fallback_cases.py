@@ -98,7 +98,10 @@ class _Records(logging.Handler):
 def _dispatch_on_cpu(failing_ranks, cache_path: str, **patches):
     """dispatch's CUDA path on CPU tensors with the stand-in variants, this process's choices
     forgotten (and restored after), the overlap log collected."""
-    remembered = (choose.CHOICES, choose._DECIDED, choose._PREDICTED, choose._UNMEASURED, choose._TOLD, dispatch._RESOLVED)
+    remembered = (
+        choose.CHOICES, choose._DECIDED, choose._PREDICTED, choose._UNMEASURED, choose._TOLD, dispatch._RESOLVED,
+        dispatch._WARMED,
+    )  # fmt: skip
     saved = [type(table)(table) for table in remembered]
     for table in remembered:
         table.clear()
@@ -107,6 +110,7 @@ def _dispatch_on_cpu(failing_ranks, cache_path: str, **patches):
     level = logger.level
     logger.addHandler(records)
     logger.setLevel(logging.DEBUG)
+    patches.setdefault("fused_from_call", 1)  # the choice from a signature's first call
     try:
         with pytest.MonkeyPatch.context() as mp, config.patch(choice_cache=cache_path, **patches):
             mp.setattr(dispatch, "_symmetric_memory_usable", lambda group: True)
@@ -170,11 +174,13 @@ def fallback(scenario: str, cache_path: str, seed: int = 0) -> dict:
     return {"chosen": chosen, "log": messages, "error": max(errors), "cache": cached}
 
 
-def changing_rows(cache_path: str, rows: list[int], refused: int, kept: int, measure_after: int = 1) -> dict:
+def changing_rows(
+    cache_path: str, rows: list[int], refused: int, kept: int, measure_after: int = 1, fused_from: int = 1
+) -> dict:
     """Calls at each of ``rows`` (a new seed each), the Gluon stand-in refusing the calls of
     ``refused`` rows (NotImplementedError, as a variant refuses operands it cannot take), at
     most ``kept`` call signatures kept, a far bucket measured at its ``measure_after``-th
-    distinct count. Returns the choice per token bucket (measured, or predicted from a
+    distinct count, a signature's chosen variant run from its ``fused_from``-th call. Returns the choice per token bucket (measured, or predicted from a
     neighbour), the rows of each measurement, the variant each call ran, and the largest
     error."""
     ran, measured = [], []
@@ -194,7 +200,8 @@ def changing_rows(cache_path: str, rows: list[int], refused: int, kept: int, mea
     def variants(kind, num_inputs=1):
         return {n: recorded(n, v) for n, v in {**_variants(set()), GLUON: refusing}.items()}
 
-    with _dispatch_on_cpu(set(), cache_path, shapes_kept=kept, measure_bucket_after=measure_after) as (mp, messages):
+    patches = {"shapes_kept": kept, "measure_bucket_after": measure_after, "fused_from_call": fused_from}
+    with _dispatch_on_cpu(set(), cache_path, **patches) as (mp, messages):
         mp.setattr(scaled, "variants", variants)
         real_measure = choose._measure
         mp.setattr(choose, "_measure", lambda *a, **k: measured.append(a[1][0].shape[0]) or real_measure(*a, **k))

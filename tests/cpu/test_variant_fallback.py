@@ -82,6 +82,22 @@ def test_a_far_bucket_runs_the_nearest_choice_until_it_recurs(gloo_world, tmp_pa
         assert result["chosen"] == {32: cases.GLUON, 256: cases.GLUON}, (rank, result)
 
 
+def test_a_token_count_runs_nccl_until_its_third_call(gloo_world, tmp_path):
+    """config.fused_from_call=3: each call signature's first two calls run NCCL + cuBLAS, with
+    no measurement; its third is measured (32 rows' bucket) or predicted (40, next to it) and
+    runs the choice, as every later one does. 32, dropped meanwhile (three signatures kept),
+    runs its choice at once when it comes back: its first calls are over. Every rank alike."""
+    rows = [32, 32, 40, 32, 32, 40, 40, 40, 200, 300, 32]
+    ranks = gloo_world(2).run(cases.changing_rows, str(tmp_path / "choices.json"), rows, -1, 3, 1, 3)
+    nccl, gluon = choose.BASELINE, cases.GLUON
+    for rank, result in enumerate(ranks):
+        assert result["error"] <= 1e-2, (rank, result)
+        assert result["measured"] == [32], (rank, result)
+        assert result["ran"] == [nccl, nccl, nccl, gluon, gluon, nccl, gluon, gluon, nccl, nccl, gluon], (rank, result)
+        assert result["chosen"] == {32: gluon}, (rank, result)
+        assert result["predicted"] == {64: gluon}, (rank, result)
+
+
 def test_a_variant_raising_while_timed_is_out_on_every_rank(gloo_world):
     """A sample that raises on one rank (a ChunkTimeout told at a later call) does not leave
     choose on that rank while its peers wait in the next sample's collective: every rank times

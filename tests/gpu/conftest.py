@@ -23,6 +23,9 @@ def pytest_collection_modifyitems(config, items):
 # GPU for the default ten minutes, while a peer still compiling a kernel (seconds, on an empty
 # Triton cache) is waited for (set before the rank processes start; they read it at import).
 os.environ.setdefault("OVERLAP_PASS_SPIN_LIMIT", "10000000")
+# The variants from a call signature's first call (the default runs NCCL + cuBLAS at a
+# signature's first two calls, config.fused_from_call): what these tests check is the variants.
+os.environ.setdefault("OVERLAP_PASS_FUSED_FROM_CALL", "1")
 
 
 @pytest.fixture(scope="module", params=sorted({2, min(GPUS, 4)}) if GPUS >= 2 else [2], ids=lambda w: f"W{w}")
