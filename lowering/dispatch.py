@@ -218,8 +218,9 @@ def variant_calls(kind: str, fast_key: tuple, variants: dict) -> dict:
 
 def _first_call(kind, fast_key, group_name, world_size, variants, shapes, dtype, device, args, reference):
     """The first call of a signature: runs the reference decomposition (forced, or a group
-    without symmetric memory), else choose.py's pick, made on the calls it will run; the
-    variant is kept for the signature's later calls. A pick made at another token count of its
+    without symmetric memory), NCCL + cuBLAS at its first calls (config.fused_from_call: the
+    signature comes back here after them), else choose.py's pick, made on the calls it will
+    run; the variant is kept for the signature's later calls. A pick made at another token count of its
     bucket that refuses this count (choose.refusals: the same on every rank) leaves this
     signature to NCCL + cuBLAS."""
     group = torch_compat.resolve_process_group(group_name)

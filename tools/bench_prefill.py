@@ -1,7 +1,8 @@
 """Hugging Face Llama with its own tensor-parallel plan (``tp_plan``: plain TP, an all-reduce after
 each row-parallel linear): prefill at prompt lengths that change from call to call, and
 decode-shaped calls, each backend compiling the model once; plain Inductor against
-backend="overlap", in one process on the same inputs.
+backend="overlap" (and overlap under config patches, --backends: tools/bench_model.py's
+EXTRA_COMPILERS), in one process on the same inputs.
 
     torchrun --nproc-per-node 4 -m tools.bench_prefill --lengths 128,1001,2048,4095,8192 --out prefill.json
 
@@ -17,8 +18,9 @@ the per-shape choice keeps NCCL + cuBLAS.
 Per length, each backend's first call is timed alone (a compile, or the symbolic graph's first
 call at that count, whose token bucket may be measured), and its logits are checked against the
 eager model's; then the backends' calls are timed interleaved (tools/measure.py): the slowest
-rank's median over rounds of --calls calls. Printed last: a table, and the overlap op calls of
-one overlap prefill at each length (0: nothing fused).
+rank's median over rounds of --calls calls, each round opened by --settle untimed calls. Printed
+last: a table, a row per length and overlap backend, with the overlap op calls of one of its
+prefills (0: nothing fused) and the host time to queue a call.
 """
 
 import argparse
@@ -38,7 +40,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from tools.bench_model import EXTRA_COMPILERS, _compile, _config_of  # noqa: E402
-from tools.measure import OVERLAP_OPS, add_settle_argument, overlap_op_calls, relative_error, slowest, time_interleaved  # noqa: E402
+from tools.measure import (  # noqa: E402
+    OVERLAP_OPS, add_settle_argument, overlap_op_calls, relative_error, slowest, time_interleaved,
+)
 
 # (hidden, heads, K/V heads, FFN)
 SIZES = {"llama3-8b": (4096, 32, 8, 14336), "llama3-70b": (8192, 64, 8, 28672), "small": (1024, 8, 8, 3584)}
