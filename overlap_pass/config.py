@@ -102,12 +102,11 @@ workspace_limit_mib: int = int(os.environ.get("OVERLAP_PASS_WORKSPACE_LIMIT_MIB"
 
 # A call signature (its shapes: a token count) runs NCCL + cuBLAS at its first
 # fused_from_call - 1 calls and its chosen variant from then on. A symmetric-memory variant
-# called eagerly queues many more host steps than NCCL + cuBLAS (1-2 ms an op at a count new to
-# the process, 8B widths) and pays only once its calls replay a per-call CUDA graph, from the
-# third call at the same addresses: a token count seen once or twice (shapes that change from
-# call to call) costs what plain Inductor's step costs, and one that recurs is fused. The
-# choice's measurement waits for it too. 1: fused from the first call. Forced implementations
-# (config.implementation) run from the first call.
+# called eagerly queues many more host steps than NCCL + cuBLAS and pays only once its calls
+# replay a per-call CUDA graph, from the third call at the same addresses: a token count seen
+# once or twice (shapes that change from call to call) costs what plain Inductor's step costs,
+# and one that recurs is fused. The choice's measurement waits for it too. 1: fused from the
+# first call. Forced implementations (config.implementation) run from the first call.
 fused_from_call: int = int(os.environ.get("OVERLAP_PASS_FUSED_FROM_CALL", 3))
 
 # A token bucket far from every measured one (shapes that change) runs the nearest measured
