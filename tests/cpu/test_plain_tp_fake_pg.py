@@ -150,8 +150,19 @@ def test_all_reduces_of_fewer_bytes_than_a_collective_latency_are_kept(tmp_path)
     assert len(records) == 7 and not any(c["rewritten"] for c in records), records
     assert all(c["reason"].startswith("does not pay: ") for c in records), records
     # the forward's two regions would fuse every collective, but each is too short to pay
-    told = "count as plain: too short to pay for a fused op's call"
+    told = "under 16.0 MiB a rank count as plain: too short to pay for a fused op's call"
     assert sum(told in c["reason"] for c in records) >= 2, records
+
+
+def test_split_min_bytes_sets_where_a_fused_collective_counts(tmp_path):
+    """config.split_min_bytes = 0: the same block's forward regions, whose every collective
+    fuses, split (a collective's latency still counted: the split leaves fewer of them)."""
+    with fake_world(2):
+        x = torch.randn(1, SEQ, DIM, requires_grad=True)
+        _, dump = compile_and_dump(_plain_block(2, False), (x,), tmp_path, split_min_bytes=0)
+    forward = [c for c in dump.candidates("forward") if c["kind"] == SPLIT]
+    assert [c["rewritten"] for c in forward] == [True] * 2, forward
+    assert "all_reduce" not in dump.after("forward")
 
 
 def test_config_off_keeps_every_all_reduce(tmp_path):
