@@ -32,6 +32,7 @@ import statistics
 for _var, _value in (
     ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"),
     ("OVERLAP_PASS_SPIN_LIMIT", "20000000"),
+    ("OVERLAP_PASS_FUSED_FROM_CALL", "1"),  # the chosen variants from a first call: checked and timed
 ):  # fmt: skip
     os.environ.setdefault(_var, _value)
 

@@ -60,6 +60,7 @@ import time
 for _var, _value in (
     ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"),
     ("OVERLAP_PASS_SPIN_LIMIT", "20000000"),
+    ("OVERLAP_PASS_FUSED_FROM_CALL", "1"),  # the chosen variants from a first call: checked and timed
 ):  # fmt: skip
     os.environ.setdefault(_var, _value)
 
@@ -395,11 +396,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=8192, help="tokens per sequence")
     parser.add_argument("--tp", type=int, default=0, help="tensor-parallel degree (default: every rank)")
     parser.add_argument("--compilers", default=",".join(COMPILERS))
-    parser.add_argument(
-        "--warmup", type=int, default=5,
-        help="steps before memory is read: the compile, the ops' first calls (NCCL + cuBLAS, config.fused_from_call), "
-        "their choice and the capture of their per-call graphs",
-    )  # fmt: skip
+    parser.add_argument("--warmup", type=int, default=3, help="steps before memory is read (compile, choices)")
     parser.add_argument("--rounds", type=int, default=5, help="0: memory alone (one compiler per process is exact)")
     parser.add_argument("--calls", type=int, default=5)
     add_settle_argument(parser, default=2)

@@ -31,6 +31,7 @@ for _var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DI
     os.environ.setdefault(_var, "0" if _var == "NCCL_NVLS_ENABLE" else "1")
 # A lost peer fails the demo within seconds rather than the default ten minutes.
 os.environ.setdefault("OVERLAP_PASS_SPIN_LIMIT", "20000000")
+os.environ.setdefault("OVERLAP_PASS_FUSED_FROM_CALL", "1")  # the chosen variants from a first call: checked
 # torch imports numpy where it is installed and warns where it is not ("Failed to initialize
 # NumPy", from torch/_subclasses/functional_tensor.py at compile time); the demo needs no numpy.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")

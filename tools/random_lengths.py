@@ -18,6 +18,10 @@ choice picked it); per token bucket, the step that measured its choice, the step
 to the process and at counts run before (--repeat), plain Inductor's beside each; device memory
 in use (cudaMemGetInfo) after the first checked call and at the end; with --profile, rank 0's
 host time at new counts. Exit status 1 on any mismatch.
+
+The ops run their chosen variants from a call signature's first call (OVERLAP_PASS_FUSED_FROM_CALL
+is 1 here unless set): the fused path is what each call checks. Set it to 3, the default
+elsewhere, to time what a count's first calls cost a user (NCCL + cuBLAS at its first two).
 """
 
 import argparse
@@ -34,6 +38,7 @@ import time
 for _var, _value in (
     ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"),
     ("OVERLAP_PASS_SPIN_LIMIT", "20000000"),
+    ("OVERLAP_PASS_FUSED_FROM_CALL", "1"),  # the chosen variants from a first call: checked and timed
 ):  # fmt: skip
     os.environ.setdefault(_var, _value)
 
