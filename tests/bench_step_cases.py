@@ -1,7 +1,6 @@
 """tools/bench_step.py's two training steps at toy sizes, on whatever ranks run them: eager, then
 backend="overlap", each from the same weights, two steps each (the tool's own recipes)."""
 
-
 import torch
 import torch.distributed as dist
 

@@ -180,9 +180,9 @@ def changing_rows(
     """Calls at each of ``rows`` (a new seed each), the Gluon stand-in refusing the calls of
     ``refused`` rows (NotImplementedError, as a variant refuses operands it cannot take), at
     most ``kept`` call signatures kept, a far bucket measured at its ``measure_after``-th
-    distinct count, a signature's chosen variant run from its ``fused_from``-th call. Returns the choice per token bucket (measured, or predicted from a
-    neighbour), the rows of each measurement, the variant each call ran, and the largest
-    error."""
+    distinct count, a signature's chosen variant run from its ``fused_from``-th call. Returns
+    the choice per token bucket (measured, or predicted from a neighbour), the rows of each
+    measurement, the variant each call ran, and the largest error."""
     ran, measured = [], []
 
     def recorded(name, variant):

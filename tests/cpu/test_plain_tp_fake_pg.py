@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
-from overlap_pass import config
 from overlap_pass.regions import all_reduce_split, passengers
 from tests.plain_tp_cases import (
     max_reduced,
@@ -124,10 +123,11 @@ def test_gathers_that_ride_in_a_fused_one_cost_no_latency(tmp_path, riders, monk
     for them. The backward, five all-reduces for one plain gather and two small all-reduces,
     is split either way."""
     monkeypatch.setattr(all_reduce_split, "LATENCY_BYTES", 512)
-    monkeypatch.setattr(config, "split_min_bytes", 512)  # a fused one needs one latency's worth
     with fake_world(2):
         x = torch.randn(1, SEQ, DIM, requires_grad=True)
-        _, dump = compile_and_dump(_plain_block(2, False), (x,), tmp_path, backward=True, gather_passengers=riders)
+        # a fused one needs one latency's worth
+        patches = {"gather_passengers": riders, "split_min_bytes": 512}
+        _, dump = compile_and_dump(_plain_block(2, False), (x,), tmp_path, backward=True, **patches)
     forward = [c for c in dump.candidates("forward") if c["kind"] == SPLIT]
     assert [c["rewritten"] for c in forward] == [True] * 2
     after = "1.5 KiB" if riders else "2.5 KiB"  # (2 latencies more)

@@ -4,7 +4,6 @@ reader), built directly with make_fx so that every torch version sees it. The la
 into the first (waits.py), the collective is rewritten, and the rewritten graph computes what
 the graph did before the pass."""
 
-
 import pytest
 import torch
 import torch.distributed as dist
