@@ -148,7 +148,8 @@ def fallback(scenario: str, cache_path: str, seed: int = 0) -> dict:
       replays, as under reduce-overhead).
     Returns what each rank chose, its log and the largest error against the reference."""
     failing = {"one_rank": {1}, "captured": set()}.get(scenario, {0, 1})
-    patches = {"implementation": "fused"} if scenario == "forced" else {}
+    # a forced variant runs from a signature's first call, whatever config.fused_from_call says
+    patches = {"implementation": "fused", "fused_from_call": 3} if scenario == "forced" else {}
     patches["measure_bucket_after"] = 1  # each shape's bucket measured at its first call
     with _dispatch_on_cpu(failing, cache_path, **patches) as (mp, messages):
         if scenario == "cached" and dist.get_rank() == 0:
