@@ -126,11 +126,12 @@ def _baseline_at_first_calls(fast_key: tuple, baseline, device):
         or torch.cuda.is_current_stream_capturing() or choose.replays_graphs(device)
     ):  # fmt: skip
         return None
-    left = [config.fused_from_call - 1]
+    left = config.fused_from_call - 1
 
     def run(*args):
-        left[0] -= 1
-        if left[0] == 0:  # the next call chooses
+        nonlocal left
+        left -= 1
+        if left == 0:  # the next call chooses
             _RESOLVED.pop(fast_key, None)
             _WARMED[fast_key] = None
             while len(_WARMED) > 4 * max(config.shapes_kept, 1):

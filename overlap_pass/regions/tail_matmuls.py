@@ -35,6 +35,8 @@ from ..fusion.rewrite import call
 OP = torch.ops.overlap.matmul_reduce_scatter.default
 TAIL_OP = torch.ops.overlap.matmul_reduce_scatter.tail
 MM = torch.ops.aten.mm.default
+
+
 def _shape(node: Node) -> tuple:
     return tuple(node.meta["val"].shape)
 
