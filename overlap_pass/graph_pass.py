@@ -17,7 +17,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch._inductor.pattern_matcher import stable_topological_sort
 from torch.fx import Graph
 
-from . import config, debug
+from . import config, debug, size_ranges
 from .debug import describe_node, log
 from .fusion import decide, patterns, rewrite
 from .fusion.patterns import AllGatherMatmulMatch, Candidate
@@ -33,8 +33,9 @@ class OverlapPass(CustomGraphPass):
     ``overlap_pass.config.enabled`` is set.
     """
 
-    def __init__(self, always: bool = True) -> None:
+    def __init__(self, always: bool = True, ranges: size_ranges.Ranges | None = None) -> None:
         self.always = always
+        self.ranges = ranges  # backend="overlap": the token counts this compile runs
 
     def active(self) -> bool:
         return self.always or config.enabled
@@ -45,7 +46,8 @@ class OverlapPass(CustomGraphPass):
         if not self.always:
             _tell_if_ranks_may_differ()
         try:
-            overlap_graph_pass(graph)
+            with size_ranges.active(self.ranges):
+                overlap_graph_pass(graph)
         except OverlapNotApplied:  # config.strict: the user asked for this to fail the compile
             raise
         except Exception as error:  # the graph is whole (see _rewrite_all); compile goes on
@@ -56,8 +58,11 @@ class OverlapPass(CustomGraphPass):
             return "overlap_pass:off"
         if debug.dumping():
             return None  # no FX graph cache, so every compile writes its dump
+        if self.ranges is not None and not self.ranges.forced:
+            return None  # a cached graph would not tell where its regions split (size_ranges.py)
         # the all-reduce split slices each rank's rows into its graph
-        return (_source_hash(), config.get_hash(), _rank() if config.split_all_reduce else None)
+        ranges = self.ranges.key() if self.ranges is not None else None
+        return (_source_hash(), config.get_hash(), _rank() if config.split_all_reduce else None, ranges)
 
 
 @functools.cache

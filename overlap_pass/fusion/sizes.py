@@ -7,6 +7,7 @@ graph to the sizes of the call that compiled it), so every comparison here asks 
 answer is known for all sizes, and a match that cannot be proven is not taken.
 """
 
+import contextlib
 import math
 import operator
 
@@ -52,13 +53,43 @@ def prod(shape):
     return math.prod(int(s) for s in shape) if static_shape(shape) else math.prod(shape, start=1)
 
 
+# symbol -> the value cost models read for it instead of its traced one (judged_at)
+_JUDGED: dict = {}
+
+
+@contextlib.contextmanager
+def judged_at(values: dict):
+    """Cost models (``hint``) read the symbols of ``values`` (sympy symbol -> int) at those
+    values: how a region is judged at token counts other than the traced one."""
+    kept = dict(_JUDGED)
+    _JUDGED.update(values)
+    try:
+        yield
+    finally:
+        _JUDGED.clear()
+        _JUDGED.update(kept)
+
+
 def hint(size, fallback: int = 4096) -> int:
     """An int for a cost model: the size itself, or the value a symbolic size had when the
-    graph was traced."""
+    graph was traced (or is judged at: ``judged_at``)."""
     if is_static(size):
         return int(size)
+    if _JUDGED:
+        expr = size.node.expr.xreplace(_JUDGED)
+        if not expr.is_number:
+            expr = expr.xreplace(traced_values(size.node.shape_env))
+        if expr.is_number:
+            return int(expr)
     value = getattr(size.node, "hint", None)
     return int(value) if value is not None else fallback
+
+
+def traced_values(shape_env) -> dict:
+    """symbol -> the value it had when the graph was traced (``backed_var_to_val`` from torch
+    2.13 on, ``var_to_val`` before)."""
+    values = getattr(shape_env, "backed_var_to_val", None)
+    return values if values is not None else shape_env.var_to_val
 
 
 def size_arg(graph: Graph, size, sources):

@@ -68,7 +68,8 @@ from ..fusion.patterns import (
     meta_val,
 )
 from ..fusion.rewrite import call, erase_dead, reshape
-from ..fusion.sizes import arith, divisible, hint, is_static, same, same_shape, size_arg
+from ..fusion.sizes import arith, divisible, hint, is_static, judged_at, same, same_shape, size_arg, traced_values
+from .. import size_ranges
 from . import rows
 
 aten = torch.ops.aten
@@ -128,6 +129,7 @@ class Region:
     rank: int
     tokens: int
     layout: Layout = FLAT
+    split_from: int | None = None  # on a symbolic count: the fewest tokens at which it splits
     entries: dict = dataclasses.field(default_factory=dict)  # entry node -> its all-reduces
     gathers: dict = dataclasses.field(default_factory=dict)  # entry node -> its all-gather
     absorbed: set = dataclasses.field(default_factory=set)  # the collectives, waits and adds
@@ -360,6 +362,8 @@ def plan(graph: Graph, all_reduces: bool = True, gathers: bool = True) -> Plan:
     order = graph_order(graph)
     for region in found:
         region.split, region.reason = _decide(region, order)
+        if isinstance(region.tokens, torch.SymInt) and not is_static(region.tokens):
+            region.split, region.reason = _per_token_count(region, order, region.split, region.reason)
         merged = [ar for ars in region.entries.values() for ar in ars]
         for ar in merged:
             records[ar].update(_region_record(region, merged))
@@ -484,6 +488,51 @@ def _decide(region: Region, order: dict[Node, int]) -> tuple[bool, str]:
     return True, summary
 
 
+# token counts searched for where a symbolic region starts to split
+_MOST_TOKENS = 1 << 24
+
+
+def _split_from(region: Region, order: dict[Node, int]) -> int | None:
+    """The fewest tokens at which ``region`` (on a symbolic token count) splits, by bisection
+    (its costs grow with the count), or None: at every count or at none, or a count that is
+    not a multiple of one symbol. A count is judged by setting the symbol with the largest
+    traced value (the sequence; a batch keeps its own) to the count over the rest."""
+    expr = region.tokens.node.expr
+    traced = traced_values(region.tokens.node.shape_env)
+    symbol = max(expr.free_symbols, key=lambda s: traced.get(s, 0))
+    per_symbol = (expr / symbol).xreplace(traced)
+    if not per_symbol.is_number or per_symbol <= 0 or symbol in (expr / symbol).free_symbols:
+        return None
+
+    def splits(tokens: int) -> bool:
+        with judged_at({symbol: max(1, math.ceil(tokens / per_symbol))}):
+            return _decide(region, order)[0]
+
+    low, high = 1, _MOST_TOKENS
+    if splits(low) or not splits(high):
+        return None
+    while high - low > 1:  # splits(high), not splits(low)
+        middle = (low + high) // 2
+        low, high = (low, middle) if splits(middle) else (middle, high)
+    return high
+
+
+def _per_token_count(region: Region, order: dict[Node, int], split: bool, reason: str) -> tuple[bool, str]:
+    """A symbolic region's decision: where it splits from some count on, as backend="overlap"
+    compiles this graph for the range of counts it runs (size_ranges.py), else as judged at the
+    traced count."""
+    threshold = _split_from(region, order)
+    region.split_from = threshold
+    if threshold is None:
+        return split, reason
+    chosen = size_ranges.decide(region.tokens.node.expr, threshold, split)
+    if chosen == split:
+        return split, f"{reason}; splits from {threshold} tokens"
+    if chosen:
+        return True, f"this graph runs {threshold} tokens or more, where it pays"
+    return False, f"does not pay: this graph runs fewer than {threshold} tokens"
+
+
 def _riders(region: Region, plain: set[Node], fused: set[Node], order: dict[Node, int]) -> set[Node]:
     """The plain gathers of ``plain`` that passengers.py will likely move into a fused gather of
     the region (one of ``fused``): those that do not follow one of its matmuls (which read the
@@ -561,6 +610,7 @@ def _region_record(region: Region, all_reduces: list[Node]) -> dict:
             ],
             "reduced_over_tokens": sorted(n.name for n in region.token_reductions),
             "padded": _padding_note(region),
+            "split_from_tokens": region.split_from,
         },
     }
 

@@ -89,6 +89,20 @@ def test_plain_tp_at_changing_batch_and_length(gloo_world):
     assert counts == [counts[0]] * 4 and counts[0] > 0, counts
 
 
+def test_plain_tp_splits_from_the_count_where_it_pays(gloo_world):
+    """A split that pays from 100 tokens on (config.split_min_bytes), in a graph traced at 80
+    (the automatic dynamic recompile at the second call): backend="overlap" compiles it once
+    more for counts from 100 on, and each call runs the graph of its count's range: the same op
+    calls at 120 and 160 tokens as a split graph's, at 80 and 64 as an unsplit one's."""
+    results = gloo_world(2).run(cases.plain_tp_at_lengths, [64, 80, 120, 160, 80, 64], 1, "overlap", 100)
+    decisions, counts = results[0]
+    splits = [(rewritten, reason) for kind, rewritten, reason in decisions if kind == "all_reduce_split"]
+    # the static graph at 64 tokens, the symbolic one judged at 80, the same for 100 or more
+    assert sum(rewritten for rewritten, _ in splits) == 2, splits
+    assert sum("splits from 100 tokens" in (reason or "") for _, reason in splits) == 2, splits
+    assert counts[2] == counts[3] and counts[1] == counts[4] and counts[2] > counts[1], counts
+
+
 def test_plain_tp_uneven_token_counts_are_padded(gloo_world):
     """One sequence of lengths W does not divide (7, 9): the symbolic graph gives each rank
     ceil(T / W) rows, zero rows past the real tokens, and fuses as the static one does; every

@@ -1,0 +1,128 @@
+"""One compiled graph per range of token counts, where a plain-TP split pays only from some count
+on (backend="overlap", graphs with symbolic token counts).
+
+The all-reduce split (regions/all_reduce_split.py) is a choice of graph, not of kernel: a split
+region runs its row-wise ops on 1/W of the tokens between a reduce-scatter and an all-gather,
+which pays at a long prompt and costs a short one its extra op calls. A graph traced at 2048
+tokens and run at 1 to 8192 cannot be judged at one count. So the pass reports, for each region
+on a symbolic count, the fewest tokens at which it splits (``threshold``); the backend compiles
+the graph once more per range between those counts, each range's regions split or not as they
+pay there, and each call runs the graph of the range its token count falls in (a lookup on
+the host per call).
+
+What crosses from the backend to the pass (whose compile of the backward may come later, from
+autograd) rides on the OverlapPass object: a Ranges, whose ``forced`` decisions the pass takes and
+whose ``found`` thresholds it fills.
+"""
+
+import bisect
+import contextlib
+import dataclasses
+import logging
+
+import sympy
+import torch
+
+log = logging.getLogger("overlap_pass")
+
+# A region that splits from fewer tokens than this splits at every count: a range below it
+# (a few decode tokens) is not worth a compile of its own.
+FEWEST_TOKENS = 64
+
+
+@dataclasses.dataclass
+class Ranges:
+    """``forced``: (token count expression, threshold) -> whether regions with that threshold
+    split in this compile; ``found``: each such pair the pass met -> whether it split it."""
+
+    forced: dict = dataclasses.field(default_factory=dict)
+    found: dict = dataclasses.field(default_factory=dict)
+
+    def key(self) -> tuple:
+        return tuple(sorted((str(expr), threshold, split) for (expr, threshold), split in self.forced.items()))
+
+
+_ACTIVE: list[Ranges] = []
+
+
+@contextlib.contextmanager
+def active(ranges: Ranges | None):
+    """The pass runs with ``ranges`` (None: each region judged at its traced count)."""
+    _ACTIVE.append(ranges)
+    try:
+        yield
+    finally:
+        _ACTIVE.pop()
+
+
+def decide(tokens: sympy.Expr, threshold: int, traced: bool) -> bool:
+    """Whether a region on ``tokens`` that splits from ``threshold`` tokens on splits in this
+    compile: as forced for its range, else as judged at the traced count (``traced``)."""
+    ranges = _ACTIVE[-1] if _ACTIVE else None
+    if ranges is None:
+        return traced
+    split = ranges.forced.get((tokens, threshold), traced)
+    ranges.found.setdefault((tokens, threshold), split)
+    return split
+
+
+def compile_per_range(compile_with, example_inputs):
+    """``compile_with(ranges)`` compiles the graph with the pass taking ``ranges``; once, or (where
+    the pass met regions whose split depends on the token count) once per range of counts,
+    behind a function that picks the range's graph per call."""
+    first = Ranges()
+    compiled = compile_with(first)
+    thresholds = sorted({threshold for _, threshold in first.found if threshold >= FEWEST_TOKENS})
+    counts = {expr for expr, threshold in first.found if threshold >= FEWEST_TOKENS}
+    if not thresholds and all(first.found.values()):
+        return compiled
+    if len(counts) > 1:
+        log.info("overlap: regions on %d token counts (%s): each judged at its traced count", len(counts), counts)
+        return compiled
+    count = next(iter(counts), None)
+    readers = _symbol_readers(example_inputs, count.free_symbols) if count is not None else []
+    if readers is None:
+        log.info("overlap: no graph input holds the token count %s: its regions judged at its traced count", counts)
+        return compiled
+    per_range = []
+    for low in [0, *thresholds]:
+        forced = {pair: max(low, FEWEST_TOKENS) >= pair[1] for pair in first.found}
+        per_range.append(compiled if forced == first.found else compile_with(Ranges(forced=forced)))
+    if len(per_range) == 1:
+        return per_range[0]
+    log.info("overlap: %d graphs for token counts %s split at %s", len(per_range), count, thresholds)
+    return ByTokenCount(count, readers, thresholds, per_range)
+
+
+class ByTokenCount:
+    """Runs the graph of the range a call's token count falls in."""
+
+    def __init__(self, count: sympy.Expr, readers: list, thresholds: list[int], per_range: list) -> None:
+        symbols = [symbol for symbol, _ in readers]
+        self._count = sympy.lambdify(symbols, count, modules="math")
+        self._readers = [where for _, where in readers]
+        self._thresholds = thresholds
+        self._per_range = per_range
+
+    def tokens(self, args) -> int:
+        values = [args[i] if dim is None else args[i].shape[dim] for i, dim in self._readers]
+        return int(self._count(*values))
+
+    def __call__(self, *args):
+        return self._per_range[bisect.bisect_right(self._thresholds, self.tokens(args))](*args)
+
+
+def _symbol_readers(example_inputs, symbols) -> list | None:
+    """(symbol, (input index, dim or None)) for each of ``symbols``: a SymInt input holding it,
+    else a tensor input's dim; None where one is held by neither."""
+    where = {}
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.SymInt) and x.node.expr.is_Symbol:
+            where.setdefault(x.node.expr, (i, None))
+    for i, x in enumerate(example_inputs):
+        for dim, size in enumerate(x.shape if isinstance(x, torch.Tensor) else ()):
+            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                where.setdefault(size.node.expr, (i, dim))
+    if not all(s in where for s in symbols):
+        return None
+    return [(s, where[s]) for s in sorted(symbols, key=str)]
