@@ -4,6 +4,7 @@ import collections
 import functools
 import logging
 import math
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -90,8 +91,15 @@ def matmul_reduce_scatter_shapes(
 
 
 def _symmetric_memory_usable(group) -> bool:
-    # "nccl", or "cpu:gloo,cuda:nccl" for a group made without naming a backend
-    return group.size() > 1 and "nccl" in str(dist.get_backend(group))
+    # "nccl", or "cpu:gloo,cuda:nccl" for a group made without naming a backend; asked once a
+    # group (a fifth of a millisecond each time: every new signature's first call asks)
+    usable = _USABLE.get(group)
+    if usable is None:
+        usable = _USABLE[group] = group.size() > 1 and "nccl" in str(dist.get_backend(group))
+    return usable
+
+
+_USABLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _signature(t: torch.Tensor | None):

@@ -67,7 +67,9 @@ small_all_reduce_bytes: int = int(os.environ.get("OVERLAP_PASS_SMALL_ALL_REDUCE_
 # A plain-TP split (all_reduce_split.py) counts a collective as fused only where it moves at
 # least this many bytes a rank; a smaller one counts as plain: the op call a split adds costs
 # the host 40-90 us (tools/host_cost.py), and where the host sets the pace a smaller collective
-# buys nothing. A symbolic size is judged at its traced value. 0: every fusable one counts.
+# buys nothing. A graph on symbolic token counts is compiled (backend="overlap") once per range of
+# counts its regions split in (size_ranges.py); elsewhere judged at its traced value. 0: every
+# fusable one counts.
 split_min_bytes: int = int(os.environ.get("OVERLAP_PASS_SPLIT_MIN_BYTES", 16 << 20))
 
 # Raise (OverlapNotApplied) instead of warning where a compiled graph holds tensor-parallel
@@ -101,13 +103,14 @@ shapes_kept: int = int(os.environ.get("OVERLAP_PASS_SHAPES_KEPT", 64))
 workspace_limit_mib: int = int(os.environ.get("OVERLAP_PASS_WORKSPACE_LIMIT_MIB", 0))
 
 # A call signature (its shapes: a token count) runs NCCL + cuBLAS at its first
-# fused_from_call - 1 calls and its chosen variant from then on. A symmetric-memory variant
-# called eagerly queues many more host steps than NCCL + cuBLAS and pays only once its calls
-# replay a per-call CUDA graph, from the third call at the same addresses: a token count seen
-# once or twice (shapes that change from call to call) costs what plain Inductor's step costs,
-# and one that recurs is fused. The choice's measurement waits for it too. 1: fused from the
+# fused_from_call - 1 calls and its chosen variant from then on. A symmetric-memory variant's
+# first two calls at a signature (eager, then capturing its per-call CUDA graph) cost the host
+# some 20 ms more than NCCL + cuBLAS's at the 8B block's counts (4xH100), and its replays save
+# about 1 ms a step there: a count that recurs fewer times never pays that back, and shapes that
+# change from call to call run what plain Inductor runs. A training step's fixed shapes are
+# fused from their 8th step. The choice's measurement waits for it too. 1: fused from the
 # first call. Forced implementations (config.implementation) run from the first call.
-fused_from_call: int = int(os.environ.get("OVERLAP_PASS_FUSED_FROM_CALL", 3))
+fused_from_call: int = int(os.environ.get("OVERLAP_PASS_FUSED_FROM_CALL", 8))
 
 # A token bucket far from every measured one (shapes that change) runs the nearest measured
 # bucket's choice at its first token counts, and is measured at its measure_bucket_after-th
