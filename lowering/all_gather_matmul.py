@@ -24,13 +24,12 @@ import dataclasses
 import functools
 
 import torch
-import torch.distributed as dist
 
 from overlap_pass import config, ops, schedule
 from overlap_pass.templates import all_gather_matmul as consumer
 from overlap_pass.templates import gemm, signals
 
-from . import symm, torch_compat
+from . import collectives, symm, torch_compat
 from .row_layout import RowLayout, matmul_into
 
 KIND = "all_gather_matmul"
@@ -271,8 +270,7 @@ def nccl_gather(shard: torch.Tensor, gather_dim: int, world_size: int, group) ->
     shard = shard.contiguous()
     raw = shard.view(torch.uint8) if shard.element_size() == 1 else shard
     # ranks one after another along dim 0 (the form every backend takes), then stacked
-    joined = raw.new_empty((world_size * shard.shape[0],) + tuple(shard.shape[1:]))
-    dist.all_gather_into_tensor(joined, raw, group=group)
+    joined = collectives.all_gather(raw, world_size, group.group_name)
     stacked = joined.view(shard.dtype).view((world_size,) + tuple(shard.shape))
     if RowLayout.of(shard.shape, gather_dim, world_size).outer == 1:  # ranks stacked: in order
         return stacked.view(ops._gathered_shape(shard, gather_dim, world_size))

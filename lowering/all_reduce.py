@@ -17,7 +17,7 @@ import torch.distributed as dist
 from overlap_pass import config
 from overlap_pass.templates import all_reduce as kernel
 
-from . import choose, symm, torch_compat
+from . import choose, collectives, symm
 
 KIND = "all_reduce"
 
@@ -31,9 +31,7 @@ NCCL_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.Redu
 
 
 def nccl(inp, reduce_op, world_size, group_name):
-    out = inp.clone(memory_format=torch.contiguous_format)
-    dist.all_reduce(out, op=NCCL_OPS[reduce_op], group=torch_compat.resolve_process_group(group_name))
-    return out
+    return collectives.all_reduce(inp.contiguous(), reduce_op, group_name)
 
 
 def one_shot(inp, reduce_op, world_size, group_name, outputs=None):

@@ -45,13 +45,12 @@ op's arguments and return its output; the symmetric-memory ones write into
 import functools
 
 import torch
-import torch.distributed as dist
 
 from overlap_pass import config, ops, schedule
 from overlap_pass.templates import gemm
 from overlap_pass.templates import matmul_reduce_scatter as producer
 
-from . import gluon_kernels, symm, torch_compat
+from . import collectives, gluon_kernels, symm
 from .row_layout import RowLayout, matmul_into
 
 KIND = "matmul_reduce_scatter"
@@ -271,14 +270,10 @@ def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_n
         full = full.to(out_dtype)  # the partial rounded to the inputs' dtype, as the op's is
     if layout.outer > 1:  # NCCL scatters ranks stacked along dim 0, as Inductor's graph does
         full = full.view(layout.outer, world_size, layout.inner, n).transpose(0, 1).contiguous()
-    out = allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, full.dtype)
-    op = dist.ReduceOp.AVG if reduce_op == "avg" else dist.ReduceOp.SUM
-    group = torch_compat.resolve_process_group(group_name)
-    work = dist.reduce_scatter_tensor(out, full, op=op, group=group, async_op=bool(tail))
-    if tail:  # under NCCL's kernel, on its stream
-        run_tail(tail)
-        work.wait()
-    return out
+    shape = allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, full.dtype).shape
+    # the tail under NCCL's kernel
+    scattered = collectives.reduce_scatter(full, reduce_op, world_size, group_name, (lambda: run_tail(tail)) if tail else None)
+    return scattered.view(shape)
 
 
 def variants(num_inputs: int = 1) -> dict:

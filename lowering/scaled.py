@@ -29,7 +29,6 @@ import dataclasses
 import functools
 
 import torch
-import torch.distributed as dist
 
 from overlap_pass import config, ops, scaled_ops, schedule
 from overlap_pass.templates import all_gather_matmul as consumer
@@ -37,7 +36,7 @@ from overlap_pass.templates import gemm
 
 from . import all_gather_matmul as agm
 from . import matmul_reduce_scatter as mrs
-from . import gluon_kernels, torch_compat
+from . import collectives, gluon_kernels, torch_compat
 from .row_layout import RowLayout
 
 AG_KIND, RS_KIND = "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter"
@@ -298,9 +297,7 @@ def nccl_scaled_mm_reduce_scatter(
     # NCCL scatters ranks stacked along dim 0: the scatter dim moved to the front, as Inductor's
     # graph does
     stacked = full.movedim(scatter_dim, 0).contiguous()
-    out = stacked.new_empty((stacked.shape[0] // world_size, *stacked.shape[1:]))
-    op = dist.ReduceOp.AVG if reduce_op == "avg" else dist.ReduceOp.SUM
-    dist.reduce_scatter_tensor(out, stacked, op=op, group=torch_compat.resolve_process_group(group_name))
+    out = collectives.reduce_scatter(stacked, reduce_op, world_size, group_name)
     return out.movedim(0, scatter_dim).contiguous()
 
 
