@@ -22,6 +22,7 @@ over the whole workspace; nccl_cublas runs them as one matmul each.
 
 import dataclasses
 import functools
+import math
 
 import torch
 
@@ -29,7 +30,7 @@ from overlap_pass import config, ops, schedule
 from overlap_pass.templates import all_gather_matmul as consumer
 from overlap_pass.templates import gemm, signals
 
-from . import collectives, symm, torch_compat
+from . import collectives, symm
 from .row_layout import RowLayout, matmul_into
 
 KIND = "all_gather_matmul"
@@ -252,8 +253,7 @@ def nccl_cublas(
     shard, mat2s, biases, gather_dim, world_size, group_name, return_gathered=False,
     contract_with=(), gathered_left=(), passengers=(),
 ):  # fmt: skip
-    group = torch_compat.resolve_process_group(group_name)
-    gathered = nccl_gather(shard, gather_dim, world_size, group)
+    gathered = nccl_gather(shard, gather_dim, world_size, group_name)
     flat = gathered.view(-1, shard.shape[-1])
     outs = []
     for mat2, bias in zip(mat2s, biases):
@@ -261,18 +261,18 @@ def nccl_cublas(
         outs.append(out.view(list(gathered.shape[:-1]) + [mat2.shape[1]]))
     for other, left in zip(contract_with, gathered_left):
         outs.append(flat.t() @ other if left else other.t() @ flat)
-    outs += [nccl_gather(p, gather_dim, world_size, group) for p in passengers]
+    outs += [nccl_gather(p, gather_dim, world_size, group_name) for p in passengers]
     return (gathered if return_gathered else None), outs
 
 
-def nccl_gather(shard: torch.Tensor, gather_dim: int, world_size: int, group) -> torch.Tensor:
+def nccl_gather(shard: torch.Tensor, gather_dim: int, world_size: int, group_name: str) -> torch.Tensor:
     """NCCL all-gather along ``gather_dim``; 1-byte dtypes (float8) move as uint8."""
     shard = shard.contiguous()
     raw = shard.view(torch.uint8) if shard.element_size() == 1 else shard
     # ranks one after another along dim 0 (the form every backend takes), then stacked
-    joined = collectives.all_gather(raw, world_size, group.group_name)
+    joined = collectives.all_gather(raw, world_size, group_name)
     stacked = joined.view(shard.dtype).view((world_size,) + tuple(shard.shape))
-    if RowLayout.of(shard.shape, gather_dim, world_size).outer == 1:  # ranks stacked: in order
+    if math.prod(shard.shape[:gather_dim]) == 1:  # ranks stacked: in order (RowLayout's outer)
         return stacked.view(ops._gathered_shape(shard, gather_dim, world_size))
     return torch.cat(stacked.unbind(0), dim=gather_dim)
 

@@ -270,7 +270,7 @@ def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_n
         full = full.to(out_dtype)  # the partial rounded to the inputs' dtype, as the op's is
     if layout.outer > 1:  # NCCL scatters ranks stacked along dim 0, as Inductor's graph does
         full = full.view(layout.outer, world_size, layout.inner, n).transpose(0, 1).contiguous()
-    shape = allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, full.dtype).shape
+    shape = ops._scattered_shape([*inputs[0].shape[:-1], n], scatter_dim, world_size)  # (allocate's)
     # the tail under NCCL's kernel
     scattered = collectives.reduce_scatter(full, reduce_op, world_size, group_name, (lambda: run_tail(tail)) if tail else None)
     return scattered.view(shape)

@@ -36,7 +36,7 @@ from overlap_pass.templates import gemm
 
 from . import all_gather_matmul as agm
 from . import matmul_reduce_scatter as mrs
-from . import collectives, gluon_kernels, torch_compat
+from . import collectives, gluon_kernels
 from .row_layout import RowLayout
 
 AG_KIND, RS_KIND = "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter"
@@ -272,16 +272,15 @@ def all_gather_nccl_scaled_mm(
     shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, group_name, out_dtype,
     use_fast_accum=False, return_gathered=False, passengers=(),
 ):  # fmt: skip
-    group = torch_compat.resolve_process_group(group_name)
-    gathered = agm.nccl_gather(shard, gather_dim, world_size, group)
+    gathered = agm.nccl_gather(shard, gather_dim, world_size, group_name)
     scale = shard_scale
     if not scaled_ops.is_tensorwise(shard_scale):
-        scale = agm.nccl_gather(shard_scale, gather_dim, world_size, group)
+        scale = agm.nccl_gather(shard_scale, gather_dim, world_size, group_name)
     outs = [
         scaled_ops.scaled_mm_rows(gathered, scale, mat2, mat2_scale, bias, out_dtype, use_fast_accum)
         for mat2, mat2_scale, bias in zip(mat2s, mat2_scales, biases)
     ]
-    passenger_outs = [agm.nccl_gather(p, gather_dim, world_size, group) for p in passengers]
+    passenger_outs = [agm.nccl_gather(p, gather_dim, world_size, group_name) for p in passengers]
     return (gathered if return_gathered else None), outs, passenger_outs
 
 

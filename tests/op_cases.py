@@ -110,7 +110,7 @@ def nccl_gather_in_order() -> bool:
     for dtype in (torch.bfloat16, torch.float8_e4m3fn):
         for dim, parts in ((1, shards), (0, [s[0] for s in shards])):
             want = torch.cat([p.to(dtype) for p in parts], dim).view(torch.uint8)  # bytes: float8 has no equal
-            got = agm.nccl_gather(parts[rank].to(dtype), dim, world, dist.group.WORLD)
+            got = agm.nccl_gather(parts[rank].to(dtype), dim, world, dist.group.WORLD.group_name)
             assert got.dtype == dtype and torch.equal(got.view(torch.uint8), want), (dtype, dim)
     return True
 
