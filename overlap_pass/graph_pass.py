@@ -200,7 +200,8 @@ def _tell_if_none_rewritten(records: list[dict], tensor_parallel: set[str]) -> N
     plain Inductor would: say so once per graph, with the reasons counted (PyTorch's async TP
     is most often reported for doing nothing silently), or raise under config.strict."""
     skipped = [r for r in records if r["collective"]["name"] in tensor_parallel]
-    if not skipped or any(r["rewritten"] for r in records):
+    # (a split left out of this graph for its range of token counts is in another's: size_ranges)
+    if not skipped or any(r["rewritten"] or r.get("split", {}).get("in_another_graph") for r in records):
         return
     reasons = collections.Counter(f"{r['kind']}: {r['reason']}" for r in skipped)
     message = (

@@ -55,6 +55,12 @@ def active(ranges: Ranges | None):
         _ACTIVE.pop()
 
 
+def compiling_per_range() -> bool:
+    """Whether this compile is one of backend="overlap"'s per range of counts (a region left
+    whole here for its count is split in the graph of the counts where it pays)."""
+    return bool(_ACTIVE) and _ACTIVE[-1] is not None
+
+
 def decide(tokens: sympy.Expr, threshold: int, traced: bool) -> bool:
     """Whether a region on ``tokens`` that splits from ``threshold`` tokens on splits in this
     compile: as forced for its range, else as judged at the traced count (``traced``)."""

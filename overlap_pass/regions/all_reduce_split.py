@@ -130,6 +130,7 @@ class Region:
     tokens: int
     layout: Layout = FLAT
     split_from: int | None = None  # on a symbolic count: the fewest tokens at which it splits
+    split_elsewhere: bool = False  # whole here, split in the graph of another range of counts
     entries: dict = dataclasses.field(default_factory=dict)  # entry node -> its all-reduces
     gathers: dict = dataclasses.field(default_factory=dict)  # entry node -> its all-gather
     absorbed: set = dataclasses.field(default_factory=set)  # the collectives, waits and adds
@@ -526,6 +527,7 @@ def _per_token_count(region: Region, order: dict[Node, int], split: bool, reason
     if threshold is None:
         return split, reason
     chosen = size_ranges.decide(region.tokens.node.expr, threshold, split)
+    region.split_elsewhere = not chosen and size_ranges.compiling_per_range()
     if chosen == split:
         return split, f"{reason}; splits from {threshold} tokens"
     if chosen:
@@ -611,6 +613,7 @@ def _region_record(region: Region, all_reduces: list[Node]) -> dict:
             "reduced_over_tokens": sorted(n.name for n in region.token_reductions),
             "padded": _padding_note(region),
             "split_from_tokens": region.split_from,
+            "in_another_graph": region.split_elsewhere,
         },
     }
 

@@ -175,12 +175,14 @@ def float8_at_lengths(lengths: list[int], recipe: str) -> list[int]:
 
 
 @_decided
-def plain_tp_at_lengths(lengths: list[int], batch, backend: str = "overlap", split_from: int | None = None) -> list[int]:
+def plain_tp_at_lengths(
+    lengths: list[int], batch, backend: str = "overlap", split_from: int | None = None, patches: dict | None = None
+) -> list[int]:
     """The plain-TP block (activations whole on every rank, an all-reduce after each row-parallel
     linear) for inference (a prefill) at each of ``lengths`` tokens a sequence, ``batch``
     sequences (or batch[i] at the i-th call); the all-reduce split forced at these sizes, as in
     numerics_cases.plain_tp_block, or (``split_from``) paying from that many tokens on
-    (config.split_min_bytes). Returns the op counts of each call."""
+    (config.split_min_bytes); under config ``patches``. Returns the op counts of each call."""
     from tools.tp_models import parallelize_block_plain
 
     torch.manual_seed(0)
@@ -189,7 +191,8 @@ def plain_tp_at_lengths(lengths: list[int], batch, backend: str = "overlap", spl
     compiled = torch.compile(copy.deepcopy(block), backend=backend)
     counts = []
     split_min_bytes = 0 if split_from is None else split_from * 32 * 4 * (world - 1) // world
-    with all_reduce_split.sizes_ignored(), config.patch(split_min_bytes=split_min_bytes), torch.no_grad():
+    patched = config.patch(split_min_bytes=split_min_bytes, **(patches or {}))
+    with all_reduce_split.sizes_ignored(), patched, torch.no_grad():
         for call, length in enumerate(lengths):
             torch.manual_seed(length)  # the same input on every rank
             x = torch.randn(batch[call] if isinstance(batch, list) else batch, length, 32)

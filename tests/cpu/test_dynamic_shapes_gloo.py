@@ -103,6 +103,19 @@ def test_plain_tp_splits_from_the_count_where_it_pays(gloo_world):
     assert counts[2] == counts[3] and counts[1] == counts[4] and counts[2] > counts[1], counts
 
 
+def test_strict_mode_takes_the_graph_of_a_range_where_the_split_waits(gloo_world):
+    """Strict mode raises where a graph rewrites none of its collectives; the graph of the
+    counts below the split line (traced at 80, the line at 100) is not such a graph, as the
+    graph of the counts from 100 on splits its all-reduces (small all-reduces kept NCCL's, so
+    that the splits are all there is)."""
+    patches = {"strict": True, "small_all_reduce_bytes": 0}
+    results = gloo_world(2).run(cases.plain_tp_at_lengths, [120, 80, 160, 64], 1, "overlap", 100, patches)
+    decisions, counts = results[0]
+    whole_here = [r for kind, rewritten, r in decisions if kind == "all_reduce_split" and not rewritten]
+    assert whole_here and all("fewer than 100 tokens" in r or "splits from 100" in r for r in whole_here), decisions
+    assert counts[0] == counts[2] > counts[1] == counts[3] == 0, counts
+
+
 def test_plain_tp_uneven_token_counts_are_padded(gloo_world):
     """One sequence of lengths W does not divide (7, 9): the symbolic graph gives each rank
     ceil(T / W) rows, zero rows past the real tokens, and fuses as the static one does; every
