@@ -82,22 +82,37 @@ def compile_per_range(compile_with, example_inputs):
     counts = {expr for expr, threshold in first.found if threshold >= FEWEST_TOKENS}
     if not thresholds and all(first.found.values()):
         return compiled
+    # (told as warnings: the regions' splits then hold only at counts like the traced one)
     if len(counts) > 1:
-        log.info("overlap: regions on %d token counts (%s): each judged at its traced count", len(counts), counts)
+        log.warning("overlap: regions on %d token counts (%s): each judged at its traced count", len(counts), counts)
         return compiled
     count = next(iter(counts), None)
     readers = _symbol_readers(example_inputs, count.free_symbols) if count is not None else []
     if readers is None:
-        log.info("overlap: no graph input holds the token count %s: its regions judged at its traced count", counts)
+        log.warning("overlap: no graph input holds the token count %s: its regions judged at its traced count", count)
         return compiled
     per_range = []
     for low in [0, *thresholds]:
         forced = {pair: max(low, FEWEST_TOKENS) >= pair[1] for pair in first.found}
-        per_range.append(compiled if forced == first.found else compile_with(Ranges(forced=forced)))
+        per_range.append(compiled if forced == first.found else _compiled_or(compiled, compile_with, forced, low))
     if len(per_range) == 1:
         return per_range[0]
     log.info("overlap: %d graphs for token counts %s split at %s", len(per_range), count, thresholds)
     return ByTokenCount(count, readers, thresholds, per_range)
+
+
+def _compiled_or(compiled, compile_with, forced: dict, low: int):
+    """The graph compiled for a range (``forced`` its splits), or where that compile fails,
+    ``compiled`` (the traced count's graph: right at every count, its splits judged there)."""
+    from . import config
+
+    try:
+        return compile_with(Ranges(forced=forced))
+    except Exception as error:  # (e.g. Inductor on a split it has not met before)
+        if config.strict:
+            raise
+        log.warning("overlap: the graph for token counts from %d failed to compile (%r); they run the traced count's", low, error)
+        return compiled
 
 
 class ByTokenCount:
