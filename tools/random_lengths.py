@@ -20,8 +20,8 @@ beside each; device memory in use (cudaMemGetInfo) after the first checked call 
 with --profile, rank 0's host time at new counts. Exit status 1 on any mismatch.
 
 The ops run their chosen variants from a call signature's first call (OVERLAP_PASS_FUSED_FROM_CALL
-is 1 here unless set): the fused path is what each call checks. Set it to 3, the default
-elsewhere, to time what a count's first calls cost a user (NCCL + cuBLAS at its first two).
+is 1 here unless set): the fused path is what each call checks. Set it to 8, the default
+elsewhere, to time what a count's first calls cost a user (NCCL + cuBLAS at its first seven).
 """
 
 import argparse

@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(config, items):
 # Triton cache) is waited for (set before the rank processes start; they read it at import).
 os.environ.setdefault("OVERLAP_PASS_SPIN_LIMIT", "10000000")
 # The variants from a call signature's first call (the default runs NCCL + cuBLAS at a
-# signature's first two calls, config.fused_from_call): what these tests check is the variants.
+# signature's first calls, config.fused_from_call): what these tests check is the variants.
 os.environ.setdefault("OVERLAP_PASS_FUSED_FROM_CALL", "1")
 
 
