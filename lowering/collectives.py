@@ -6,22 +6,25 @@ signature's first calls, the token counts no fused variant takes."""
 
 import torch
 
-_c10d = torch.ops._c10d_functional
+from .torch_compat import functional_collectives
 
 
 def all_gather(shard: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:
     """The ranks' ``shard`` one after another along dim 0."""
-    return _c10d.wait_tensor(_c10d.all_gather_into_tensor(shard, world_size, group_name))
+    c10d = functional_collectives()
+    return c10d.wait_tensor(c10d.all_gather_into_tensor(shard, world_size, group_name))
 
 
 def reduce_scatter(full: torch.Tensor, reduce_op: str, world_size: int, group_name: str, under=None) -> torch.Tensor:
     """This rank's 1/W of ``full``'s rows (dim 0), reduced over the ranks; ``under()`` runs on
     the calling stream while NCCL's kernel runs."""
-    out = _c10d.reduce_scatter_tensor(full, reduce_op, world_size, group_name)
+    c10d = functional_collectives()
+    out = c10d.reduce_scatter_tensor(full, reduce_op, world_size, group_name)
     if under is not None:
         under()
-    return _c10d.wait_tensor(out)
+    return c10d.wait_tensor(out)
 
 
 def all_reduce(inp: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
-    return _c10d.wait_tensor(_c10d.all_reduce(inp, reduce_op, group_name))
+    c10d = functional_collectives()
+    return c10d.wait_tensor(c10d.all_reduce(inp, reduce_op, group_name))

@@ -88,10 +88,30 @@ PRIVATE_NAMES = (
         f"{_SYMM}.enable_symm_mem_for_group", "function", ("group_name",),
         callers="tools/bench_ops.py, bench_model.py, bench_torchtitan.py", required=False,
     ),  # fmt: skip
+    # the functional collectives Inductor's graphs call, which the NCCL + cuBLAS variants call too
+    PrivateName(
+        "torch.ops._c10d_functional.all_gather_into_tensor", "op", ("input", "group_size", "group_name"),
+        callers="lowering/collectives.py",
+    ),  # fmt: skip
+    PrivateName(
+        "torch.ops._c10d_functional.reduce_scatter_tensor", "op", ("input", "reduce_op", "group_size", "group_name"),
+        callers="lowering/collectives.py",
+    ),  # fmt: skip
+    PrivateName(
+        "torch.ops._c10d_functional.all_reduce", "op", ("input", "reduce_op", "group_name"),
+        callers="lowering/collectives.py",
+    ),  # fmt: skip
+    PrivateName("torch.ops._c10d_functional.wait_tensor", "op", ("tensor",), callers="lowering/collectives.py"),
     PrivateName("torch._dynamo.reset", "function", callers="tools: bench_model, bench_torchtitan"),
     PrivateName("torch._dynamo.config.recompile_limit", "attribute", callers="tools: bench_model, bench_torchtitan"),
     PrivateName("torch._dynamo.utils.counters", "attribute", callers="tools: bench_model, bench_torchtitan"),
 )
+
+
+def functional_collectives():
+    """torch.ops._c10d_functional: the collectives as C++ ops, each returning its output to be
+    waited for (wait_tensor), as Inductor's graphs call them."""
+    return torch.ops._c10d_functional
 
 
 def resolve_process_group(group_name: str):
