@@ -23,6 +23,8 @@ import logging
 import sympy
 import torch
 
+from . import config
+
 log = logging.getLogger("overlap_pass")
 
 # A region that splits from fewer tokens than this splits at every count: a range below it
@@ -93,7 +95,7 @@ def compile_per_range(compile_with, example_inputs):
         return compiled
     per_range = []
     for low in [0, *thresholds]:
-        forced = {pair: max(low, FEWEST_TOKENS) >= pair[1] for pair in first.found}
+        forced = {pair: pair[1] < FEWEST_TOKENS or low >= pair[1] for pair in first.found}
         per_range.append(compiled if forced == first.found else _compiled_or(compiled, compile_with, forced, low))
     if len(per_range) == 1:
         return per_range[0]
@@ -104,8 +106,6 @@ def compile_per_range(compile_with, example_inputs):
 def _compiled_or(compiled, compile_with, forced: dict, low: int):
     """The graph compiled for a range (``forced`` its splits), or where that compile fails,
     ``compiled`` (the traced count's graph: right at every count, its splits judged there)."""
-    from . import config
-
     try:
         return compile_with(Ranges(forced=forced))
     except Exception as error:  # (e.g. Inductor on a split it has not met before)

@@ -45,6 +45,13 @@ def test_a_split_from_few_tokens_holds_at_every_count():
     assert compiles == [True] and fn(1) == "split"  # no second compile, no lookup
 
 
+def test_a_split_from_exactly_the_fewest_tokens_has_a_range_below_it():
+    symbol, count = _token_count(32)
+    compile_with, compiles = _compiler(symbol, size_ranges.FEWEST_TOKENS, 32)
+    fn = size_ranges.compile_per_range(compile_with, [count])
+    assert compiles == [False, True] and (fn(size_ranges.FEWEST_TOKENS - 1), fn(size_ranges.FEWEST_TOKENS)) == ("whole", "split")
+
+
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_range_whose_compile_fails_runs_the_traced_graph(strict):
     symbol, count = _token_count(80)
