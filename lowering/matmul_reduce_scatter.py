@@ -69,9 +69,12 @@ def allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name
     """The op's output for these arguments, empty and contiguous, which every variant writes in
     place. Made apart from the call so that a call replayed from a CUDA graph (replay.py) writes
     a new one."""
-    full = [*inputs[0].shape[:-1], mat2s[0].shape[1]]
-    shape = ops._scattered_shape(full, scatter_dim, world_size)
+    shape = _output_shape(inputs, mat2s, scatter_dim, world_size)
     return inputs[0].new_empty(shape, dtype=out_dtype or inputs[0].dtype)
+
+
+def _output_shape(inputs, mat2s, scatter_dim, world_size) -> list:
+    return ops._scattered_shape([*inputs[0].shape[:-1], mat2s[0].shape[1]], scatter_dim, world_size)
 
 
 def _tail_outputs(operands) -> list[torch.Tensor]:
@@ -270,10 +273,9 @@ def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_n
         full = full.to(out_dtype)  # the partial rounded to the inputs' dtype, as the op's is
     if layout.outer > 1:  # NCCL scatters ranks stacked along dim 0, as Inductor's graph does
         full = full.view(layout.outer, world_size, layout.inner, n).transpose(0, 1).contiguous()
-    shape = ops._scattered_shape([*inputs[0].shape[:-1], n], scatter_dim, world_size)  # (allocate's)
     # the tail under NCCL's kernel
     scattered = collectives.reduce_scatter(full, reduce_op, world_size, group_name, (lambda: run_tail(tail)) if tail else None)
-    return scattered.view(shape)
+    return scattered.view(_output_shape(inputs, mat2s, scatter_dim, world_size))
 
 
 def variants(num_inputs: int = 1) -> dict:

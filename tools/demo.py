@@ -26,12 +26,9 @@ import tempfile
 import time
 import warnings
 
-# NVLink multicast stays off in every process (it can take shared GPUs down).
-for _var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
-    os.environ.setdefault(_var, "0" if _var == "NCCL_NVLS_ENABLE" else "1")
-# A lost peer fails the demo within seconds rather than the default ten minutes.
-os.environ.setdefault("OVERLAP_PASS_SPIN_LIMIT", "20000000")
-os.environ.setdefault("OVERLAP_PASS_FUSED_FROM_CALL", "1")  # the chosen variants from a first call: checked
+from tools.run_env import set_defaults  # noqa: E402
+
+set_defaults()  # NVLink multicast off, bounded waits (before torch and overlap_pass read them)
 # torch imports numpy where it is installed and warns where it is not ("Failed to initialize
 # NumPy", from torch/_subclasses/functional_tensor.py at compile time); the demo needs no numpy.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")

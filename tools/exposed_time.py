@@ -31,12 +31,9 @@ import os
 import statistics
 import tempfile
 
-for _var, _value in (
-    ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"),
-    ("OVERLAP_PASS_SPIN_LIMIT", "20000000"),
-    ("OVERLAP_PASS_FUSED_FROM_CALL", "1"),  # the chosen variants from a first call: checked and timed
-):  # fmt: skip
-    os.environ.setdefault(_var, _value)
+from tools.run_env import set_defaults  # noqa: E402
+
+set_defaults()  # (before torch and overlap_pass read the environment)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
