@@ -54,14 +54,16 @@ COMPILERS = ("inductor", "inductor_micro_pipeline_tp", "overlap")
 # graphs of lowering/replay.py off); overlap_unmerged: each small all-reduce on its own
 # (regions/early_all_reduces.py off); overlap_nccl_all_reduces: every all-reduce NCCL's
 # (regions/small_all_reduces.py off); overlap_tail_matmuls: the weight gradients inside the
-# reduce-scatter ops' tails (regions/tail_matmuls.py on). Patched around the first
-# calls (which compile) and every call.
+# reduce-scatter ops' tails (regions/tail_matmuls.py on); overlap_nccl_cublas: overlap's graphs
+# with every op running NCCL + cuBLAS, as a token count's first calls do (config.fused_from_call).
+# Patched around the first calls (which compile) and every call.
 EXTRA_COMPILERS = {
     "overlap_eager_ops": {"op_graphs": False},
     "overlap_unmerged": {"merge_small_all_reduces": False},
     "overlap_nccl_all_reduces": {"small_all_reduce_bytes": 0},
     "overlap_tail_matmuls": {"tail_matmuls": True},
     "overlap_split_all": {"split_min_bytes": 0},
+    "overlap_nccl_cublas": {"implementation": "nccl_cublas"},
 }
 # plain Inductor with every collective replaced by a local op of its shape (tools/no_comm.py):
 # the step without communication, the floor of any overlap. Its results are wrong by design.

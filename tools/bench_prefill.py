@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
-    add_settle_argument(parser, default=2)
+    add_settle_argument(parser)
     parser.add_argument(
         "--backends", default="inductor,overlap",
         help=f"inductor first, then any of {','.join(BACKENDS[1:])} (overlap with a config patch: tools/bench_model.py)",

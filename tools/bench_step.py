@@ -396,7 +396,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="steps before memory is read (compile, choices)")
     parser.add_argument("--rounds", type=int, default=5, help="0: memory alone (one compiler per process is exact)")
     parser.add_argument("--calls", type=int, default=5)
-    add_settle_argument(parser, default=2)
+    add_settle_argument(parser)
     parser.add_argument("--profile", type=int, default=0, help="profile this many steps per compiler: where GPU time goes")
     parser.add_argument("--out", default="bench_step.json")
     args = parser.parse_args()

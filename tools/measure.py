@@ -31,7 +31,10 @@ def time_interleaved(runners: dict, device, rounds: int, calls: int, warmup: int
     ``calls`` back-to-back calls, ranks in step (a barrier before each, in a process group).
     Returns ({key: µs per call}, {key: host µs to queue one call}), each the median over rounds
     of the slowest rank: interleaving keeps the machine's drift out of the comparison, and a
-    host time near the call's time means the GPU waits for the host. ``settle`` untimed calls
+    host time near the call's time means the GPU waits for the host. The host time is the
+    round's first call's, which starts on an idle GPU: later calls of a round whose GPU time
+    exceeds its host time wait for room in the launch queue, and would count the GPU's time
+    as the host's. ``settle`` untimed calls
     open each round: what a runner's steady state is when it runs alone (a training process
     runs one model), where another runner's round just left the caching allocator's blocks
     elsewhere."""
@@ -49,15 +52,16 @@ def time_interleaved(runners: dict, device, rounds: int, calls: int, warmup: int
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             issued = time.perf_counter()
-            for _ in range(calls):
-                runners[key]()
+            runners[key]()
             issued = time.perf_counter() - issued
+            for _ in range(calls - 1):
+                runners[key]()
             end.record()
             if round_ >= warmup:
                 samples[key].append((start, end, issued))
     torch.cuda.synchronize(device)
     us = {key: slowest(statistics.median(s.elapsed_time(e) * 1e3 / calls for s, e, _ in runs), device) for key, runs in samples.items()}
-    host_us = {key: slowest(statistics.median(h * 1e6 / calls for _, _, h in runs), device) for key, runs in samples.items()}
+    host_us = {key: slowest(statistics.median(h * 1e6 for _, _, h in runs), device) for key, runs in samples.items()}
     return us, host_us
 
 
@@ -67,7 +71,7 @@ OVERLAP_OPS = (
 )  # fmt: skip
 
 
-def add_settle_argument(parser, default: int = 0) -> None:
+def add_settle_argument(parser, default: int = 2) -> None:
     """--settle, the tools' ``settle`` of time_interleaved."""
     parser.add_argument(
         "--settle", type=int, default=default,
