@@ -102,6 +102,7 @@ PRIVATE_NAMES = (
         callers="lowering/collectives.py",
     ),  # fmt: skip
     PrivateName("torch.ops._c10d_functional.wait_tensor", "op", ("tensor",), callers="lowering/collectives.py"),
+    PrivateName("torch._C._AutoDispatchBelowAutograd", "class", callers="overlap_pass/ops.py (the CUDA kernels)"),
     PrivateName("torch._dynamo.reset", "function", callers="tools: bench_model, bench_torchtitan"),
     PrivateName("torch._dynamo.config.recompile_limit", "attribute", callers="tools: bench_model, bench_torchtitan"),
     PrivateName("torch._dynamo.utils.counters", "attribute", callers="tools: bench_model, bench_torchtitan"),
@@ -112,6 +113,13 @@ def functional_collectives():
     """torch.ops._c10d_functional: the collectives as C++ ops, each returning its output to be
     waited for (wait_tensor), as Inductor's graphs call them."""
     return torch.ops._c10d_functional
+
+
+def below_autograd():
+    """A guard under which ops dispatch past their autograd kernels, as inside a C++ kernel: the
+    functional collectives' autograd is Python (torch.library.register_autograd), a few
+    microseconds of the host's time per call that a kernel's inner calls need not pay."""
+    return torch._C._AutoDispatchBelowAutograd()
 
 
 def resolve_process_group(group_name: str):

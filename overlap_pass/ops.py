@@ -425,10 +425,22 @@ def register(schemas: dict[str, str], kernels: dict) -> None:
 
 
 def _cuda_kernel(name: str, *args, **kwargs):
-    """CUDA tensors: the variant lowering/choose.py picks (the lowering loads on first use)."""
-    from overlap_pass.lowering import dispatch
+    """CUDA tensors: the variant lowering/choose.py picks (the lowering loads on first use),
+    below autograd, as a C++ kernel runs: the op has no derivative of its own (a graph's backward
+    calls other ops), and the collectives inside then skip their Python autograd wrappers."""
+    found = _CUDA_KERNELS.get(name)
+    if found is None:
+        from overlap_pass.lowering import dispatch, torch_compat
 
-    return getattr(dispatch, name.replace(".", "_"))(*args, **kwargs)
+        found = _CUDA_KERNELS[name] = (getattr(dispatch, name.replace(".", "_")), torch_compat.below_autograd)
+    kernel, below_autograd = found
+    with below_autograd():
+        return kernel(*args, **kwargs)
+
+
+# op name -> (its entry point in lowering/dispatch.py, torch_compat.below_autograd): looked up
+# once (an import statement costs the host microseconds on every call)
+_CUDA_KERNELS: dict = {}
 
 
 register(
