@@ -199,3 +199,40 @@ def plain_tp_at_lengths(
             counts.append(count_overlap_ops(lambda: setattr(compiled, "out", compiled(x))))
             torch.testing.assert_close(compiled.out, block(x), **TOL)
     return counts
+
+
+class _MegatronPlainMLP(torch.nn.Module):
+    """A rank's half of a plain-TP MLP written by hand (Megatron's f and g around it): its
+    forward ends in an all-reduce of the down projection's partial sums, its backward in one of
+    the input gradient's. DTensor's plain-TP block does not train at symbolic sizes on torch 2.13
+    (a RecursionError in AOTAutograd, plain Inductor and aot_eager alike)."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(dim, hidden, bias=False)
+        self.down = torch.nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from tools.fuzz_models import _CopyToTP, _ReduceFromTP
+
+        return _ReduceFromTP.apply(self.down(torch.nn.functional.silu(self.up(_CopyToTP.apply(x)))))
+
+
+@_decided
+def plain_tp_training_at_lengths(lengths: list[int], split_from: int) -> list[int]:
+    """_MegatronPlainMLP trained at each of ``lengths`` tokens (the forward's and the
+    backward's all-reduce split paying from ``split_from`` tokens on, config.split_min_bytes;
+    the all-reduces left unsplit stay NCCL's, so that only splits add op calls), every step
+    against eager. Returns the op calls of each step."""
+    world = dist.get_world_size()
+    torch.manual_seed(dist.get_rank())  # a rank's own halves of the weights
+    eager = _MegatronPlainMLP(32, 64 // world)
+    compiled = torch.compile(copy.deepcopy(eager), backend="overlap")
+    inputs = []
+    for length in lengths:
+        torch.manual_seed(length)  # the same input on every rank
+        inputs.append(torch.randn(1, length, 32))
+    split_min_bytes = split_from * 32 * 4 * (world - 1) // world
+    with all_reduce_split.sizes_ignored(), config.patch(split_min_bytes=split_min_bytes, small_all_reduce_bytes=0):
+        return _train_at(inputs, eager, compiled, _close)
+

@@ -103,6 +103,20 @@ def test_plain_tp_splits_from_the_count_where_it_pays(gloo_world):
     assert counts[2] == counts[3] and counts[1] == counts[4] and counts[2] > counts[1], counts
 
 
+def test_plain_tp_training_splits_from_the_count_where_it_pays(gloo_world):
+    """Training across the split line (100 tokens, the symbolic graphs traced at 80): the
+    forward and the backward graph of counts from 100 on each split their all-reduce and fuse
+    its matmul, those below keep it whole, and every step matches eager (output, input and
+    weight gradients)."""
+    results = gloo_world(2).run(cases.plain_tp_training_at_lengths, [64, 80, 120, 160, 80, 64], 100)
+    decisions, counts = results[0]
+    splits = [(rewritten, reason) for kind, rewritten, reason in decisions if kind == "all_reduce_split"]
+    # static at 64 and symbolic at 80 (forward, backward) whole; the range from 100 split in both
+    assert sum(rewritten for rewritten, _ in splits) == 2, splits
+    assert sum("splits from 100 tokens" in (reason or "") for _, reason in splits) == 2, splits
+    assert counts == [0, 0, 2, 2, 0, 0], counts
+
+
 def test_strict_mode_takes_the_graph_of_a_range_where_the_split_waits(gloo_world):
     """Strict mode raises where a graph rewrites none of its collectives; the graph of the
     counts below the split line (traced at 80, the line at 100) is not such a graph, as the
