@@ -33,11 +33,10 @@ def time_interleaved(runners: dict, device, rounds: int, calls: int, warmup: int
     of the slowest rank: interleaving keeps the machine's drift out of the comparison, and a
     host time near the call's time means the GPU waits for the host. The host time is the
     round's first call's, which starts on an idle GPU: later calls of a round whose GPU time
-    exceeds its host time wait for room in the launch queue, and would count the GPU's time
-    as the host's. ``settle`` untimed calls
-    open each round: what a runner's steady state is when it runs alone (a training process
-    runs one model), where another runner's round just left the caching allocator's blocks
-    elsewhere."""
+    exceeds its host time wait for room in the launch queue, and would count the GPU's time as
+    the host's. ``settle`` untimed calls open each round: what a runner's steady state is when
+    it runs alone (a training process runs one model), where another runner's round just left
+    the caching allocator's blocks elsewhere."""
     samples = {key: [] for key in runners}
     order = list(runners)
     shuffle = random.Random(0)  # the same order on every rank
@@ -71,10 +70,10 @@ OVERLAP_OPS = (
 )  # fmt: skip
 
 
-def add_settle_argument(parser, default: int = 2) -> None:
+def add_settle_argument(parser) -> None:
     """--settle, the tools' ``settle`` of time_interleaved."""
     parser.add_argument(
-        "--settle", type=int, default=default,
+        "--settle", type=int, default=2,
         help="untimed calls opening each round: after another compiler's round the activations land at new "
         "addresses, where overlap's per-call CUDA graphs are captured again (one eager call, one capture)",
     )  # fmt: skip

@@ -19,6 +19,7 @@ from torch._dynamo.utils import counters
 from overlap_pass import config, ops
 from overlap_pass.regions import all_reduce_split
 
+from tools.fuzz_models import _CopyToTP, _ReduceFromTP
 from tools.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
 
 from .numerics_cases import TOL, _group_name, _local, _mesh, run_decided
@@ -213,8 +214,6 @@ class _MegatronPlainMLP(torch.nn.Module):
         self.down = torch.nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from tools.fuzz_models import _CopyToTP, _ReduceFromTP
-
         return _ReduceFromTP.apply(self.down(torch.nn.functional.silu(self.up(_CopyToTP.apply(x)))))
 
 
@@ -235,4 +234,3 @@ def plain_tp_training_at_lengths(lengths: list[int], split_from: int) -> list[in
     split_min_bytes = split_from * 32 * 4 * (world - 1) // world
     with all_reduce_split.sizes_ignored(), config.patch(split_min_bytes=split_min_bytes, small_all_reduce_bytes=0):
         return _train_at(inputs, eager, compiled, _close)
-
