@@ -125,6 +125,21 @@ def test_cuda_tensors_dispatch_to_the_lowering():
     assert has("overlap::matmul_reduce_scatter", "CUDA")
 
 
+def test_cuda_kernels_run_below_autograd(monkeypatch):
+    """A CUDA kernel calls its entry point as a C++ kernel runs, past autograd: the functional
+    collectives inside then skip their Python autograd wrappers (host time on every call)."""
+    from overlap_pass import ops
+    from overlap_pass.lowering import dispatch
+
+    recorded = []
+    monkeypatch.setattr(ops, "_CUDA_KERNELS", {})
+    monkeypatch.setattr(dispatch, "all_reduce", lambda x: recorded.append((x * 2).grad_fn) or x)
+    x = torch.randn(3, requires_grad=True)
+    ops._cuda_kernel("all_reduce", x)
+    assert recorded == [None]  # no autograd node: dispatched below autograd
+    assert (x * 2).grad_fn is not None  # and only inside
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_scaled_gather_carries_passengers(gloo_world, world_size):
     """overlap.all_gather_scaled_matmul's passengers (overlap_pass/regions/passengers.py) on gloo."""
