@@ -115,6 +115,37 @@ def nccl_gather_in_order() -> bool:
     return True
 
 
+def nccl_reduce_scatter_as_reference() -> bool:
+    """lowering's NCCL + cuBLAS reduce-scatter (the variant a call signature's first calls run)
+    against the reference decomposition: scattered along the sequence of [batch, seq, K] inputs
+    (batch 1 and 2: ranks' rows in one block, and in blocks per sequence), along rows, a sum of
+    two matmuls with a bias, a sum and an average, and fp32 out of bf16 partials."""
+    from overlap_pass import ops
+    from overlap_pass.lowering import matmul_reduce_scatter as mrs
+
+    world, group = dist.get_world_size(), dist.group.WORLD.group_name
+    torch.manual_seed(5 + dist.get_rank())  # every rank's partials differ
+    shared = torch.Generator().manual_seed(5)
+    mat2s = [torch.randn(16, 8, generator=shared), torch.randn(12, 8, generator=shared)]
+    bias = torch.randn(8, generator=shared)
+    cases = [
+        (dict(shape=(1, 3 * world), scatter_dim=1), 1, None, "sum", None),
+        (dict(shape=(2, 2 * world), scatter_dim=1), 2, bias, "avg", None),
+        (dict(shape=(3 * world,), scatter_dim=0), 1, None, "sum", None),
+        (dict(shape=(2, 2 * world), scatter_dim=1), 1, None, "sum", torch.float32),
+    ]
+    for layout, matmuls, bias_, reduce_op, out_dtype in cases:
+        dtype = torch.float32 if out_dtype is None else torch.bfloat16
+        inputs = [torch.randn(*layout["shape"], m.shape[0]).to(dtype) for m in mat2s[:matmuls]]
+        weights = [m.to(dtype) for m in mat2s[:matmuls]]
+        b = None if bias_ is None else bias_.to(dtype)
+        args = (inputs, weights, b, reduce_op, layout["scatter_dim"], world, group, out_dtype)
+        got = mrs.nccl_cublas(*args)
+        want = ops.matmul_reduce_scatter_reference(*args)
+        _close(got, want, f"{layout} x{matmuls} {reduce_op} {out_dtype}")
+    return True
+
+
 def scaled_gather_with_passengers(seed: int = 0, device: str = "cpu") -> bool:
     """all_gather_scaled_matmul with passengers (float8 and bf16 shards of the shard's rows),
     rowwise and tensorwise, gathered along seq and along batch: every passenger arrives bit for

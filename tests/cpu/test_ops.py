@@ -118,6 +118,11 @@ def test_nccl_variants_gather_in_row_order(gloo_world):
     assert all(gloo_world(2).run(op_cases.nccl_gather_in_order))
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_nccl_reduce_scatter_variant_matches_the_reference(gloo_world, world_size):
+    assert all(gloo_world(world_size).run(op_cases.nccl_reduce_scatter_as_reference))
+
+
 def test_cuda_tensors_dispatch_to_the_lowering():
     """Both ops have a CUDA kernel of their own (lowering/dispatch.py)."""
     has = torch._C._dispatch_has_kernel_for_dispatch_key
