@@ -14,7 +14,10 @@ the trace falls in one pass by its start (the ranks in step too: a barrier). In 
   chunks as they arrive: their time counts as computation, which is what hides a collective);
 - a collective's **exposed** time: the part of its activity during which no computation runs on
   any stream. The pass's exposed time is the union of those parts; the table lists the pass,
-  then each collective kind, and ``--per-collective`` each collective in launch order.
+  then each collective kind, and ``--per-collective`` each collective in launch order. A second
+  table sums each pass's GPU time by what it runs (GEMMs, overlap's fused GEMMs, attention,
+  Inductor's kernels, ...), and the JSON keeps each pass's busiest kernels by name: where a
+  compiler's computation takes longer than another's.
 
 A waiting kernel (overlap's flag waits, the barrier) is neither: a collective running beside it
 alone is exposed. Times are rank 0's, the median over the profiled steps, in µs.
@@ -242,7 +245,24 @@ def summarize(steps: list[dict[str, list[dict]]], passes: tuple[str, ...] = PASS
             names = sorted({k for a in accounts for k in a[key]})
             out[name][key] = {k: statistics.median(a[key].get(k, 0.0) for a in accounts) for k in names}
         out[name]["collectives"] = accounts[0]["collectives"]
+        first = next(step[name] for step in steps if step.get(name))
+        out[name]["top_kernels"] = top_kernels(first, TOP_KERNELS)
     return out
+
+
+TOP_KERNELS = 25  # the busiest GPU activities of a pass kept in the JSON, by name
+
+
+def category_table(results: dict) -> str:
+    """Where each pass's GPU time goes: the summed durations of its activities by
+    ``category_of`` (streams overlap: the column can add up past the span), µs."""
+    categories = sorted({k for passes in results.values() for r in passes.values() for k in r["by_category"]})
+    lines = ["| compiler | pass | " + " | ".join(categories) + " |", "|---|---|" + "---|" * len(categories)]
+    for compiler, passes in results.items():
+        for name, r in passes.items():
+            cells = " | ".join(f"{r['by_category'].get(k, 0.0):.0f}" for k in categories)
+            lines.append(f"| {compiler} | {name} | {cells} |")
+    return "\n".join(lines)
 
 
 def table(results: dict, per_collective: bool) -> str:
@@ -356,6 +376,7 @@ def main() -> None:
             json.dump({"meta": meta, "results": results, "host": host}, f, indent=1)
         print(json.dumps(meta))
         print(table(results, args.per_collective), flush=True)
+        print("\nGPU time by category (µs, summed over streams):\n" + category_table(results), flush=True)
         if args.host:
             print("\n" + host_table(host), flush=True)
     dist.destroy_process_group()

@@ -117,6 +117,10 @@ def test_a_whole_step_is_accounted_by_category():
     assert et.top_kernels(steps[0]["step"], 1) == [("nvjet_gemm", 20, 2)]
     summary = et.summarize(steps, ("step",))["step"]
     assert summary["by_category"]["all_gather"] == 2.5  # (0 and 5)
+    assert summary["top_kernels"] == [("nvjet_gemm", 20, 2), ("triton_poi_x", 5, 1)]  # the first step's
+    rows = et.category_table({"inductor": {"step": summary}}).splitlines()
+    assert rows[0] == "| compiler | pass | all_gather | gemm | inductor_fused |"
+    assert rows[2] == "| inductor | step | 2 | 16 | 2 |"  # medians of (0, 5), (20, 12), (5, 0)
 
 
 def _range(name, ts, dur, cat="cpu_op"):
