@@ -43,6 +43,7 @@ op's arguments and return its output; the symmetric-memory ones write into
 """
 
 import functools
+import math
 
 import torch
 
@@ -262,20 +263,25 @@ def joined_fused(inputs, mat2s, *args, gemm_config, outputs=None, tail=()):
 
 
 def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None, tail=()):
-    flats, layout = _input_rows(inputs, scatter_dim, world_size)
-    n = mat2s[0].shape[1]
-    full = torch.mm(flats[0], mat2s[0]) if bias is None else torch.addmm(bias, flats[0], mat2s[0])
-    for a, mat2 in zip(flats[1:], mat2s[1:]):
+    # a count's first calls and the counts no fused variant takes run this: each line is host
+    # time on the critical path, so no RowLayout and the output's shape is worked out once
+    shape = inputs[0].shape
+    rows = [a.reshape(-1, a.shape[-1]) for a in inputs]  # (a copy only where no view exists)
+    full = torch.mm(rows[0], mat2s[0]) if bias is None else torch.addmm(bias, rows[0], mat2s[0])
+    for a, mat2 in zip(rows[1:], mat2s[1:]):
         # the matmuls eager and Inductor run, then a sum: an accumulating matmul (addmm_) meets
         # cuBLAS's setup for a new shape at each new token count (1.3 ms of host, 4xH100)
         full += torch.mm(a, mat2)
     if out_dtype is not None and out_dtype != full.dtype:
         full = full.to(out_dtype)  # the partial rounded to the inputs' dtype, as the op's is
-    if layout.outer > 1:  # NCCL scatters ranks stacked along dim 0, as Inductor's graph does
-        full = full.view(layout.outer, world_size, layout.inner, n).transpose(0, 1).contiguous()
+    out_shape = [*shape[:-1], full.shape[1]]
+    out_shape[scatter_dim] //= world_size
+    blocks = math.prod(shape[:scatter_dim])  # of W chunks each (row_layout.py)
+    if blocks > 1:  # NCCL scatters ranks stacked along dim 0, as Inductor's graph does
+        full = full.view(blocks, world_size, -1, full.shape[1]).transpose(0, 1).contiguous()
     # the tail under NCCL's kernel
     scattered = collectives.reduce_scatter(full, reduce_op, world_size, group_name, (lambda: run_tail(tail)) if tail else None)
-    return scattered.view(_output_shape(inputs, mat2s, scatter_dim, world_size))
+    return scattered.view(out_shape)
 
 
 def variants(num_inputs: int = 1) -> dict:
