@@ -319,10 +319,8 @@ def _gpu_time(step, steps: int, device) -> dict:
             step()
 
     trace = exposed_time._profiled(marked, steps, device)
-    steps_events = exposed_time.split_passes(trace, ("step",))
-    found = exposed_time.summarize(steps_events, ("step",))["step"]
+    found = exposed_time.summarize(exposed_time.split_passes(trace, ("step",)), ("step",))["step"]
     found.pop("collectives")
-    found["top_kernels"] = exposed_time.top_kernels(steps_events[0]["step"], 25) if steps_events else []
     return found
 
 

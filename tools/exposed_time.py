@@ -20,7 +20,9 @@ the trace falls in one pass by its start (the ranks in step too: a barrier). In 
   compiler's computation takes longer than another's.
 
 A waiting kernel (overlap's flag waits, the barrier) is neither: a collective running beside it
-alone is exposed. Times are rank 0's, the median over the profiled steps, in µs.
+alone is exposed. Times are the median over the profiled steps, in µs: rank 0's tables are
+printed (``--rank`` another's), the JSON keeps every rank's. ``--whole-step`` accounts each step as one
+pass, the backward queued right behind the forward as training runs it (no idle GPU between).
 
 ``--host`` adds the host's side of each pass: how long queuing it took and the host ranges (torch
 ops, Inductor's compiled graphs, overlap's ops) that took the most of it, on any thread.
@@ -319,6 +321,11 @@ def main() -> None:
     parser.add_argument("--per-collective", action="store_true", help="a row per collective, in launch order")
     parser.add_argument("--float8", choices=("tensorwise", "rowwise"), default=None, help="torchao Float8 linears")
     parser.add_argument("--host", action="store_true", help="also each pass's host time and its busiest host ranges")
+    parser.add_argument(
+        "--whole-step", action="store_true",
+        help="one pass per step, the backward queued right after the forward (as training runs it)",
+    )  # fmt: skip
+    parser.add_argument("--rank", type=int, default=0, help="the rank whose tables are printed (the JSON has every rank's)")
     parser.add_argument("--out", default="exposed_time.json")
     args = parser.parse_args()
 
@@ -342,6 +349,7 @@ def main() -> None:
     gen = torch.Generator(device=device).manual_seed(1 + (dist.get_rank() if sharded else 0))
     x = torch.randn(1, args.tokens // (world if sharded else 1), dim, device=device, dtype=torch.bfloat16, generator=gen)
     grad = torch.randn(x.shape, device=device, dtype=torch.bfloat16, generator=gen)
+    passes = ("step",) if args.whole_step else PASSES
     results, host = {}, {}
     for compiler in args.compilers.split(","):
         torch.manual_seed(0)
@@ -352,10 +360,14 @@ def main() -> None:
         def step(mark, model=model, compiler=compiler):
             inp = x.detach().requires_grad_()
             with _config_of(compiler):  # (bench_model's compilers with a config knob changed)
-                with mark("forward"):
-                    out = model(inp)
-                with mark("backward"):
-                    out.backward(grad)
+                if args.whole_step:
+                    with mark("step"):
+                        model(inp).backward(grad)
+                else:
+                    with mark("forward"):
+                        out = model(inp)
+                    with mark("backward"):
+                        out.backward(grad)
             for p in model.parameters():
                 p.grad = None
 
@@ -363,22 +375,25 @@ def main() -> None:
         for _ in range(args.warmup):
             step(nothing)
         trace = _profiled(step, args.steps, device)
-        results[compiler] = summarize(split_passes(trace))
-        host[compiler] = summarize_host(host_passes(trace))
+        results[compiler] = summarize(split_passes(trace, passes), passes)
+        host[compiler] = summarize_host(host_passes(trace, passes), passes)
+    every_rank = [None] * world
+    dist.all_gather_object(every_rank, {"results": results, "host": host})
     if dist.get_rank() == 0:
         meta = {
             "model": args.model, "layout": args.layout, "size": args.size, "tokens": args.tokens, "world": world,
-            "float8": args.float8,
+            "float8": args.float8, "whole_step": args.whole_step, "printed_rank": args.rank,
             "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
             "triton": __import__("triton").__version__,
         }  # fmt: skip
         with open(args.out, "w") as f:
-            json.dump({"meta": meta, "results": results, "host": host}, f, indent=1)
+            json.dump({"meta": meta, "ranks": every_rank}, f, indent=1)
+        printed = every_rank[args.rank]
         print(json.dumps(meta))
-        print(table(results, args.per_collective), flush=True)
-        print("\nGPU time by category (µs, summed over streams):\n" + category_table(results), flush=True)
+        print(table(printed["results"], args.per_collective), flush=True)
+        print("\nGPU time by category (µs, summed over streams):\n" + category_table(printed["results"]), flush=True)
         if args.host:
-            print("\n" + host_table(host), flush=True)
+            print("\n" + host_table(printed["host"]), flush=True)
     dist.destroy_process_group()
 
 
