@@ -21,7 +21,8 @@ the trace falls in one pass by its start (the ranks in step too: a barrier). In 
 
 A waiting kernel (overlap's flag waits, the barrier) is neither: a collective running beside it
 alone is exposed. Times are the median over the profiled steps, in µs: rank 0's tables are
-printed (``--rank`` another's), the JSON keeps every rank's. ``--whole-step`` accounts each step as one
+printed (``--rank`` another's), the JSON keeps every rank's (``--traces DIR``: and
+each rank's GPU timeline, for Perfetto). ``--whole-step`` accounts each step as one
 pass, the backward queued right behind the forward as training runs it (no idle GPU between).
 
 ``--host`` adds the host's side of each pass: how long queuing it took and the host ranges (torch
@@ -190,6 +191,16 @@ def split_passes(trace: dict, passes: tuple[str, ...] = PASSES) -> list[dict[str
     return steps
 
 
+def gpu_timeline(trace: dict) -> dict:
+    """A chrome trace of ``trace``'s GPU activities and pass marks alone (a small file: the
+    ranks of one host share its clock, so their timelines line up)."""
+    kept = [
+        e for e in trace.get("traceEvents", [])
+        if e.get("ph") == "X" and (kind_of(e) or str(e.get("name", "")).startswith(MARK))
+    ]  # fmt: skip
+    return {"traceEvents": kept}
+
+
 HOST_CATEGORIES = ("cpu_op", "user_annotation")  # the host's ranges: torch ops and marked regions
 
 
@@ -325,6 +336,10 @@ def main() -> None:
         "--whole-step", action="store_true",
         help="one pass per step, the backward queued right after the forward (as training runs it)",
     )  # fmt: skip
+    parser.add_argument(
+        "--traces", default=None, metavar="DIR",
+        help="also write each rank's GPU timeline (and the pass marks) as DIR/<compiler>_rank<r>.json, for Perfetto",
+    )  # fmt: skip
     parser.add_argument("--rank", type=int, default=0, help="the rank whose tables are printed (the JSON has every rank's)")
     parser.add_argument("--out", default="exposed_time.json")
     args = parser.parse_args()
@@ -376,6 +391,10 @@ def main() -> None:
             step(nothing)
         trace = _profiled(step, args.steps, device)
         results[compiler] = summarize(split_passes(trace, passes), passes)
+        if args.traces:
+            os.makedirs(args.traces, exist_ok=True)
+            with open(os.path.join(args.traces, f"{compiler}_rank{dist.get_rank()}.json"), "w") as f:
+                json.dump(gpu_timeline(trace), f)
         host[compiler] = summarize_host(host_passes(trace, passes), passes)
     every_rank = [None] * world
     dist.all_gather_object(every_rank, {"results": results, "host": host})

@@ -146,3 +146,10 @@ def test_the_host_side_of_each_pass():
     summary = et.summarize_host(steps)
     assert summary["backward"]["host_us"] == 70
     assert "| overlap | forward | 40 | overlap::all_gather_matmul 22 (2); aten::mm 3 (1) |" in et.host_table({"overlap": summary})
+
+
+def test_a_gpu_timeline_keeps_the_gpu_activities_and_the_marks():
+    host_op = _range("aten::mm", 1, 2)
+    trace = {"traceEvents": [_mark("forward", 0), host_op, _kernel("nvjet_gemm", 3, 4), {"ph": "M", "name": "process_name"}]}
+    kept = et.gpu_timeline(trace)["traceEvents"]
+    assert [e["name"] for e in kept] == [et.MARK + "forward", "nvjet_gemm"]
