@@ -14,6 +14,8 @@ never fills and blocks the host), the slowest rank's, with the GPU time next to 
 overlap's layers, outermost first (each row calls the next one down directly, so the
 difference between two rows is what that layer costs):
     op:         torch.ops.overlap.<op>.default, as Inductor's generated code calls it
+    op, registered bare: the same entry point as the CUDA kernel of an op with nothing else
+                registered (no tags, fake or reference kernel, no below-autograd guard)
     dispatch:   lowering/dispatch.py's entry point (no torch dispatcher)
     resolved:   the variant kept for the call's signature (no signature key)
     replay:     replay.call with the outputs made beforehand (no allocation)
@@ -92,12 +94,25 @@ def _layers(op_call, dispatch_call, args, kind: str, device) -> dict:
     return layers
 
 
+def _op_of(name: str, schema: str, kernel):
+    """An op of ``schema`` with ``kernel`` as its CUDA kernel and nothing else registered (no
+    tags, fake or reference kernel)."""
+    torch.library.define(f"overlap_host_cost::{name}", schema)
+    torch.library.impl(f"overlap_host_cost::{name}", "CUDA", kernel)
+    return getattr(torch.ops.overlap_host_cost, name).default
+
+
 def _empty_op(name: str, schema: str, outputs):
     """An op of ``schema`` whose CUDA kernel returns ``outputs`` and does nothing else: what
     torch's dispatcher alone costs a Python kernel of that schema."""
-    torch.library.define(f"overlap_host_cost::{name}", schema)
-    torch.library.impl(f"overlap_host_cost::{name}", "CUDA", lambda *args, **kwargs: outputs)
-    return getattr(torch.ops.overlap_host_cost, name).default
+    return _op_of(name, schema, lambda *args, **kwargs: outputs)
+
+
+def _bare(layers: dict, op_call) -> dict:
+    """``layers`` with, after "op", the same entry point under a bare registration (_op_of): what
+    overlap's registration (tags, fake and reference kernels, the below-autograd guard) adds."""
+    first, *rest = layers.items()
+    return dict([first, ("op, registered bare", op_call), *rest])
 
 
 def bench(args, device, group) -> list[dict]:
@@ -135,6 +150,9 @@ def bench(args, device, group) -> list[dict]:
     empty_ag = _empty_op("all_gather_matmul", overlap_ops._SCHEMAS["all_gather_matmul"], (None, [torch.mm(shard, weight.t())]))
     empty_rs = _empty_op("matmul_reduce_scatter", overlap_ops._SCHEMAS["matmul_reduce_scatter"], shard.clone())
     empty_ar = _empty_op("all_reduce", all_reduce_op._SCHEMAS["all_reduce"], amax.clone())
+    bare_ag = _op_of("all_gather_matmul_bare", overlap_ops._SCHEMAS["all_gather_matmul"], dispatch.all_gather_matmul)
+    bare_rs = _op_of("matmul_reduce_scatter_bare", overlap_ops._SCHEMAS["matmul_reduce_scatter"], dispatch.matmul_reduce_scatter)
+    bare_ar = _op_of("all_reduce_bare", all_reduce_op._SCHEMAS["all_reduce"], dispatch.all_reduce)
     ops = {
         "all_gather -> matmul": {
             "torch dispatcher alone (an empty op of the schema)": lambda: empty_ag(*ag_args),
@@ -142,10 +160,10 @@ def bench(args, device, group) -> list[dict]:
             "async TP": lambda: torch.ops.symm_mem.fused_all_gather_matmul(shard, [weight.t()], 0, name),
             **{
                 f"overlap {layer}": run
-                for layer, run in _layers(
+                for layer, run in _bare(_layers(
                     lambda: torch.ops.overlap.all_gather_matmul.default(*ag_args),
                     lambda: dispatch.all_gather_matmul(*ag_args), ag_args, "all_gather_matmul", device,
-                ).items()
+                ), lambda: bare_ag(*ag_args)).items()
             },
         },
         "matmul -> reduce_scatter": {
@@ -154,10 +172,10 @@ def bench(args, device, group) -> list[dict]:
             "async TP": lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(cols, weight_rs.t(), "sum", 0, name),
             **{
                 f"overlap {layer}": run
-                for layer, run in _layers(
+                for layer, run in _bare(_layers(
                     lambda: torch.ops.overlap.matmul_reduce_scatter.default(*rs_args),
                     lambda: dispatch.matmul_reduce_scatter(*rs_args), rs_args, "matmul_reduce_scatter", device,
-                ).items()
+                ), lambda: bare_rs(*rs_args)).items()
             },
         },
         "all_reduce (max, fp32, an element per token)": {
@@ -165,10 +183,10 @@ def bench(args, device, group) -> list[dict]:
             "plain Inductor (NCCL)": lambda: c10d.wait_tensor.default(c10d.all_reduce.default(amax, "max", name)),
             **{
                 f"overlap {layer}": run
-                for layer, run in _layers(
+                for layer, run in _bare(_layers(
                     lambda: torch.ops.overlap.all_reduce.default(*ar_args),
                     lambda: dispatch.all_reduce(*ar_args), ar_args, "all_reduce", device,
-                ).items()
+                ), lambda: bare_ar(*ar_args)).items()
             },
         },
     }
