@@ -4,7 +4,7 @@
 # Hugging Face's Llama with its tp_plan trained under TP alone, the three compilers interleaved in
 # one process (timing; where the torchtitan step's GPU time goes); then each compiler alone in a
 # process of its own with a fresh choice cache (device memory); the per-call host time of the
-# ops; the exposed communication of the 8B block. At W=4, where the machine has 4 GPUs: the
+# ops; the exposed communication of the 8B block (the whole step, then each pass). At W=4, where the machine has 4 GPUs: the
 # torchtitan step under TP alone and FSDP2 x TP (its memory, and the host time of each phase),
 # Hugging Face's step, and the 8B block's exposed communication.
 # Measured on 2xH200 (W=2) and 4xH100 (W=4); each command under 5 minutes.
@@ -20,6 +20,7 @@ for compiler in inductor overlap; do
         --model hf --compilers "$compiler" --rounds 0 --out "$OUT/memory_hf_w2_$compiler.json"
 done
 torchrun --nproc-per-node 2 -m tools.host_cost --implementation fused --out "$OUT/host_cost_w2.json"
+torchrun --nproc-per-node 2 -m tools.exposed_time --whole-step --out "$OUT/exposed_step_block8b_w2.json"
 torchrun --nproc-per-node 2 -m tools.exposed_time --per-collective --out "$OUT/exposed_block8b_w2.json"
 if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
     torchrun --nproc-per-node 4 -m tools.bench_step --tp 4 --out "$OUT/step_tp4_w4.json"
