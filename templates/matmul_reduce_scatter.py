@@ -28,9 +28,8 @@ this chunk before its own), so each such tile waits for every peer's flag in its
 their partials of its rows to its own (own first, then the peers in rank order, in fp32: the
 same order on every call, so results repeat bit for bit), scales (1, or 1/W for avg), casts once
 and stores the op's output. No partial of the own chunk is stored and no kernel follows: the
-sum hides behind the GEMM instead of running after it. Otherwise (reduce_partials): a
-one-program kernel waits for every peer's flag, then a kernel sums the W partials in rank order
-the same way.
+sum hides behind the GEMM instead of running after it. Otherwise (reduce_partials): a kernel of
+its own waits for every peer's flag, then sums the W partials in rank order the same way.
 """
 
 import dataclasses
@@ -402,22 +401,20 @@ def matmul_reduce_scatter_producer(
     )  # fmt: skip
 
 
-@triton.jit
-def wait_for_peers_kernel(flags_ptr, epoch_ptr, timeouts_ptr, rank, world_size, SPIN_LIMIT: tl.constexpr):
-    """One program that holds its stream until every peer's partial is flagged for the call's
-    epoch (the own slot is written on this stream and needs no flag)."""
+@triton.jit(do_not_specialize=["chunk_numel"])
+def reduce_partials_kernel(
+    partials_ptr, out_ptr, flags_ptr, epoch_ptr, timeouts_ptr, chunk_numel, scale, rank, world_size,
+    SPIN_LIMIT: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """out = scale * sum_p partials[p] (p = 0, 1, ..., W - 1, in fp32), after waiting for the
+    flag of every peer's partial. ``partials``: [W, chunk_numel] contiguous; the own slot is
+    written before this kernel on the same stream and needs no flag."""
+    pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
     for peer in range(0, world_size):
         if peer != rank:
             wait_flag(flags_ptr, timeouts_ptr, peer, epoch, SPIN_LIMIT)
-
-
-@triton.jit(do_not_specialize=["chunk_numel"])
-def reduce_partials_kernel(partials_ptr, out_ptr, chunk_numel, scale, world_size, BLOCK: tl.constexpr):
-    """out = scale * sum_p partials[p] (p = 0, 1, ..., W - 1, in fp32). ``partials``: [W,
-    chunk_numel] contiguous, every slot there (wait_for_peers_kernel ran before, on the same
-    stream)."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < chunk_numel
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for peer in range(0, world_size):
@@ -425,7 +422,6 @@ def reduce_partials_kernel(partials_ptr, out_ptr, chunk_numel, scale, world_size
     tl.store(out_ptr + offs, (acc * scale).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_WAIT_FOR_PEERS = DirectKernel(wait_for_peers_kernel)
 _REDUCE_KERNEL = DirectKernel(reduce_partials_kernel)
 
 
@@ -462,24 +458,18 @@ def reduce_partials(
     world_size: int,
     scale: float = 1.0,
     spin_limit: int = 1 << 30,
-    block: int | None = None,
+    block: int = 4096,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """Launches the owner's reduction: ``out`` ([rows, N], contiguous) = scale * the fp32 sum in
-    rank order of the W slots of ``partials`` ([W * rows, N], contiguous), once every peer's
-    slot is flagged (``flags[p]`` holds the call's epoch). A wait that gives up writes the
-    epoch into ``timeouts[p]``.
-
-    One program waits, and stream order holds the sum behind it (a kernel boundary makes what
-    the wait acquired visible): a wait in every program of the sum cost 20–30 of its 78 µs
-    (4096 x 4096 bf16 at W=2, one H200, 2026-11-28). ``block``: elements per program of the
-    sum (default: 8192 with 8 warps from 4 Mi elements, where it ran up to 15% faster, else 4096)."""
+    rank order of the W slots of ``partials`` ([W * rows, N], contiguous), each peer's slot read
+    once its flag (``flags[p]``) holds the call's epoch. A wait that gives up writes the epoch
+    into ``timeouts[p]``."""
     numel = out.numel()
     if not (partials.is_contiguous() and out.is_contiguous() and partials.numel() == world_size * numel):
         raise ValueError(f"partials {list(partials.shape)} do not hold {world_size} of out {list(out.shape)}")
-    _WAIT_FOR_PEERS[(1,)](flags, epoch, timeouts, rank, world_size, SPIN_LIMIT=spin_limit, num_warps=1)
-    if block is None:
-        block = 8192 if numel >= 1 << 22 else 4096
     _REDUCE_KERNEL[(triton.cdiv(numel, block),)](
-        partials, out, numel, scale, world_size, BLOCK=block, num_warps=8 if block >= 8192 else 4
+        partials, out, flags, epoch, timeouts, numel, scale, rank, world_size,
+        SPIN_LIMIT=spin_limit, BLOCK=block, num_warps=num_warps,
     )  # fmt: skip
     return out

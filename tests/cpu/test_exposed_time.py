@@ -86,7 +86,6 @@ def test_steps_and_passes_are_told_apart_by_their_marks():
         ("all_gather_matmul_pingpong_kernel", "overlap_fused"),
         ("matmul_reduce_scatter_tma_kernel", "overlap_fused"),
         ("reduce_partials_kernel", "reduce_scatter"),
-        ("wait_for_peers_kernel", "waiting"),
         ("nvjet_tst_256x128_64x4_2x1_v_bz_coopB_TNT", "gemm"),
         ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "gemm"),
         ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<...>", "attention"),
