@@ -129,12 +129,13 @@ def _baseline_at_first_calls(fast_key: tuple, baseline, device):
     implementation is forced, or CUDA graphs take the host out of the way (a capture records
     the call; graph trees warm a model up, to record its next call: the choice is made now).
     The same on every rank: each calls the op with the same signatures in the same order."""
+    fused_from_call = config.fused_from_call  # (each config read costs the host microseconds)
     if (
-        config.fused_from_call <= 1 or config.implementation != "auto" or fast_key in _WARMED
+        fused_from_call <= 1 or config.implementation != "auto" or fast_key in _WARMED
         or torch.cuda.is_current_stream_capturing() or choose.replays_graphs(device)
     ):  # fmt: skip
         return None
-    left = config.fused_from_call - 1
+    left = fused_from_call - 1
 
     def run(*args):
         nonlocal left
@@ -154,7 +155,8 @@ def _remember(fast_key: tuple, run) -> None:
     config.shapes_kept, and its per-call graphs (a later call of it resolves again: its
     bucket's choice, no measurement)."""
     _RESOLVED[fast_key] = run
-    while len(_RESOLVED) > max(config.shapes_kept, 1):
+    kept = max(config.shapes_kept, 1)
+    while len(_RESOLVED) > kept:
         dropped, _ = _RESOLVED.popitem(last=False)
         replay.forget_calls_of(dropped)
 

@@ -64,6 +64,15 @@ _SCHEMAS = {
 # Shapes, shared by the fake kernels and the reference
 
 
+def check(cond, message) -> None:
+    """check(cond, message), returning at once on a concrete True: the argument checks
+    run on the host at every new call signature (each token count's first call), where
+    torch._check costs microseconds a check; a symbolic condition still becomes a runtime
+    assert of the traced graph."""
+    if cond is not True:
+        torch._check(cond, message)
+
+
 def _gathered_shape(shard: torch.Tensor, gather_dim: int, world_size: int) -> list[int]:
     shape = list(shard.shape)
     shape[gather_dim] *= world_size
@@ -85,50 +94,50 @@ def _check_all_gather_matmul(
 ) -> int:
     """Validates arguments; returns gather_dim normalized to a non-negative dim."""
     check_passengers(shard, passengers)
-    torch._check(
+    check(
         len(mat2s) + len(contract_with) > 0,
         lambda: "all_gather_matmul needs at least one mat2 or contract_with operand",
     )
-    torch._check(
+    check(
         len(gathered_left) == len(contract_with),
         lambda: f"{len(gathered_left)} gathered_left flags for {len(contract_with)} contract_with",
     )
-    torch._check(
+    check(
         len(biases) == len(mat2s),
         lambda: f"all_gather_matmul: {len(biases)} biases for {len(mat2s)} mat2s",
     )
-    torch._check(shard.dim() >= 2, lambda: f"shard must be at least 2-D, got {shard.dim()}-D")
+    check(shard.dim() >= 2, lambda: f"shard must be at least 2-D, got {shard.dim()}-D")
     dim = gather_dim % shard.dim()
-    torch._check(
+    check(
         dim != shard.dim() - 1,
         lambda: "gather_dim is the contraction dim (K); only leading dims can be gathered",
     )
     for mat2, bias in zip(mat2s, biases):
-        torch._check(
+        check(
             mat2.dim() == 2 and mat2.shape[0] == shard.shape[-1],
             lambda: f"mat2 of shape {list(mat2.shape)} does not match K={shard.shape[-1]}",
         )
-        torch._check(mat2.dtype == shard.dtype, lambda: "mat2 dtype differs from shard dtype")
+        check(mat2.dtype == shard.dtype, lambda: "mat2 dtype differs from shard dtype")
         if bias is not None:
-            torch._check(
+            check(
                 bias.dim() == 1 and bias.shape[0] == mat2.shape[1],
                 lambda: f"bias of shape {list(bias.shape)} does not match N={mat2.shape[1]}",
             )
-    torch._check(world_size >= 1, lambda: f"world_size must be positive, got {world_size}")
+    check(world_size >= 1, lambda: f"world_size must be positive, got {world_size}")
     rows = math.prod(_gathered_shape(shard, dim, world_size)[:-1])
     for other in contract_with:
-        torch._check(
+        check(
             other.dim() == 2 and other.shape[0] == rows,
             lambda: f"contract_with of shape {list(other.shape)} is not [{rows} gathered rows, K]",
         )
-        torch._check(other.dtype == shard.dtype, lambda: "contract_with dtype differs from shard dtype")
+        check(other.dtype == shard.dtype, lambda: "contract_with dtype differs from shard dtype")
     return dim
 
 
 def check_passengers(shard, passengers) -> None:
     """Passengers are gathered with the shard's chunks: the same rows (leading dims)."""
     for passenger in passengers:
-        torch._check(
+        check(
             passenger.dim() == shard.dim() and passenger.shape[:-1] == shard.shape[:-1],
             lambda: f"passenger of shape {list(passenger.shape)} does not have the rows of the shard {list(shard.shape)}",
         )
@@ -143,34 +152,34 @@ def _check_matmul_reduce_scatter(
     inputs, mat2s, bias, reduce_op, scatter_dim, world_size, out_dtype=None
 ) -> int:
     """Validates arguments; returns scatter_dim normalized to a non-negative dim."""
-    torch._check(len(inputs) > 0, lambda: "matmul_reduce_scatter needs at least one input")
-    torch._check(
+    check(len(inputs) > 0, lambda: "matmul_reduce_scatter needs at least one input")
+    check(
         out_dtype in (None, inputs[0].dtype, torch.float32),
         lambda: f"out_dtype must be the inputs' dtype or float32 (the reduction's), got {out_dtype}",
     )
-    torch._check(len(inputs) == len(mat2s), lambda: "one mat2 per input")
-    torch._check(reduce_op in REDUCE_OPS, lambda: f"reduce_op must be one of {REDUCE_OPS}")
+    check(len(inputs) == len(mat2s), lambda: "one mat2 per input")
+    check(reduce_op in REDUCE_OPS, lambda: f"reduce_op must be one of {REDUCE_OPS}")
     first = inputs[0]
-    torch._check(first.dim() >= 2, lambda: f"inputs must be at least 2-D, got {first.dim()}-D")
+    check(first.dim() >= 2, lambda: f"inputs must be at least 2-D, got {first.dim()}-D")
     dim = scatter_dim % first.dim()
-    torch._check(
+    check(
         dim != first.dim() - 1, lambda: "scatter_dim must be a leading dim, not the output's N"
     )
     n = mat2s[0].shape[1]
     for a, mat2 in zip(inputs, mat2s):
-        torch._check(
+        check(
             a.shape[:-1] == first.shape[:-1], lambda: "all inputs must share their leading dims"
         )
-        torch._check(
+        check(
             mat2.dim() == 2 and mat2.shape[0] == a.shape[-1] and mat2.shape[1] == n,
             lambda: f"mat2 of shape {list(mat2.shape)} does not match input {list(a.shape)}",
         )
-    torch._check(
+    check(
         first.shape[dim] % world_size == 0,
         lambda: f"scatter dim size {first.shape[dim]} is not divisible by world size {world_size}",
     )
     if bias is not None:
-        torch._check(bias.dim() == 1 and bias.shape[0] == n, lambda: "bias must be 1-D of size N")
+        check(bias.dim() == 1 and bias.shape[0] == n, lambda: "bias must be 1-D of size N")
     return dim
 
 
@@ -186,11 +195,11 @@ def tail_operands(inputs, tail_of, tail_with) -> list[tuple[torch.Tensor, torch.
 
 
 def check_tail_matmuls(inputs, tail_of, tail_with) -> None:
-    torch._check(len(tail_of) == len(tail_with), lambda: "one tensor per tail matmul")
+    check(len(tail_of) == len(tail_with), lambda: "one tensor per tail matmul")
     for i, w in zip(tail_of, tail_with):
-        torch._check(0 <= i < len(inputs), lambda: f"tail_of {i}: the op has {len(inputs)} inputs")
+        check(0 <= i < len(inputs), lambda: f"tail_of {i}: the op has {len(inputs)} inputs")
         a = inputs[i]
-        torch._check(
+        check(
             w.dim() >= 2 and math.prod(w.shape[:-1]) == math.prod(a.shape[:-1]) and w.dtype == a.dtype,
             lambda: f"a tail matmul contracts input {i} {list(a.shape)} ({a.dtype}) with {list(w.shape)} "
             f"({w.dtype}) over their rows",
@@ -305,7 +314,7 @@ def reduce_scatter_partials(group, partial, reduce_op: str, out_dtype=None) -> t
 
 def resolve_group(group_name: str, world_size: int):
     group = _resolve_process_group(group_name)
-    torch._check(
+    check(
         group.size() == world_size,
         lambda: f"group {group_name} has {group.size()} ranks, the op was given {world_size}",
     )

@@ -59,9 +59,9 @@ def is_tensorwise(scale: torch.Tensor) -> bool:
 
 def _check_scale(scale: torch.Tensor, operand: torch.Tensor, what: str) -> None:
     """A tensorwise scale, or a rowwise one shaped like ``operand`` with a last dim of 1."""
-    torch._check(scale.dtype == torch.float32, lambda: f"{what} must be float32, got {scale.dtype}")
+    ops.check(scale.dtype == torch.float32, lambda: f"{what} must be float32, got {scale.dtype}")
     rowwise = list(scale.shape) == list(operand.shape[:-1]) + [1]
-    torch._check(
+    ops.check(
         is_tensorwise(scale) or rowwise,
         lambda: f"{what} of shape {list(scale.shape)} is neither one value (0-d or [1]) nor one "
         f"per row of the operand {list(operand.shape)} ([..., 1])",
@@ -69,41 +69,41 @@ def _check_scale(scale: torch.Tensor, operand: torch.Tensor, what: str) -> None:
 
 
 def _check_mat2s(k: int, mat2s, mat2_scales) -> None:
-    torch._check(len(mat2s) > 0, lambda: "at least one mat2")
-    torch._check(len(mat2_scales) == len(mat2s), lambda: "one mat2 scale per mat2")
+    ops.check(len(mat2s) > 0, lambda: "at least one mat2")
+    ops.check(len(mat2_scales) == len(mat2s), lambda: "one mat2 scale per mat2")
     for mat2, scale in zip(mat2s, mat2_scales):
-        torch._check(
+        ops.check(
             mat2.dim() == 2 and mat2.shape[0] == k,
             lambda: f"mat2 of shape {list(mat2.shape)} does not match K={k}",
         )
-        torch._check(mat2.dtype in FLOAT8, lambda: f"mat2 must be float8, got {mat2.dtype}")
+        ops.check(mat2.dtype in FLOAT8, lambda: f"mat2 must be float8, got {mat2.dtype}")
         n = mat2.shape[1]
-        torch._check(
+        ops.check(
             scale.dtype == torch.float32 and (is_tensorwise(scale) or list(scale.shape) == [1, n]),
             lambda: f"mat2 scale of shape {list(scale.shape)} is neither one float32 value nor [1, {n}]",
         )
 
 
 def _check_out_dtype(dtype) -> None:
-    torch._check(dtype in OUT_DTYPES, lambda: f"out_dtype must be one of {OUT_DTYPES}, got {dtype}")
+    ops.check(dtype in OUT_DTYPES, lambda: f"out_dtype must be one of {OUT_DTYPES}, got {dtype}")
 
 
 def _check_all_gather(
     shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype, passengers=()
 ) -> int:
-    torch._check(shard.dim() >= 2, lambda: f"shard must be at least 2-D, got {shard.dim()}-D")
-    torch._check(shard.dtype in FLOAT8, lambda: f"shard must be float8, got {shard.dtype}")
+    ops.check(shard.dim() >= 2, lambda: f"shard must be at least 2-D, got {shard.dim()}-D")
+    ops.check(shard.dtype in FLOAT8, lambda: f"shard must be float8, got {shard.dtype}")
     dim = gather_dim % shard.dim()
-    torch._check(
+    ops.check(
         dim != shard.dim() - 1,
         lambda: "gather_dim is the contraction dim (K); only leading dims can be gathered",
     )
-    torch._check(world_size >= 1, lambda: f"world_size must be positive, got {world_size}")
+    ops.check(world_size >= 1, lambda: f"world_size must be positive, got {world_size}")
     _check_scale(shard_scale, shard, "shard_scale")
     _check_mat2s(shard.shape[-1], mat2s, mat2_scales)
-    torch._check(len(biases) == len(mat2s), lambda: f"{len(biases)} biases for {len(mat2s)} mat2s")
+    ops.check(len(biases) == len(mat2s), lambda: f"{len(biases)} biases for {len(mat2s)} mat2s")
     for mat2, bias in zip(mat2s, biases):
-        torch._check(
+        ops.check(
             bias is None or (bias.dim() == 1 and bias.shape[0] == mat2.shape[1]),
             lambda: f"bias does not match N={mat2.shape[1]}",
         )
@@ -115,29 +115,29 @@ def _check_all_gather(
 def _check_reduce_scatter(
     inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, mm_dtype, out_dtype
 ) -> int:  # fmt: skip
-    torch._check(len(inputs) > 0, lambda: "at least one input")
-    torch._check(len(input_scales) == len(inputs), lambda: "one scale per input")
-    torch._check(len(mat2s) == len(inputs), lambda: "one mat2 per input")
-    torch._check(reduce_op in ops.REDUCE_OPS, lambda: f"reduce_op must be one of {ops.REDUCE_OPS}")
+    ops.check(len(inputs) > 0, lambda: "at least one input")
+    ops.check(len(input_scales) == len(inputs), lambda: "one scale per input")
+    ops.check(len(mat2s) == len(inputs), lambda: "one mat2 per input")
+    ops.check(reduce_op in ops.REDUCE_OPS, lambda: f"reduce_op must be one of {ops.REDUCE_OPS}")
     first = inputs[0]
-    torch._check(first.dim() >= 2, lambda: f"inputs must be at least 2-D, got {first.dim()}-D")
+    ops.check(first.dim() >= 2, lambda: f"inputs must be at least 2-D, got {first.dim()}-D")
     dim = scatter_dim % first.dim()
-    torch._check(dim != first.dim() - 1, lambda: "scatter_dim must be a leading dim, not N")
-    torch._check(len(mat2_scales) == len(mat2s), lambda: "one mat2 scale per mat2")
+    ops.check(dim != first.dim() - 1, lambda: "scatter_dim must be a leading dim, not N")
+    ops.check(len(mat2_scales) == len(mat2s), lambda: "one mat2 scale per mat2")
     for a, scale, mat2, mat2_scale in zip(inputs, input_scales, mat2s, mat2_scales):
-        torch._check(a.dtype in FLOAT8, lambda: f"inputs must be float8, got {a.dtype}")
-        torch._check(a.shape[:-1] == first.shape[:-1], lambda: "inputs must share their leading dims")
+        ops.check(a.dtype in FLOAT8, lambda: f"inputs must be float8, got {a.dtype}")
+        ops.check(a.shape[:-1] == first.shape[:-1], lambda: "inputs must share their leading dims")
         _check_scale(scale, a, "input scale")
         _check_mat2s(a.shape[-1], [mat2], [mat2_scale])
     n = mat2s[0].shape[1]
-    torch._check(all(m.shape[1] == n for m in mat2s), lambda: "all mat2s must have the same N")
-    torch._check(
+    ops.check(all(m.shape[1] == n for m in mat2s), lambda: "all mat2s must have the same N")
+    ops.check(
         first.shape[dim] % world_size == 0,
         lambda: f"scatter dim size {first.shape[dim]} is not divisible by world size {world_size}",
     )
-    torch._check(bias is None or list(bias.shape) == [n], lambda: "bias must be 1-D of size N")
+    ops.check(bias is None or list(bias.shape) == [n], lambda: "bias must be 1-D of size N")
     _check_out_dtype(mm_dtype)
-    torch._check(out_dtype in (None, mm_dtype, torch.float32), lambda: "out_dtype must be mm_dtype or float32")
+    ops.check(out_dtype in (None, mm_dtype, torch.float32), lambda: "out_dtype must be mm_dtype or float32")
     return dim
 
 
