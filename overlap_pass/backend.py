@@ -11,6 +11,7 @@ import torch
 
 from . import size_ranges
 from .graph_pass import OverlapPass, with_overlap_pass
+from .regather import RegatherPass
 
 # Inductor settings every rank must share for its graphs to be the same: shape padding
 # (pad_mm) benchmarks padded and unpadded matmuls on each rank on its own, so at a token count
@@ -30,6 +31,8 @@ def overlap_config_patches(
     patches.update(options or {})
     slot = patches.get("post_grad_custom_pre_pass", torch._inductor.config.post_grad_custom_pre_pass)
     patches["post_grad_custom_pre_pass"] = with_overlap_pass(slot, OverlapPass(always=True, ranges=ranges))
+    joint = patches.get("joint_custom_pre_pass", torch._inductor.config.joint_custom_pre_pass)
+    patches["joint_custom_pre_pass"] = with_overlap_pass(joint, RegatherPass(always=True))
     patches["_micro_pipeline_tp"] = False
     patches.update(SAME_GRAPH_ON_EVERY_RANK)
     return patches

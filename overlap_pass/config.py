@@ -102,6 +102,12 @@ shapes_kept: int = int(os.environ.get("OVERLAP_PASS_SHAPES_KEPT", 64))
 # 0: no cap. lowering/symm.bytes_held() tells what the workspaces hold.
 workspace_limit_mib: int = int(os.environ.get("OVERLAP_PASS_WORKSPACE_LIMIT_MIB", 0))
 
+# Save each gathered activation's shard for the backward and gather it again there (under the
+# weight gradients' GEMMs), as Megatron-LM's sequence parallelism does, instead of saving the
+# gathered tensor: (W - 1) / W of that activation memory less (regather.py). Not yet measured
+# on GPUs, so off by default.
+regather_in_backward: bool = Config(default=False, env_name_default="OVERLAP_PASS_REGATHER_IN_BACKWARD")
+
 # A call signature (its shapes: a token count) runs NCCL + cuBLAS at its first
 # fused_from_call - 1 calls and its chosen variant from then on. A symmetric-memory variant's
 # first two calls at a signature (eager, then capturing its per-call CUDA graph) cost the host

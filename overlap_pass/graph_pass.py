@@ -108,9 +108,9 @@ class ChainedGraphPass(CustomGraphPass):
         return None if any(i is None for i in ids) else tuple(ids)
 
 
-def with_overlap_pass(slot, overlap_pass: OverlapPass):
-    """The value for an Inductor custom-pass slot: what it held, minus any OverlapPass, then
-    ``overlap_pass``."""
+def with_overlap_pass(slot, overlap_pass):
+    """The value for an Inductor custom-pass slot: what it held, minus any pass of
+    ``overlap_pass``'s class (OverlapPass, RegatherPass), then ``overlap_pass``."""
     if slot is None:
         existing = []
     elif isinstance(slot, ChainedGraphPass):
@@ -119,17 +119,21 @@ def with_overlap_pass(slot, overlap_pass: OverlapPass):
         existing = list(slot)
     else:
         existing = [slot]
-    passes = [p for p in existing if not isinstance(p, OverlapPass)] + [overlap_pass]
+    passes = [p for p in existing if not isinstance(p, type(overlap_pass))] + [overlap_pass]
     return passes[0] if len(passes) == 1 else ChainedGraphPass(passes)
 
 
 def install() -> None:
-    """Hooks the pass into the default torch.compile, gated by config.enabled. Idempotent."""
+    """Hooks the pass (and RegatherPass, in the joint graph's slot) into the default
+    torch.compile, gated by config.enabled. Idempotent."""
+    from .regather import RegatherPass
+
     inductor = torch._inductor.config
-    slot = inductor.post_grad_custom_pre_pass
-    held = slot.passes if isinstance(slot, ChainedGraphPass) else [slot]
-    if not any(isinstance(p, OverlapPass) for p in held):
-        inductor.post_grad_custom_pre_pass = with_overlap_pass(slot, OverlapPass(always=False))
+    for name, graph_pass in (("post_grad_custom_pre_pass", OverlapPass), ("joint_custom_pre_pass", RegatherPass)):
+        slot = getattr(inductor, name)
+        held = slot.passes if isinstance(slot, ChainedGraphPass) else [slot]
+        if not any(isinstance(p, graph_pass) for p in held):
+            setattr(inductor, name, with_overlap_pass(slot, graph_pass(always=False)))
 
 
 class OverlapNotApplied(RuntimeError):

@@ -365,3 +365,36 @@ def _float8_close(got: torch.Tensor, want: torch.Tensor, world: int, name: str) 
         return
     error = ((got.float() - want.float()).norm() / want.float().norm()).item()
     assert error < 0.1, f"{name}: relative error {error:.3g}"
+
+
+def _saved_bytes(run) -> int:
+    """Bytes of the tensors autograd saves while ``run()`` runs the forward."""
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return total
+
+
+def tp_block_regathered(bias: bool, seed: int = 0) -> dict:
+    """The TP/SP block with config.regather_in_backward: its decisions, equal to eager (as
+    tp_block), and the bytes its compiled forward saves for the backward without the flag and
+    with it, and those of one gathered activation."""
+    with config.patch(regather_in_backward=True):
+        decisions, _ = run_decided(tp_block.__wrapped__, bias, seed)
+    saved = {}
+    for regather in (False, True):
+        torch._dynamo.reset()
+        torch.manual_seed(seed)
+        block = parallelize_block(TransformerBlock(dim=32, heads=4, hidden=64, bias=bias), _mesh())
+        x = torch.randn(2, 4, 32, requires_grad=True)  # 4 tokens a rank
+        with config.patch(regather_in_backward=regather):
+            compiled = torch.compile(block, backend="overlap")
+            saved[regather] = _saved_bytes(lambda: compiled(x))
+    gathered = 2 * 4 * dist.get_world_size() * 32 * 4  # [2, 4 W, 32] fp32
+    return {"decisions": decisions, "saved": saved, "gathered": gathered}

@@ -154,3 +154,18 @@ def test_float8_tp_block(gloo_world, world_size, recipe, batch, fold):
     riders = (4 if fold else 2) if recipe == "rowwise" else 0
     want = {"quantize_before_gather": 4 if fold else 2, AGM: 4 if fold else 2, MRS: 4 if fold else 2, "all_gather_passenger": riders}
     assert collections.Counter(kind for kind, _, _ in done) == {k: v for k, v in want.items() if v}, done
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_tp_transformer_block_gathered_again_in_the_backward(gloo_world, world_size):
+    """config.regather_in_backward: the forward's gathers no longer return the gathered rows;
+    the backward gathers Q, K and V's input and gate and up's again, each fused with the
+    weight gradients it feeds; numerics as eager's; the forward saves no gathered activation,
+    at least (W - 1) / W of each less (the shard itself may be recomputed from what the norm
+    saves: at these sizes nothing is saved for it)."""
+    found = gloo_world(world_size).run(cases.tp_block_regathered, False)
+    assert all(f == found[0] for f in found), "ranks differ"
+    result = found[0]
+    assert result["decisions"] == [(AGM, True, None)] * 6 + [(MRS, True, None)] * 4, result["decisions"]
+    saved, gathered = result["saved"], result["gathered"]
+    assert saved[False] - saved[True] >= 2 * gathered * (world_size - 1) // world_size, saved
