@@ -276,6 +276,27 @@ def test_dtensor_transformer_block(tmp_path, world_size, bias):
     assert "_c10d_functional" not in dump.after("backward")
 
 
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_dtensor_transformer_block_gathered_again_in_the_backward(tmp_path, world_size):
+    """config.regather_in_backward (regather.py): the forward's gathers return no gathered
+    rows; the backward gathers Q, K and V's input again for their three weight grads and gate
+    and up's for their two, each fused with those contractions."""
+    with config.patch(regather_in_backward=True), fake_world(world_size):
+        block = TransformerBlock(dim=32, heads=world_size, hidden=16 * world_size)
+        block = parallelize_block(block, init_device_mesh("cpu", (world_size,)))
+        x = torch.randn(2, 3, 32, requires_grad=True)
+        _, dump = compile_and_dump(block, (x,), tmp_path, backward=True)
+    assert _listing(dump, "forward") == sorted(
+        [(AGM, True, None, 3, 0, False), (AGM, True, None, 2, 0, False)] + [(MRS, True, None, 1, 0, None)] * 2,
+        key=str,
+    )
+    assert _listing(dump, "backward") == sorted(
+        [(AGM, True, None, 1, 1, False)] * 2 + [(AGM, True, None, 0, 3, False), (AGM, True, None, 0, 2, False)]
+        + [(MRS, True, None, 3, 0, None), (MRS, True, None, 2, 0, None)],
+        key=str,
+    )
+
+
 def checkpointed_column_linear(x, w, group):
     """Activation checkpointing: the backward gathers the input again for the weight grad."""
     from torch.utils.checkpoint import checkpoint
