@@ -65,7 +65,7 @@ _SCHEMAS = {
 
 
 def check(cond, message) -> None:
-    """check(cond, message), returning at once on a concrete True: the argument checks
+    """torch._check(cond, message), returning at once on a concrete True: the argument checks
     run on the host at every new call signature (each token count's first call), where
     torch._check costs microseconds a check; a symbolic condition still becomes a runtime
     assert of the traced graph."""
