@@ -9,7 +9,9 @@ activation MUST_RECOMPUTE, as activation checkpointing marks what it recomputes:
 its wait, and the view ops that put the gathered rows in shape (up to the matmuls). The
 partitioner then saves the shard, and the backward's gather is fused with the weight-gradient
 matmuls it feeds (an all_gather_matmul with contractions, regions the pass already takes under
-activation checkpointing), its traffic under their GEMMs.
+activation checkpointing), its traffic under their GEMMs. A parameter's gather traced into the
+graph (an FSDP that compiles its own collectives) is a gather of the forward too, and is marked
+alike.
 """
 
 import operator
@@ -93,4 +95,6 @@ class RegatherPass(CustomGraphPass):
             log.info("overlap: %d gathers of forward activations marked to be gathered again in the backward", marked)
 
     def uuid(self):
-        return f"overlap_regather:{self.active()}"
+        from .graph_pass import _source_hash
+
+        return ("overlap_regather", _source_hash()) if self.active() else "overlap_regather:off"
