@@ -49,27 +49,32 @@ def _depends_on_tangents(graph: Graph) -> set[Node]:
     return backward
 
 
-def _reshaped_rows(gather: Node) -> list[Node]:
-    """The gather and what its rows pass through (RESHAPES, and getitem of a split) on every
-    path, up to the first node of another kind."""
-    found, todo = [], [gather]
+def _reshaped_rows(gather: Node, backward: set[Node]) -> list[Node]:
+    """The gather and what its rows pass through in the forward (RESHAPES, and getitem of a
+    split) on every path, up to the first node of another kind."""
+    found: dict[Node, None] = {}
+    todo = [gather]
     while todo:
         node = todo.pop()
         if node in found:
             continue
-        found.append(node)
-        todo += [u for u in node.users if u.target in RESHAPES or (u.target is operator.getitem and node.target in SPLITS)]
-    return found
+        found[node] = None
+        todo += [
+            u for u in node.users
+            if u not in backward and (u.target in RESHAPES or (u.target is operator.getitem and node.target in SPLITS))
+        ]  # fmt: skip
+    return list(found)
 
 
 def mark_gathers_recomputed(graph: Graph) -> int:
-    """Marks each gather of a forward activation, and its rows' reshapes, MUST_RECOMPUTE;
-    returns how many gathers. A node the user's activation checkpointing marked keeps its mark."""
+    """Marks each gather of a forward activation, and its rows' reshapes, MUST_RECOMPUTE (all
+    found before any is marked); returns how many gathers. A node the user's activation
+    checkpointing marked keeps its mark."""
     backward = _depends_on_tangents(graph)
     gathers = [n for n in graph.nodes if n.op == "call_function" and n.target in GATHERS and n not in backward]
-    for gather in gathers:
-        for node in _reshaped_rows(gather):
-            node.meta.setdefault("recompute", CheckpointPolicy.MUST_RECOMPUTE)
+    marked = [node for gather in gathers for node in _reshaped_rows(gather, backward)]
+    for node in marked:
+        node.meta.setdefault("recompute", CheckpointPolicy.MUST_RECOMPUTE)
     return len(gathers)
 
 
