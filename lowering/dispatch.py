@@ -235,7 +235,7 @@ def _first_call(kind, fast_key, group_name, world_size, variants, shapes, dtype,
     bucket that refuses this count (choose.refusals: the same on every rank) leaves this
     signature to NCCL + cuBLAS."""
     group = torch_compat.resolve_process_group(group_name)
-    torch_compat.check(
+    ops.check(
         group.size() == world_size,
         lambda: f"group {group_name} has {group.size()} ranks, the op was given {world_size}",
     )
@@ -444,7 +444,7 @@ def all_reduce(inp, reduce_op, world_size, group_name):
     args = (inp, reduce_op, world_size, group_name)
     if run is not None:
         return run(*args)
-    torch_compat.check(reduce_op in all_reduce_op.REDUCE_OPS, lambda: f"all_reduce: reduce_op {reduce_op!r}")
+    ops.check(reduce_op in all_reduce_op.REDUCE_OPS, lambda: f"all_reduce: reduce_op {reduce_op!r}")
     if inp.numel() * inp.element_size() > config.small_all_reduce_bytes:  # (a symbolic size, grown)
         if not torch.cuda.is_current_stream_capturing():
             _remember(fast_key, ar.nccl)

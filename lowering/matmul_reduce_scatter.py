@@ -264,7 +264,7 @@ def joined_fused(inputs, mat2s, *args, gemm_config, outputs=None, tail=()):
 
 def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype=None, tail=()):
     # a count's first calls and the counts no fused variant takes run this: each line is host
-    # time on the critical path, so no RowLayout and the output's shape is worked out once
+    # time on the critical path, so no RowLayout
     shape = inputs[0].shape
     rows = [a.reshape(-1, a.shape[-1]) for a in inputs]  # (a copy only where no view exists)
     full = torch.mm(rows[0], mat2s[0]) if bias is None else torch.addmm(bias, rows[0], mat2s[0])
@@ -274,14 +274,12 @@ def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_n
         full += torch.mm(a, mat2)
     if out_dtype is not None and out_dtype != full.dtype:
         full = full.to(out_dtype)  # the partial rounded to the inputs' dtype, as the op's is
-    out_shape = [*shape[:-1], full.shape[1]]
-    out_shape[scatter_dim] //= world_size
     blocks = math.prod(shape[:scatter_dim])  # of W chunks each (row_layout.py)
     if blocks > 1:  # NCCL scatters ranks stacked along dim 0, as Inductor's graph does
         full = full.view(blocks, world_size, -1, full.shape[1]).transpose(0, 1).contiguous()
     # the tail under NCCL's kernel
     scattered = collectives.reduce_scatter(full, reduce_op, world_size, group_name, (lambda: run_tail(tail)) if tail else None)
-    return scattered.view(out_shape)
+    return scattered.view(_output_shape(inputs, mat2s, scatter_dim, world_size))
 
 
 def variants(num_inputs: int = 1) -> dict:

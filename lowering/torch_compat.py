@@ -37,7 +37,10 @@ PRIVATE_NAMES = (
         "torch.distributed.distributed_c10d._resolve_process_group", "function", ("group_name",),
         callers="lowering: symm, dispatch, all_gather_matmul, matmul_reduce_scatter, scaled; overlap_pass/ops.py",
     ),  # fmt: skip
-    PrivateName("torch._check", "function", ("cond", "message"), callers="lowering/dispatch.py; overlap_pass ops"),
+    PrivateName(
+        "torch._check", "function", ("cond", "message"),
+        callers="overlap_pass/ops.py (check: the ops' argument checks, lowering/dispatch.py's)",
+    ),  # fmt: skip
     PrivateName(
         "torch._scaled_mm", "function", ("self", "mat2", "scale_a", "scale_b", "bias", "scale_result"),
         ("out_dtype", "use_fast_accum", "out"), callers="lowering/replay.py; overlap_pass/scaled_ops.py; tools",
@@ -125,11 +128,6 @@ def below_autograd():
 def resolve_process_group(group_name: str):
     """The ProcessGroup that an op's ``group_name`` names (the ops carry names, not groups)."""
     return torch.distributed.distributed_c10d._resolve_process_group(group_name)
-
-
-def check(cond, message=None) -> None:
-    """torch._check: an op's argument check that torch.compile keeps as a runtime assert."""
-    torch._check(cond, message)
 
 
 def scaled_mm(*args, **kwargs) -> torch.Tensor:

@@ -23,6 +23,8 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from . import config
 from .debug import log
+from .graph_pass import _source_hash
+from .regions.tail_matmuls import reachable
 
 aten, prims = torch.ops.aten, torch.ops.prims
 c10d = torch.ops._c10d_functional
@@ -52,18 +54,14 @@ def _depends_on_tangents(graph: Graph) -> set[Node]:
 def _reshaped_rows(gather: Node, backward: set[Node]) -> list[Node]:
     """The gather and what its rows pass through in the forward (RESHAPES, and getitem of a
     split) on every path, up to the first node of another kind."""
-    found: dict[Node, None] = {}
-    todo = [gather]
-    while todo:
-        node = todo.pop()
-        if node in found:
-            continue
-        found[node] = None
-        todo += [
+
+    def step(node: Node) -> list[Node]:
+        return [
             u for u in node.users
             if u not in backward and (u.target in RESHAPES or (u.target is operator.getitem and node.target in SPLITS))
         ]  # fmt: skip
-    return list(found)
+
+    return [gather, *reachable(gather, step)]
 
 
 def mark_gathers_recomputed(graph: Graph) -> int:
@@ -100,6 +98,4 @@ class RegatherPass(CustomGraphPass):
             log.info("overlap: %d gathers of forward activations marked to be gathered again in the backward", marked)
 
     def uuid(self):
-        from .graph_pass import _source_hash
-
         return ("overlap_regather", _source_hash()) if self.active() else "overlap_regather:off"

@@ -53,7 +53,7 @@ def _input_index(left: Node, inputs: list[Node]) -> int | None:
     return None
 
 
-def _reachable(node: Node, step) -> set[Node]:
+def reachable(node: Node, step) -> set[Node]:
     """Every node reached from ``node`` through ``step`` (a node's users, or its inputs)."""
     seen, stack = set(), [node]
     while stack:
@@ -68,11 +68,11 @@ def _tail_of(op: Node, order: dict[Node, int]) -> list[tuple[Node, int]]:
     """(matmul, the op input it contracts) for each weight gradient the op takes (module
     docstring), in graph order."""
     inputs = op.args[0]
-    after = _reachable(op, lambda n: n.users)
-    before = _reachable(op, lambda n: n.all_input_nodes)
+    after = reachable(op, lambda n: n.users)
+    before = reachable(op, lambda n: n.all_input_nodes)
     taken = {}
     for base in {under_views(inp) for inp in inputs}:
-        for mm in _reachable(base, lambda n: n.users):
+        for mm in reachable(base, lambda n: n.users):
             if mm.op != "call_function" or mm.target is not MM or mm in taken or mm in before:
                 continue
             index, right = _input_index(mm.args[0], inputs), mm.args[1]
