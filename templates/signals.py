@@ -75,8 +75,20 @@ def wait_kernel(flags_ptr, epoch_ptr, timeouts_ptr, chunk, SPIN_LIMIT: tl.conste
     wait_flag(flags_ptr, timeouts_ptr, chunk, tl.load(epoch_ptr), SPIN_LIMIT)
 
 
+@triton.jit
+def wait_for_peers_kernel(flags_ptr, epoch_ptr, timeouts_ptr, rank, world_size, SPIN_LIMIT: tl.constexpr):
+    """One program that holds its stream until flags[p] reaches the call's epoch for every rank
+    p but ``rank`` (whose slot its own stream wrote), so that stream work queued after it reads
+    every peer's data: a kernel boundary makes what the wait acquired visible."""
+    epoch = tl.load(epoch_ptr)
+    for peer in range(0, world_size):
+        if peer != rank:
+            wait_flag(flags_ptr, timeouts_ptr, peer, epoch, SPIN_LIMIT)
+
+
 BARRIER = DirectKernel(barrier_kernel)
 WAIT = DirectKernel(wait_kernel)
+WAIT_FOR_PEERS = DirectKernel(wait_for_peers_kernel)
 
 
 @triton.jit

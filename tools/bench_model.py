@@ -55,7 +55,8 @@ COMPILERS = ("inductor", "inductor_micro_pipeline_tp", "overlap")
 # (regions/early_all_reduces.py off); overlap_nccl_all_reduces: every all-reduce NCCL's
 # (regions/small_all_reduces.py off); overlap_tail_matmuls: the weight gradients inside the
 # reduce-scatter ops' tails (regions/tail_matmuls.py on); overlap_nccl_cublas: overlap's graphs
-# with every op running NCCL + cuBLAS, as a token count's first calls do (config.fused_from_call).
+# with every op running NCCL + cuBLAS, as a token count's first calls do (config.fused_from_call);
+# overlap_regather: the forward's gathers recomputed in the backward (regather.py).
 # Patched around the first calls (which compile) and every call.
 EXTRA_COMPILERS = {
     "overlap_eager_ops": {"op_graphs": False},
@@ -64,6 +65,7 @@ EXTRA_COMPILERS = {
     "overlap_tail_matmuls": {"tail_matmuls": True},
     "overlap_split_all": {"split_min_bytes": 0},
     "overlap_nccl_cublas": {"implementation": "nccl_cublas"},
+    "overlap_regather": {"regather_in_backward": True},
 }
 # plain Inductor with every collective replaced by a local op of its shape (tools/no_comm.py):
 # the step without communication, the floor of any overlap. Its results are wrong by design.

@@ -50,7 +50,7 @@ BETWEEN = "between passes"  # the range that closes one (what follows until the 
 # NCCL kernel names by the collective they run, as NCCL names its device kernels
 NCCL_KINDS = (("AllGather", "all_gather"), ("ReduceScatter", "reduce_scatter"), ("AllReduce", "all_reduce"))
 # kernels that wait for a peer rather than compute (templates/signals.py)
-WAITING = ("barrier_kernel", "wait_kernel")
+WAITING = ("barrier_kernel", "wait_kernel", "wait_for_peers_kernel")
 # overlap's kernels that are a collective's own step: the owner's sum of its peers' partials
 # (templates/matmul_reduce_scatter.py), as NCCL's reduce-scatter kernel sums; the small
 # all-reduce's kernel (templates/all_reduce.py), as NCCL's all-reduce kernel

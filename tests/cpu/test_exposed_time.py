@@ -93,6 +93,7 @@ def test_steps_and_passes_are_told_apart_by_their_marks():
         ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "inductor_fused"),
         ("void at::native::vectorized_elementwise_kernel<4, ...>", "other"),
         ("wait_kernel", "waiting"),
+        ("wait_for_peers_kernel", "waiting"),
         ("ncclDevKernel_AllGather_RING_LL", "all_gather"),
     ],
 )
