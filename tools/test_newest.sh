@@ -47,7 +47,4 @@ EOF
 fi
 PIP_CONSTRAINT=/dev/null PYTHON="$VENV/bin/python" bash tools/install.sh --test
 # test files or folders named among the arguments are what runs; otherwise tests/cpu
-for arg in "$@"; do
-  case "$arg" in tests/*) exec "$VENV/bin/python" -m pytest -q "$@" ;; esac
-done
-"$VENV/bin/python" -m pytest tests/cpu -q "$@"
+PYTHON="$VENV/bin/python" exec bash tools/test_cpu.sh "$@"
