@@ -6,11 +6,12 @@
 #   PYTHON=/path/to/python bash tools/test_cpu.sh             # another interpreter (tools/test_newest.sh)
 #
 # Why two: the tests on a fake process group and in Triton's interpreter compile and run in one
-# process on one core, while the gloo tests' ranks keep both cores busy; side by side, the suite
-# takes about a third less time on CI's two cores than `python3 -m pytest tests/cpu` (which
-# runs the same tests one after another). Files whose tests start gloo ranks (`*_gloo.py`, the
-# rank pool's, the demo's) form one process, every other file the other. Each process
-# writes a log, printed whole when both are done; the exit status is the first failing one's.
+# process on one core (97 s of CPU in 99 s), while the gloo tests' ranks keep both cores busy
+# (215 s of CPU in 119 s); side by side they share CI's two cores where one after another
+# (`python3 -m pytest tests/cpu`, the same tests) a core would idle. Files whose tests start gloo
+# ranks (`*_gloo.py`, the rank pool's, the demo's) form one process, every other file the
+# other. Each process writes a log, printed whole when both are done; the exit status is the
+# first failing one's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
