@@ -470,5 +470,6 @@ def reduce_partials(
     if not (partials.is_contiguous() and out.is_contiguous() and partials.numel() == world_size * numel):
         raise ValueError(f"partials {list(partials.shape)} do not hold {world_size} of out {list(out.shape)}")
     WAIT_FOR_PEERS[(1,)](flags, epoch, timeouts, rank, world_size, SPIN_LIMIT=spin_limit, num_warps=1)
-    _REDUCE_KERNEL[(triton.cdiv(numel, block),)](partials, out, numel, scale, world_size, BLOCK=block, num_warps=num_warps)
+    grid = (triton.cdiv(numel, block),)
+    _REDUCE_KERNEL[grid](partials, out, numel, scale, world_size, BLOCK=block, num_warps=num_warps)
     return out
