@@ -145,6 +145,26 @@ def test_cuda_kernels_run_below_autograd(monkeypatch):
     assert (x * 2).grad_fn is not None  # and only inside
 
 
+def test_the_tools_count_op_calls_the_kernels_made(monkeypatch):
+    """tools/measure.py's counter wraps dispatch's entry points; a CUDA kernel that looked its
+    entry point up before the counter opened still goes through the wrapper (a prefill's op
+    counts once read 0 with every op running), and through the real one after it closes."""
+    from overlap_pass import ops
+    from overlap_pass.lowering import dispatch
+    from tools.measure import overlap_op_calls
+
+    calls = []
+    monkeypatch.setattr(ops, "_CUDA_KERNELS", {})
+    monkeypatch.setattr(dispatch, "all_reduce", lambda x: calls.append("real") or x)
+    x = torch.randn(3)
+    ops._cuda_kernel("all_reduce", x)  # looked up and kept
+    with overlap_op_calls() as counts:
+        ops._cuda_kernel("all_reduce", x)
+        ops._cuda_kernel("all_reduce", x)
+    ops._cuda_kernel("all_reduce", x)
+    assert counts["all_reduce"] == 2
+    assert calls == ["real"] * 4
+    assert ops._CUDA_KERNELS["all_reduce"][0] is dispatch.all_reduce  # the wrapper is gone
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_scaled_gather_carries_passengers(gloo_world, world_size):
     """overlap.all_gather_scaled_matmul's passengers (overlap_pass/regions/passengers.py) on gloo."""
