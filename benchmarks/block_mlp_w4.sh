@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # docs/benchmarks.md, "The TP/SP block and MLP, W=4": the compiled block and MLP at Llama 3 8B and
 # 70B sizes under plain Inductor, _micro_pipeline_tp, overlap and the no-communication floor.
-# Measured on 4×H100 (block) and 4×H200 (MLP), NVLink; about 5 minutes. Results:
+# Measured on 4×H200, NVLink; about 5 minutes. Results:
 # results/block_mlp_w4/.
 source "$(dirname "$0")/_common.sh"
 compilers=inductor,inductor_micro_pipeline_tp,overlap,no_communication

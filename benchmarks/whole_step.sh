@@ -7,7 +7,7 @@
 # ops; the exposed communication of the 8B block (the whole step, then each pass). At W=4, where the machine has 4 GPUs: the
 # torchtitan step under TP alone and FSDP2 x TP (its memory, and the host time of each phase),
 # Hugging Face's step, and the 8B block's exposed communication.
-# Measured on 2xH200 (W=2) and 4xH100 (W=4); each command under 5 minutes.
+# Measured on 2xH200 (W=2) and 4xH200 (W=4; Hugging Face's step on 4xH100); each command under 5 minutes.
 source "$(dirname "$0")/_common.sh"
 torchrun --nproc-per-node 2 -m tools.bench_step --profile 2 --out "$OUT/step_tp2_w2.json"
 torchrun --nproc-per-node 2 -m tools.bench_step --model hf --out "$OUT/step_hf_w2.json"
@@ -35,5 +35,5 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
     torchrun --nproc-per-node 4 -m tools.bench_step --tp 2 --out "$OUT/step_dp2_tp2_w4.json"
     torchrun --nproc-per-node 4 -m tools.bench_step --tp 2 --rounds 3 --profile 2 --out "$OUT/phases_dp2_tp2_w4.json"
     torchrun --nproc-per-node 4 -m tools.bench_step --model hf --out "$OUT/step_hf_w4.json"
-    torchrun --nproc-per-node 4 -m tools.exposed_time --per-collective --out "$OUT/exposed_block8b_w4.json"
+    torchrun --nproc-per-node 4 -m tools.exposed_time --whole-step --out "$OUT/exposed_step_block8b_w4.json"
 fi
