@@ -135,7 +135,7 @@ def test_torch_compile_debug_logs_and_trace(tmp_path):
         def fn(x, w):
             return funcol.all_gather_tensor(x, 0, "0") @ w
 
-        with fake_world(2):
+        with fake_world(2, kernels=True):  # (the debug folder is Inductor's inner compile's)
             torch.compile(fn, backend="overlap")(torch.randn(2, 4), torch.randn(4, 3))
         """
     )
