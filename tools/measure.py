@@ -90,8 +90,9 @@ def op_calls_since(before: dict) -> dict:
 @contextlib.contextmanager
 def overlap_op_calls(also: tuple = ()):
     """While open, counts each overlap op call made on CUDA tensors (dispatch's entry points,
-    which ops.py resolves at every call) and the dispatch functions named in ``also``; the
-    Counter yielded holds them by name, and under "host s" the host time spent in the ops."""
+    which ops.py's CUDA kernels look up again while it is open) and the dispatch functions named
+    in ``also``; the Counter yielded holds them by name, and under "host s" the host time spent
+    in the ops."""
     from overlap_pass import ops
     from overlap_pass.lowering import dispatch
 

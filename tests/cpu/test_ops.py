@@ -147,8 +147,8 @@ def test_cuda_kernels_run_below_autograd(monkeypatch):
 
 def test_the_tools_count_op_calls_the_kernels_made(monkeypatch):
     """tools/measure.py's counter wraps dispatch's entry points; a CUDA kernel that looked its
-    entry point up before the counter opened still goes through the wrapper (a prefill's op
-    counts once read 0 with every op running), and through the real one after it closes."""
+    entry point up before the counter opened still goes through the wrapper while it is open,
+    and through the real one after it closes."""
     from overlap_pass import ops
     from overlap_pass.lowering import dispatch
     from tools.measure import overlap_op_calls
@@ -165,6 +165,8 @@ def test_the_tools_count_op_calls_the_kernels_made(monkeypatch):
     assert counts["all_reduce"] == 2
     assert calls == ["real"] * 4
     assert ops._CUDA_KERNELS["all_reduce"][0] is dispatch.all_reduce  # the wrapper is gone
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_scaled_gather_carries_passengers(gloo_world, world_size):
     """overlap.all_gather_scaled_matmul's passengers (overlap_pass/regions/passengers.py) on gloo."""
