@@ -109,21 +109,21 @@ PRIVATE_NAMES = (
     PrivateName("torch._dynamo.reset", "function", callers="tools: bench_model, bench_torchtitan"),
     PrivateName("torch._dynamo.config.recompile_limit", "attribute", callers="tools: bench_model, bench_torchtitan"),
     PrivateName("torch._dynamo.utils.counters", "attribute", callers="tools: bench_model, bench_torchtitan"),
-    # the fake process group's tests compile as far as the post-grad passes (tests/cpu/fake_world.py)
+    # the tests' compiles that stop after the post-grad passes (tests/graphs_only.py)
     PrivateName(
         "torch._inductor.compile_fx.compile_fx", "function", ("model_", "example_inputs_"), ("inner_compile",),
-        callers="overlap_pass/backend.py; tests/cpu/fake_world.py",
+        callers="overlap_pass/backend.py; tests/graphs_only.py",
     ),  # fmt: skip
     PrivateName(
-        "torch._inductor.fx_passes.post_grad.view_to_reshape", "function", ("gm",), callers="tests/cpu/fake_world.py",
+        "torch._inductor.fx_passes.post_grad.view_to_reshape", "function", ("gm",), callers="tests/graphs_only.py",
     ),  # fmt: skip
     PrivateName(
         "torch._inductor.compile_fx.fake_tensor_prop", "function", ("gm", "example_inputs"),
-        callers="tests/cpu/fake_world.py",
+        callers="tests/graphs_only.py",
     ),  # fmt: skip
     PrivateName(
         "torch._inductor.compile_fx._recursive_post_grad_passes", "function", ("gm",), ("is_inference",),
-        callers="tests/cpu/fake_world.py",
+        callers="tests/graphs_only.py",
     ),  # fmt: skip
 )
 

@@ -14,58 +14,21 @@ import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from overlap_pass import config
+from tests.graphs_only import graphs_only
 
 
 @contextlib.contextmanager
 def fake_world(world_size: int, rank: int = 0, kernels: bool = False):
-    """A fake process group of ``world_size`` for this rank. Inductor compiles only as far as
-    its post-grad passes (overlap's among them) and runs the graph as they leave it, unless
-    ``kernels``: the graphs and decisions are the same, and generating and building the C++
-    kernels of every graph was most of these tests' time on CI's two cores (the fake group
-    computes nothing worth checking; the gloo tests run the kernels)."""
+    """A fake process group of ``world_size`` for this rank; its compiles stop after the
+    post-grad passes (tests/graphs_only.py: the fake group computes nothing worth Inductor's
+    kernels) unless ``kernels``."""
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
     try:
-        with contextlib.nullcontext() if kernels else _graphs_only():
+        with contextlib.nullcontext() if kernels else graphs_only():
             yield dist.group.WORLD.group_name
     finally:
         dist.destroy_process_group()
         torch._dynamo.reset()
-
-
-@contextlib.contextmanager
-def _graphs_only():
-    """Every compile_fx (backend="overlap" and "inductor" call it) takes _post_grad_graph as
-    its inner compile."""
-    import torch._inductor.compile_fx as compile_fx_module
-
-    compile_fx = compile_fx_module.compile_fx
-
-    def graphs_only(*args, **kwargs):
-        kwargs.setdefault("inner_compile", _post_grad_graph)
-        return compile_fx(*args, **kwargs)
-
-    compile_fx_module.compile_fx = graphs_only
-    try:
-        yield
-    finally:
-        compile_fx_module.compile_fx = compile_fx
-
-
-def _post_grad_graph(gm, example_inputs, **kwargs):
-    """Inductor's inner compile as far as its post-grad passes, the way it reaches them (views
-    as reshapes, fake tensors propagated), then the graph itself as the compiled function."""
-    from torch._functorch.aot_autograd import make_boxed_func
-    from torch._inductor.compile_fx import _recursive_post_grad_passes, fake_tensor_prop
-    from torch._inductor.fx_passes.post_grad import view_to_reshape
-    from torch._inductor.virtualized import V
-
-    view_to_reshape(gm)
-    with torch.no_grad():
-        fake_mode = fake_tensor_prop(gm, example_inputs)
-    with V.set_fake_mode(fake_mode):
-        _recursive_post_grad_passes(gm, is_inference=kwargs.get("is_inference", False))
-    gm.recompile()
-    return make_boxed_func(gm.forward)
 
 
 class Dump:
