@@ -1,11 +1,15 @@
-"""Which variant an op runs for a shape: measured at its first call, identical on every rank,
+"""Which variant an op runs for a shape: measured on its calls, identical on every rank,
 cached in memory and on disk.
 
-At the first call of a shape every rank runs every variant on the call's own inputs, interleaved
+By default the measurement rides on the shape's calls, a step per call (Trial,
+config.measure_over_calls): each variant's first call beside NCCL + cuBLAS's, then rounds of
+calls that each run one variant, in a shuffled order, timed as they run in the model; no call
+stalls on timing them all. Otherwise (config.measure_over_calls off, or CUDA graph trees warming
+a model up) the first call of a shape runs every variant on the call's own inputs, interleaved
 (rounds of SAMPLE_CALLS calls each, in a shuffled order, so drift hits all variants alike; each
-sample starts with the GPU idle, so a variant's host time counts where it exceeds its GPU time). A
-variant whose outputs differ from NCCL + cuBLAS's beyond rounding, or that raises, on any rank,
-is out on every rank. Times are reduced to the slowest rank's,
+sample starts with the GPU idle, so a variant's host time counts where it exceeds its GPU time).
+Either way a variant whose outputs differ from NCCL + cuBLAS's beyond rounding, or that raises,
+on any rank, is out on every rank. Times are reduced to the slowest rank's,
 rank 0 picks the fastest and broadcasts its name, so every rank runs the same variant: the
 baseline is always a candidate, so the pick is never slower than it, as measured.
 The choice is written to ``config.choice_cache`` (rank 0), read back by later runs (rank 0 reads
@@ -19,8 +23,9 @@ added or dropped a variant since measures the shape again, as does one whose VAR
 (in every key) differs: a variant that now takes calls it refused, or runs a new kernel.
 
 Shapes that change (dynamic shapes): a key files the rows (the shard's, or the scattered
-inputs') under their power-of-two bucket (token_bucket). The first call of a bucket is measured;
-a later call at another token count of the same bucket, or of a bucket next to a measured one,
+inputs') under their power-of-two bucket (token_bucket). A bucket is measured (a trial's steps
+fall on calls at any of its token counts); a later call at another count of the same bucket, or
+of a bucket next to a measured one,
 runs that choice with no measurement and no collective (where the variant refuses the count:
 NotImplementedError, or a kernel that does not compile for it, the same on every rank, NCCL +
 cuBLAS runs that count, lowering/dispatch.py). A bucket far from every measured one (and not in
@@ -36,6 +41,7 @@ graph of the whole sample instead, since that is how they will run: host time do
 there, and such choices are cached under a key of their own (" | cudagraphs").
 """
 
+import collections
 import functools
 import json
 import logging
@@ -77,6 +83,8 @@ _PREDICTED: dict[tuple[str, str], str] = {}
 # (group name, key) -> distinct token counts of a bucket far from the measured ones that ran the
 # nearest one's choice so far (config.measure_bucket_after)
 _UNMEASURED: dict[tuple[str, str], int] = {}
+# "trial steps": the calls that ran a step of a trial (Trial.call) since the process started (tools)
+stats: collections.Counter = collections.Counter()
 # (variant, reason) pairs logged: a variant out for one reason at every shape (a kernel this
 # triton cannot compile) is told once, not at each shape's first call
 _TOLD: set[tuple[str, str]] = set()
@@ -273,6 +281,12 @@ def tell_once(level: int, message: str, name: str, reason: str) -> None:
         log.log(level, message, name, reason)
 
 
+def tell_refused(name: str, error: BaseException) -> None:
+    """Logs once that variant ``name`` refused a call's token count (NCCL + cuBLAS runs it)."""
+    reason = f"this token count ({failure(error)}); NCCL + cuBLAS runs it"
+    tell_once(logging.INFO, "overlap: variant %s does not take %s", name, reason)
+
+
 def _in_step(group, device) -> None:
     """Returns on every rank of the group once all have reached it (the host waits, also on
     NCCL, whose collectives only queue): a variant's first call then starts on every rank at
@@ -411,6 +425,101 @@ def _capture_all(variants: dict, runs: dict, args: tuple, group, device) -> dict
     return {n: graphs[n] for n in runs if captured[n]}
 
 
+# timed calls of each variant in a trial (config.measure_over_calls), after its WARMUP untimed
+# ones (a variant's first calls at a signature run eagerly, then capture its per-call graph)
+TRIAL_ROUNDS = 8
+# choose's answer while a trial runs the calls of a key: dispatch hands each call to trial_call
+TRIAL = "trial"
+# (group name, key) -> its measurement over calls, until decided
+_TRIALS: dict[tuple[str, str], "Trial"] = {}
+
+
+class Trial:
+    """A key's measurement spread over the op's calls (config.measure_over_calls): each call
+    of the key runs one step of it on its own inputs and returns its own result, so no call
+    stalls on timing every variant. The steps, the same on every rank (calls are collective):
+
+    - a variant's first call: NCCL + cuBLAS computes the call's result and the variant runs
+      beside it, compared with it; out on every rank where it raises or differs on one (the
+      ranks meet before it: its kernels may take seconds to compile);
+    - then rounds of the usable variants in a shuffled order, a call each: the call runs that
+      variant, timed as it runs in the model (its GPU time between events, or its host time
+      where that is longer: where the host sets the pace), the first WARMUP rounds untimed;
+    - then the choice: each variant's median, the slowest rank's, rank 0's fastest (_pick)."""
+
+    def __init__(self, key: str, names: list[str], candidates: list[str]):
+        self.key, self.names = key, names
+        self.untried = [n for n in candidates if n != BASELINE]
+        self.usable = [BASELINE]
+        self.samples: dict[str, list] = {n: [] for n in names}
+        self.order: list[str] = []
+        self.rounds = 0
+        self.calls = 0
+        self.shuffle = random.Random(0)  # the same order on every rank
+        self.begin = time.perf_counter()
+
+    def done(self) -> bool:
+        return not self.untried and not self.order and self.rounds == WARMUP + TRIAL_ROUNDS
+
+    def call(self, variants: dict, args: tuple, group, device):
+        """This call's step of the trial, and the call's result. Where the variant whose turn it
+        is refuses this call's operands (a token count of the bucket it does not take), NCCL +
+        cuBLAS runs the call, untimed."""
+        self.calls += 1
+        stats["trial steps"] += 1
+        if self.untried:
+            name = self.untried.pop(0)
+            _in_step(group, device)
+            result = variants[BASELINE](*args)
+            ok = _first_call(name, variants[name], args, _outputs(result))
+            if _on_every_rank({name: ok}, group, device)[name]:
+                self.usable.append(name)
+            return result
+        if not self.order:
+            self.rounds += 1
+            self.order = list(self.usable)
+            self.shuffle.shuffle(self.order)
+        name = self.order.pop(0)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        began = time.perf_counter()
+        start.record()
+        try:
+            result = variants[name](*args)
+        except refusals() as error:
+            if name == BASELINE:
+                raise
+            tell_refused(name, error)
+            return variants[BASELINE](*args)
+        end.record()
+        if self.rounds > WARMUP:
+            self.samples[name].append((start, end, time.perf_counter() - began))
+        return result
+
+    def times(self, group, device) -> dict[str, float]:
+        """Per variant timed: the slowest rank's median µs a call (collective)."""
+        torch.cuda.synchronize(device)  # (the events are some calls old)
+        local = _trial_times({n: s for n, s in self.samples.items() if s})
+        times = torch.tensor([local.get(n, float("inf")) for n in self.names], dtype=torch.float64, device=device)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
+        return {n: t for n, t in zip(self.names, times.tolist()) if t != float("inf")}
+
+    def summary(self) -> str:
+        return f"measured over {self.calls} calls in {time.perf_counter() - self.begin:.1f} s"
+
+
+def _trial_times(samples: dict[str, list]) -> dict[str, float]:
+    """A variant's median µs over its timed calls: (start event, end event, host seconds)."""
+    return {
+        name: statistics.median(max(start.elapsed_time(end) * 1e3, host * 1e6) for start, end, host in timed)
+        for name, timed in samples.items()
+    }
+
+
+def trial_call(key: str, variants: dict, group, device, *args):
+    """A call of ``key`` while its trial runs (choose answered TRIAL): the trial's step."""
+    return _TRIALS[(group.group_name, key)].call(variants, args, group, device)
+
+
 def choose(key: str, variants: dict, args: tuple, group, device) -> str:
     """The variant to run for ``key``: forced by config.implementation, known, cached on disk,
     or measured now. Collective on first use of a key (every rank calls it in the same order,
@@ -446,6 +555,8 @@ def _known(group, key: str) -> tuple[str | None, tuple[str, str] | None]:
     decided = _DECIDED.get((group.group_name, key)) or _PREDICTED.get((group.group_name, key))
     if decided is not None:
         return decided, None
+    if (group.group_name, key) in _TRIALS:  # its own measurement runs: not a neighbour's choice
+        return None, None
     nearest = _nearest_measured(group.group_name, key)
     if nearest is None:
         return None, None
@@ -509,6 +620,12 @@ def _choose_collectively(
         key += GRAPHS_KEY
     names = list(variants)
     rank = group.rank()
+    trial = _TRIALS.get((group.group_name, decided_key))
+    if trial is not None:
+        if not trial.done():
+            return TRIAL
+        del _TRIALS[(group.group_name, decided_key)]
+        return _pick(key, decided_key, names, trial.times(group, device), group, device, trial.summary())
     # the cache file's choice for this token bucket, or for one next to it (rank 0's)
     found = _cached_among([key, *neighbour_keys(key)], names) if rank == 0 else None
     found = None if found in out else found
@@ -525,18 +642,25 @@ def _choose_collectively(
         if seen < config.measure_bucket_after:  # (the same count on every rank: calls are collective)
             CHOICES[key] = {"choice": nearest[0], "source": f"predicted from {nearest[1]} until measured"}
             return nearest[0]
+    candidates = [n for n in names if n not in out]
+    if config.measure_over_calls and not graphs:
+        _TRIALS[(group.group_name, decided_key)] = Trial(key, names, candidates)
+        return TRIAL
     begin = time.perf_counter()
-    candidates = {n: v for n, v in variants.items() if n not in out}
-    times = {n: float("inf") for n in names} | _measure(candidates, args, group, device, graphs)
-    best = min(names, key=lambda n: times[n]) if rank == 0 else None
+    times = _measure({n: variants[n] for n in candidates}, args, group, device, graphs)
+    return _pick(key, decided_key, names, times, group, device, f"measured in {time.perf_counter() - begin:.1f} s")
+
+
+def _pick(key: str, decided_key: str, names: list[str], times: dict, group, device, how: str) -> str:
+    """The fastest of ``times`` (the slowest rank's µs per variant measured; a name without
+    one is out), rank 0's pick on every rank, decided, kept and logged."""
+    times = {n: float("inf") for n in names} | times
+    best = min(names, key=lambda n: times[n]) if group.rank() == 0 else None
     best = _broadcast_name(best, names, group, device)
     entry = {"choice": best, "times_us": {n: round(t, 1) for n, t in times.items()}}
     CHOICES[key] = {**entry, "source": "measured"}
     _DECIDED[(group.group_name, decided_key)] = best
-    if rank == 0:
+    if group.rank() == 0:
         _store(key, entry)
-    log.info(
-        "overlap: %s -> %s (%s; measured in %.1f s)",
-        key, best, ", ".join(f"{n} {t:.0f} us" for n, t in times.items()), time.perf_counter() - begin,
-    )  # fmt: skip
+    log.info("overlap: %s -> %s (%s; %s)", key, best, ", ".join(f"{n} {t:.0f} us" for n, t in times.items()), how)
     return best

@@ -2,7 +2,6 @@
 
 import collections
 import functools
-import logging
 import math
 import weakref
 
@@ -150,6 +149,11 @@ def _baseline_at_first_calls(fast_key: tuple, baseline, device):
     return run
 
 
+# (group name, key) -> the call signatures whose calls ran steps of the key's trial
+# (choose.Trial): their variants' per-call graphs are dropped once the choice is made
+_TRIED: dict[tuple[str, str], set] = {}
+
+
 def _remember(fast_key: tuple, run) -> None:
     """Keeps ``run`` for ``fast_key``; drops the least recently used signature past
     config.shapes_kept, and its per-call graphs (a later call of it resolves again: its
@@ -231,9 +235,10 @@ def _first_call(kind, fast_key, group_name, world_size, variants, shapes, dtype,
     """The first call of a signature: runs the reference decomposition (forced, or a group
     without symmetric memory), NCCL + cuBLAS at its first calls (config.fused_from_call: the
     signature comes back here after them), else choose.py's pick, made on the calls it will
-    run; the variant is kept for the signature's later calls. A pick made at another token count of its
-    bucket that refuses this count (choose.refusals: the same on every rank) leaves this
-    signature to NCCL + cuBLAS."""
+    run; the variant is kept for the signature's later calls. While the pick is measured over
+    the calls of its key (choose.Trial), each call is a step of that and comes back here. A
+    pick made at another token count of its bucket that refuses this count (choose.refusals:
+    the same on every rank) leaves this signature to NCCL + cuBLAS."""
     group = torch_compat.resolve_process_group(group_name)
     ops.check(
         group.size() == world_size,
@@ -248,16 +253,21 @@ def _first_call(kind, fast_key, group_name, world_size, variants, shapes, dtype,
     calls = variant_calls(kind, fast_key, variants)
     key = choose.shape_key(kind, world_size, shapes, dtype)
     name = choose.choose(key, calls, args, group, device)
+    if name == choose.TRIAL:  # the key's measurement runs over its calls: this call is a step
+        _TRIED.setdefault((group_name, key), set()).add(fast_key)
+        return choose.trial_call(key, calls, group, device, *args)  # not kept: the next call comes back
     try:
         result = calls[name](*args)
     except choose.refusals() as error:
         if name == choose.BASELINE:
             raise
-        reason = f"this token count ({choose.failure(error)}); NCCL + cuBLAS runs it"
-        choose.tell_once(logging.INFO, "overlap: variant %s does not take %s", name, reason)
+        choose.tell_refused(name, error)
         name = choose.BASELINE
         result = calls[name](*args)
+    # the graphs the variants not chosen captured here, and those of the trial's other signatures
+    tried = _TRIED.pop((group_name, key), set()) - {fast_key}
     replay.forget((fast_key, other) for other in calls if other != name)
+    replay.forget((tried_key, other) for tried_key in tried for other in calls)
     if not torch.cuda.is_current_stream_capturing():  # a capture's fallback is not a choice
         _remember(fast_key, calls[name])
     return result

@@ -208,3 +208,34 @@ def gather_with_passengers(seed: int = 0, device: str = "cpu", dtype=torch.float
         for rider, out in zip(riders, outs[2:]):
             assert out.dtype == rider.dtype and torch.equal(out, _all_gather(rider, dim)), dim
     return True
+
+
+def measured_over_calls(calls: int = 90, seed: int = 0, dtype=torch.bfloat16) -> dict:
+    """config.measure_over_calls on NCCL ranks: ``calls`` calls of one all-gather and one
+    reduce-scatter shape, fresh inputs each, every result checked against torch.distributed's;
+    their keys' trials run their steps on these calls and choose. Returns the choices made
+    (name, source, times) and the calls checked."""
+    import tempfile
+
+    from overlap_pass import config
+    from overlap_pass.lowering import choose
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    group = dist.group.WORLD.group_name
+    device = f"cuda:{torch.cuda.current_device()}"
+    torch.manual_seed(seed + 17 * rank)
+    randn = lambda *shape: torch.randn(*shape, dtype=dtype, device=device)  # noqa: E731
+    weight = torch.randn(768, 512, dtype=dtype, generator=torch.Generator().manual_seed(seed)).to(device)
+    before = set(choose.CHOICES)
+    patches = {"measure_over_calls": True, "fused_from_call": 1, "implementation": "auto"}
+    with tempfile.TemporaryDirectory() as folder, config.patch(choice_cache=f"{folder}/choices.json", **patches):
+        for call in range(calls):
+            shard = randn(256, 512)
+            _, (out,) = torch.ops.overlap.all_gather_matmul(shard, [weight.t()], [None], 0, world, group)
+            _close(out, _all_gather(shard, 0) @ weight.t(), f"all_gather_matmul call {call}")
+            a = randn(256 * world, 768)
+            scattered = torch.ops.overlap.matmul_reduce_scatter([a], [weight], None, "sum", 0, world, group)
+            expected = _reduce_scatter((a.float() @ weight.float()).to(dtype), 0, "sum")
+            _close(scattered, expected, f"matmul_reduce_scatter call {call}")
+    made = {k: v for k, v in choose.CHOICES.items() if k not in before}
+    return {"calls": calls, "choices": made, "trials_left": len(choose._TRIALS)}

@@ -116,7 +116,7 @@ def main() -> int:
     low, high = (-(-args.min_tokens // world), args.max_tokens // world) if args.layout == "sp" else (args.min_tokens, args.max_tokens)
     mismatches, memory = [], {}
     # bucket -> kind of call -> (overlap's step times, plain Inductor's), ms
-    kinds = ("measured", "new count", "second call", "later calls")
+    kinds = ("measured", "trial steps", "new count", "second call", "later calls")
     times = collections.defaultdict(lambda: {kind: ([], []) for kind in kinds})
     calls_at = collections.Counter()  # token count -> its calls so far
     host = collections.defaultdict(list)  # kind of call -> host ms in overlap's ops a step (rank 0)
@@ -140,6 +140,7 @@ def main() -> int:
         # attention's plans: 100 ms to 1 s at a new count, H100) is not charged to whichever runs first
         ref_out, ref_grad = _step(eager, shard, grad)
         measured_before = sum(c.get("source") == "measured" for c in choose.CHOICES.values())
+        trial_steps_before = choose.stats["trial steps"]
         graphs_before, resolved_before = counters["stats"]["unique_graphs"], op_calls["_first_call"]
         host_before = op_calls["host s"]
         # rank 0 slowed by the profiler at a compile would leave its peers' waits to give up
@@ -171,7 +172,9 @@ def main() -> int:
         new = rows not in seen
         seen.add(rows)
         if sum(c.get("source") == "measured" for c in choose.CHOICES.values()) > measured_before:
-            kind = "measured"  # a bucket's choice measured in this call
+            kind = "measured"  # a bucket's choice measured in this call (or decided, over calls)
+        elif choose.stats["trial steps"] > trial_steps_before:
+            kind = "trial steps"  # an op's call ran a step of its choice's measurement over calls
         else:
             kind = "new count" if new else "second call" if calls_at[rows] == 2 else "later calls"
             if new and op_calls["_first_call"] > resolved_before and profiler is not None:
@@ -214,18 +217,23 @@ def _report(args, world, op_calls, paths, times, host, memory, kept, mismatches,
     print(f"overlap op calls: {dict(op_calls)}, {resolved} of them a signature's first; symmetric-memory "
           f"variant calls: {dict(paths)} (the rest ran NCCL + cuBLAS, as chosen); signatures kept: {kept}")  # fmt: skip
     print("Steps (forward+backward, slowest rank, ms, median) compiled by overlap | by plain Inductor, by what")
-    print("the call was: the first at its token count (overlap measured its bucket's choice, or ran the")
-    print("choice of its bucket or a bucket next to it), a count's second call, or a later one (--repeat).")
-    print("| tokens (bucket) | measured: calls, overlap max | Inductor | new count: calls, overlap | Inductor "
-          "| second call: calls, overlap | Inductor | later calls: calls, overlap | Inductor |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("the call was: one that measured a bucket's choice (or decided it, measured over calls), one")
+    print("whose ops ran steps of such a measurement (median / max), or else the first at its token count")
+    print("(its bucket's choice, or a bucket's next to it), a count's second call, or a later one (--repeat).")
+    print("| tokens (bucket) | measured: calls, overlap max | Inductor | trial steps: calls, overlap median / max "
+          "| Inductor | new count: calls, overlap | Inductor | second call: calls, overlap | Inductor "
+          "| later calls: calls, overlap | Inductor |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for bucket in sorted(times):
         cells = []
         for kind, (ours, plain) in times[bucket].items():
-            summary = max if kind == "measured" else statistics.median
+            shown = {"measured": f"{max(ours):.1f}", "trial steps": f"{statistics.median(ours):.1f} / {max(ours):.1f}"}
+            mine = shown.get(kind, f"{statistics.median(ours):.1f}") if ours else ""
             plain = [t for t in plain if t == t]  # (NaN: --no-inductor)
-            cells += [f"{len(ours)}, {summary(ours):.1f}", f"{statistics.median(plain):.1f}" if plain else ""] if ours else ["0", ""]
+            cells += [f"{len(ours)}, {mine}", f"{statistics.median(plain):.1f}" if plain else ""] if ours else ["0", ""]
         print(f"| <= {bucket} | " + " | ".join(cells) + " |")
+    slowest_step = max((max(ours), bucket, kind) for bucket in times for kind, (ours, _) in times[bucket].items() if ours)
+    print(f"overlap's slowest step (no compile): {slowest_step[0]:.1f} ms, {slowest_step[2]} at <= {slowest_step[1]} tokens")
     print("Host time in overlap's op calls a step (rank 0, ms, median): " + ", ".join(
         f"{kind} {statistics.median(ms):.1f}" for kind, ms in host.items() if ms))  # fmt: skip
     print(f"device memory in use: {memory.get('after_first', 0) / 2**20:.0f} MiB after the first checked call, "

@@ -99,8 +99,8 @@ def _dispatch_on_cpu(failing_ranks, cache_path: str, **patches):
     """dispatch's CUDA path on CPU tensors with the stand-in variants, this process's choices
     forgotten (and restored after), the overlap log collected."""
     remembered = (
-        choose.CHOICES, choose._DECIDED, choose._PREDICTED, choose._UNMEASURED, choose._TOLD, dispatch._RESOLVED,
-        dispatch._WARMED,
+        choose.CHOICES, choose._DECIDED, choose._PREDICTED, choose._UNMEASURED, choose._TOLD, choose._TRIALS,
+        dispatch._RESOLVED, dispatch._WARMED, dispatch._TRIED,
     )  # fmt: skip
     saved = [type(table)(table) for table in remembered]
     for table in remembered:
@@ -111,6 +111,7 @@ def _dispatch_on_cpu(failing_ranks, cache_path: str, **patches):
     logger.addHandler(records)
     logger.setLevel(logging.DEBUG)
     patches.setdefault("fused_from_call", 1)  # the choice from a signature's first call
+    patches.setdefault("measure_over_calls", False)  # measured at once: over_calls tests the other
     try:
         with pytest.MonkeyPatch.context() as mp, config.patch(choice_cache=cache_path, **patches):
             mp.setattr(dispatch, "_symmetric_memory_usable", lambda group: True)
@@ -185,25 +186,9 @@ def changing_rows(
     the choice per token bucket (measured, or predicted from a neighbour), the rows of each
     measurement, the variant each call ran, and the largest error."""
     ran, measured = [], []
-
-    def recorded(name, variant):
-        def run(*args, **kwargs):
-            ran.append(name)
-            return variant(*args, **kwargs)
-
-        return run
-
-    def refusing(*args, **kwargs):
-        if args[0].shape[0] == refused:
-            raise NotImplementedError(f"{refused} rows (stand-in)")
-        return _local_result(*args, **kwargs)
-
-    def variants(kind, num_inputs=1):
-        return {n: recorded(n, v) for n, v in {**_variants(set()), GLUON: refusing}.items()}
-
     patches = {"shapes_kept": kept, "measure_bucket_after": measure_after, "fused_from_call": fused_from}
     with _dispatch_on_cpu(set(), cache_path, **patches) as (mp, messages):
-        mp.setattr(scaled, "variants", variants)
+        mp.setattr(scaled, "variants", _recording_variants(ran, refused, set()))
         real_measure = choose._measure
         mp.setattr(choose, "_measure", lambda *a, **k: measured.append(a[1][0].shape[0]) or real_measure(*a, **k))
         dist.barrier()
@@ -222,6 +207,61 @@ def changing_rows(
     return {
         "chosen": chosen, "predicted": predicted, "measured": measured, "ran": last_ran, "error": max(errors),
         "kept": kept_now, "log": messages,
+    }  # fmt: skip
+
+
+def _recording_variants(ran: list, refused: int, failing_ranks):
+    """scaled.variants with the stand-ins, each call's variant name appended to ``ran``; the
+    Gluon stand-in refuses calls of ``refused`` rows (NotImplementedError, as a variant refuses
+    operands it cannot take) and fails to compile on ``failing_ranks``."""
+
+    def recorded(name, variant):
+        def run(*args, **kwargs):
+            ran.append(name)
+            return variant(*args, **kwargs)
+
+        return run
+
+    def refusing(*args, **kwargs):
+        if args[0].shape[0] == refused:
+            raise NotImplementedError(f"{refused} rows (stand-in)")
+        return _gluon_stand_in(failing_ranks, *args, **kwargs)
+
+    def variants(kind, num_inputs=1):
+        return {n: recorded(n, v) for n, v in {**_variants(set()), GLUON: refusing}.items()}
+
+    return variants
+
+
+def over_calls(cache_path: str, rows: list[int], refused: int, failing_ranks) -> dict:
+    """Calls at each of ``rows`` (one token bucket; a new seed each) with the choice measured
+    over the calls (config.measure_over_calls), the Gluon stand-in refusing ``refused`` rows
+    and failing to compile on ``failing_ranks``. Timing is faked (the samples' medians are
+    FAKE_US), the trial's steps are choose.py's own. Returns the variants each call ran, the
+    timed samples per variant, the choice and its source, and the largest error."""
+    ran, samples = [], {}
+
+    def fake_trial_times(timed: dict) -> dict:
+        samples.update({n: len(s) for n, s in timed.items()})
+        return {n: FAKE_US[n] for n in timed}
+
+    with _dispatch_on_cpu(failing_ranks, cache_path, measure_over_calls=True) as (mp, messages):
+        mp.setattr(scaled, "variants", _recording_variants(ran, refused, failing_ranks))
+        mp.setattr(choose, "_measure", lambda *a, **k: pytest.fail("measured at once"))
+        mp.setattr(choose, "_trial_times", fake_trial_times)
+        mp.setattr(torch.cuda, "Event", _WallClockEvent)
+        mp.setattr(torch.cuda, "synchronize", lambda device=None: None)
+        dist.barrier()
+        errors, per_call = [], []
+        for seed, count in enumerate(rows):
+            del ran[:]
+            errors.append(_call(seed, count))
+            per_call.append(list(ran))
+        (chosen,) = choose._DECIDED.values()
+        source = dict(choose.CHOICES)
+    return {
+        "ran": per_call, "samples": samples, "chosen": chosen, "choices": source, "error": max(errors),
+        "log": messages, "trials_left": len(choose._TRIALS),
     }  # fmt: skip
 
 

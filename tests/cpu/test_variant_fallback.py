@@ -98,6 +98,57 @@ def test_a_token_count_runs_nccl_until_its_third_call(gloo_world, tmp_path):
         assert result["predicted"] == {64: gluon}, (rank, result)
 
 
+def test_a_choice_measured_over_calls(gloo_world, tmp_path):
+    """config.measure_over_calls: calls at 32, 24 and 20 rows (one bucket) each run a step of
+    the measurement and return their own result: the Gluon and copy-engine stand-ins' first
+    calls beside NCCL + cuBLAS, then rounds in which each call runs one variant (the Gluon
+    stand-in refuses 20 rows: NCCL + cuBLAS runs those calls, untimed), then the choice, run
+    from the next call on. No call measures every variant; every rank alike."""
+    rows = [32, 24, 20] * 12
+    ranks = gloo_world(2).run(cases.over_calls, str(tmp_path / "choices.json"), rows, 20, set())
+    nccl, gluon, copy = choose.BASELINE, cases.GLUON, cases.COPY_ENGINE
+    rounds = choose.WARMUP + choose.TRIAL_ROUNDS
+    steps = 2 + 3 * rounds  # two first calls, then the rounds of three usable variants
+    for rank, result in enumerate(ranks):
+        ran = result["ran"]
+        assert result["error"] <= 1e-2, (rank, result)
+        assert ran == ranks[0]["ran"], rank
+        assert ran[:2] == [[nccl, gluon], [nccl, copy]], (rank, ran)
+        for start in range(2, steps, 3):  # a round: each variant once, in some order
+            turns = ran[start : start + 3]
+            assert sorted(r[0] for r in turns) == sorted([nccl, gluon, copy]), (rank, start, ran)
+            for call, turn in enumerate(turns, start):
+                refused = turn[0] == gluon and rows[call] == 20
+                assert turn == ([gluon, nccl] if refused else [turn[0]]), (rank, call, turn)
+        timed = ran[2 + 3 * choose.WARMUP : steps]
+        assert result["samples"] == {nccl: choose.TRIAL_ROUNDS, copy: choose.TRIAL_ROUNDS, gluon: timed.count([gluon])}
+        # the choice made at the next call; 20 rows, which the Gluon stand-in refuses, run NCCL + cuBLAS
+        assert ran[steps:] == [[gluon, nccl], [gluon], [gluon], [nccl]], (rank, ran[steps:])
+        assert result["chosen"] == gluon and result["trials_left"] == 0, (rank, result)
+        (choice,) = result["choices"].values()
+        assert choice["source"] == "measured", choice
+        assert any(f"measured over {steps} calls" in m for m in result["log"]), result["log"]
+
+
+def test_a_variant_failing_on_one_rank_is_out_of_the_measurement_over_calls(gloo_world, tmp_path):
+    """The Gluon stand-in fails to compile on rank 1 at its first call: out on both ranks, never
+    run again; the rounds are the two others', the copy engine chosen."""
+    rows = [32] * 24
+    ranks = gloo_world(2).run(cases.over_calls, str(tmp_path / "choices.json"), rows, -1, {1})
+    nccl, gluon, copy = choose.BASELINE, cases.GLUON, cases.COPY_ENGINE
+    steps = 2 + 2 * (choose.WARMUP + choose.TRIAL_ROUNDS)
+    for rank, result in enumerate(ranks):
+        ran = result["ran"]
+        assert result["error"] <= 1e-2, (rank, result)
+        assert ran[:2] == [[nccl, gluon], [nccl, copy]], (rank, ran)
+        assert sorted(r[0] for r in ran[2:steps]) == [copy] * (steps // 2 - 1) + [nccl] * (steps // 2 - 1), ran
+        assert ran[steps:] == [[copy]] * (len(rows) - steps), (rank, ran)
+        assert result["samples"] == {nccl: choose.TRIAL_ROUNDS, copy: choose.TRIAL_ROUNDS}, (rank, result)
+        told = [m for m in result["log"] if cases.GLUON in m and " -> " not in m]
+        expected = TOLD["one_rank"][rank]
+        assert len(told) == len(expected) and all(e in m for e, m in zip(expected, told)), (rank, told)
+
+
 def test_a_variant_raising_while_timed_is_out_on_every_rank(gloo_world):
     """A sample that raises on one rank (a ChunkTimeout told at a later call) does not leave
     choose on that rank while its peers wait in the next sample's collective: every rank times

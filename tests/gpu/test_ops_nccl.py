@@ -28,3 +28,13 @@ def test_ops_against_nccl(nccl_pool, dtype):
 
 def test_reduce_scatter_is_deterministic(nccl_pool):
     assert all(nccl_pool.run(op_cases.deterministic_reduce_scatter, 0, "cuda"))
+
+
+def test_a_choice_measured_over_calls(nccl_pool):
+    """config.measure_over_calls: each key's choice is made over its calls (its trial's steps
+    on NCCL ranks, symmetric memory and the per-call graphs), every call's result right."""
+    for result in nccl_pool.run(op_cases.measured_over_calls, 90):
+        assert result["trials_left"] == 0, result
+        assert len(result["choices"]) == 2, result
+        for choice in result["choices"].values():
+            assert choice["source"] == "measured" and choice["choice"] in choice["times_us"], choice
