@@ -227,10 +227,13 @@ def _report(args, world, op_calls, paths, times, host, memory, kept, mismatches,
     for bucket in sorted(times):
         cells = []
         for kind, (ours, plain) in times[bucket].items():
-            shown = {"measured": f"{max(ours):.1f}", "trial steps": f"{statistics.median(ours):.1f} / {max(ours):.1f}"}
-            mine = shown.get(kind, f"{statistics.median(ours):.1f}") if ours else ""
+            if not ours:
+                cells += ["0", ""]
+                continue
+            mine = f"{statistics.median(ours):.1f}"
+            mine = {"measured": f"{max(ours):.1f}", "trial steps": f"{mine} / {max(ours):.1f}"}.get(kind, mine)
             plain = [t for t in plain if t == t]  # (NaN: --no-inductor)
-            cells += [f"{len(ours)}, {mine}", f"{statistics.median(plain):.1f}" if plain else ""] if ours else ["0", ""]
+            cells += [f"{len(ours)}, {mine}", f"{statistics.median(plain):.1f}" if plain else ""]
         print(f"| <= {bucket} | " + " | ".join(cells) + " |")
     slowest_step = max((max(ours), bucket, kind) for bucket in times for kind, (ours, _) in times[bucket].items() if ours)
     print(f"overlap's slowest step (no compile): {slowest_step[0]:.1f} ms, {slowest_step[2]} at <= {slowest_step[1]} tokens")
