@@ -117,6 +117,17 @@ def neighbour_keys(key: str) -> list[str]:
     return [_TOKENS.sub(f"tokens={t}", key, count=1) for t in (tokens // 2, tokens * 2) if t >= 1]
 
 
+def _bucketless(key: str) -> str:
+    """``key`` with its token bucket left out: what the keys of one op's buckets share."""
+    return _TOKENS.sub("tokens=*", key, count=1)
+
+
+def _sibling_on_trial(group_name: str, key: str) -> bool:
+    """Whether another token bucket of ``key``'s op is being measured over calls (a Trial)."""
+    pattern = _bucketless(key)
+    return any(group == group_name and other != key and _bucketless(other) == pattern for group, other in _TRIALS)
+
+
 def _nearest_measured(group_name: str, key: str) -> tuple[int, str, str] | None:
     """(doublings apart, choice, key) of the decided token bucket nearest ``key``'s (the
     smaller at a tie) among the keys that differ from it in the bucket alone, if any: the same
@@ -124,11 +135,11 @@ def _nearest_measured(group_name: str, key: str) -> tuple[int, str, str] | None:
     found = _TOKENS.search(key)
     if found is None:
         return None
-    tokens, pattern = int(found.group(1)), _TOKENS.sub("tokens=*", key, count=1)
+    tokens, pattern = int(found.group(1)), _bucketless(key)
     candidates = []
     for (group, other), name in _DECIDED.items():
         match = _TOKENS.search(other)
-        if group == group_name and match and _TOKENS.sub("tokens=*", other, count=1) == pattern:
+        if group == group_name and match and _bucketless(other) == pattern:
             other_tokens = int(match.group(1))
             candidates.append((abs(other_tokens.bit_length() - tokens.bit_length()), other_tokens, name, other))
     if not candidates:
@@ -434,6 +445,11 @@ TRIAL = "trial"
 _TRIALS: dict[tuple[str, str], "Trial"] = {}
 
 
+class ForNow(str):
+    """choose's answer for this call alone (dispatch keeps no variant for its signature): a
+    bucket whose op has another bucket on trial runs NCCL + cuBLAS meanwhile."""
+
+
 class Trial:
     """A key's measurement spread over the op's calls (config.measure_over_calls): each call
     of the key runs one step of it on its own inputs and returns its own result, so no call
@@ -626,6 +642,10 @@ def _choose_collectively(
             return TRIAL
         del _TRIALS[(group.group_name, decided_key)]
         return _pick(key, decided_key, names, trial.times(group, device), group, device, trial.summary())
+    if config.measure_over_calls and not graphs and _sibling_on_trial(group.group_name, decided_key):
+        # one trial per op at a time: this bucket then takes that one's choice, or the nearest
+        # one's until measured itself, rather than running every variant's first calls too
+        return ForNow(BASELINE)
     # the cache file's choice for this token bucket, or for one next to it (rank 0's)
     found = _cached_among([key, *neighbour_keys(key)], names) if rank == 0 else None
     found = None if found in out else found

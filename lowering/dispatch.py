@@ -268,7 +268,8 @@ def _first_call(kind, fast_key, group_name, world_size, variants, shapes, dtype,
     tried = _TRIED.pop((group_name, key), set()) - {fast_key}
     replay.forget((fast_key, other) for other in calls if other != name)
     replay.forget((tried_key, other) for tried_key in tried for other in calls)
-    if not torch.cuda.is_current_stream_capturing():  # a capture's fallback is not a choice
+    # a capture's fallback is not a choice, nor one made for this call alone
+    if not torch.cuda.is_current_stream_capturing() and not isinstance(name, choose.ForNow):
         _remember(fast_key, calls[name])
     return result
 

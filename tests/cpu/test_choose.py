@@ -85,7 +85,7 @@ def test_a_choice_made_among_other_variants_is_made_again(tmp_path, monkeypatch)
     monkeypatch.setattr(choose, "_broadcast_name", lambda name, names, group, device: name)
     monkeypatch.setattr(choose, "CHOICES", {})  # this process's choices, apart from other tests'
     monkeypatch.setattr(choose, "_DECIDED", {})
-    with config.patch(choice_cache=str(tmp_path / "choices.json")):
+    with config.patch(choice_cache=str(tmp_path / "choices.json"), measure_over_calls=False):
         for cached, remeasured in (
             ({"copy_engine_cublas": 1.0}, True),  # fewer variants then
             ({**times, "fused:gone": 1.0}, True),  # one dropped since

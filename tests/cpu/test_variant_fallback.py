@@ -130,6 +130,22 @@ def test_a_choice_measured_over_calls(gloo_world, tmp_path):
         assert any(f"measured over {steps} calls" in m for m in result["log"]), result["log"]
 
 
+def test_one_bucket_of_an_op_on_trial_at_a_time(gloo_world, tmp_path):
+    """While 32 rows' bucket is measured over its calls, calls of 200 rows (another bucket of
+    the same op) run NCCL + cuBLAS and start no trial of their own; once 32's choice is made,
+    200 (far from it) runs that choice, as a far bucket does until it recurs."""
+    steps = 2 + 3 * (choose.WARMUP + choose.TRIAL_ROUNDS)
+    rows = [32, 200] * (steps + 2)
+    ranks = gloo_world(2).run(cases.over_calls, str(tmp_path / "choices.json"), rows, -1, set())
+    nccl, gluon = choose.BASELINE, cases.GLUON
+    for rank, result in enumerate(ranks):
+        ran = result["ran"]
+        assert result["error"] <= 1e-2, (rank, result)
+        assert ran[1 : 2 * steps : 2] == [[nccl]] * steps, (rank, ran)  # 200 rows while 32 is on trial
+        assert ran[2 * steps :] == [[gluon]] * 4, (rank, ran[2 * steps :])  # 32's choice, then 200's too
+        assert result["chosen"] == gluon and result["trials_left"] == 0, (rank, result)
+
+
 def test_a_variant_failing_on_one_rank_is_out_of_the_measurement_over_calls(gloo_world, tmp_path):
     """The Gluon stand-in fails to compile on rank 1 at its first call: out on both ranks, never
     run again; the rounds are the two others', the copy engine chosen."""
