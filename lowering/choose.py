@@ -459,8 +459,9 @@ class Trial:
       beside it, compared with it; out on every rank where it raises or differs on one (the
       ranks meet before it: its kernels may take seconds to compile);
     - then rounds of the usable variants in a shuffled order, a call each: the call runs that
-      variant, timed as it runs in the model (its GPU time between events, or its host time
-      where that is longer: where the host sets the pace), the first WARMUP rounds untimed;
+      variant, the ranks in step and the GPU idle first, timed (its GPU time between events, or
+      its host time where that is longer: where the host sets the pace), the first WARMUP
+      rounds untimed;
     - then the choice: each variant's median, the slowest rank's, rank 0's fastest (_pick)."""
 
     def __init__(self, key: str, names: list[str], candidates: list[str]):
@@ -496,6 +497,10 @@ class Trial:
             self.order = list(self.usable)
             self.shuffle.shuffle(self.order)
         name = self.order.pop(0)
+        # the ranks in step and the GPU idle, as _time's samples start: timed in the model's
+        # stream as it is, a call took the peers' skew and the host's pace with it (4-5 times
+        # its own time, 8B block, 4xH200), and the choices went to NCCL + cuBLAS
+        _in_step(group, device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         began = time.perf_counter()
         start.record()
