@@ -260,12 +260,15 @@ def _outputs(result) -> list[torch.Tensor]:
     return [t for part in result[1:] for t in part] if isinstance(result, tuple) else [result]
 
 
-def _calls(variant, args: tuple) -> None:
+def _calls(variant, args: tuple):
     """A sample: SAMPLE_CALLS calls, each one's outputs dropped before the next, as a model's
     steps drop theirs (so the allocator hands the same addresses out again, and calls that
-    replay per-call graphs do so here too)."""
+    replay per-call graphs do so here too); the last call's result."""
+    result = None
     for _ in range(SAMPLE_CALLS):
-        variant(*args)
+        result = None
+        result = variant(*args)
+    return result
 
 
 def _captured(variant, args: tuple):
@@ -436,9 +439,6 @@ def _capture_all(variants: dict, runs: dict, args: tuple, group, device) -> dict
     return {n: graphs[n] for n in runs if captured[n]}
 
 
-# timed calls of each variant in a trial (config.measure_over_calls), after its WARMUP untimed
-# ones (a variant's first calls at a signature run eagerly, then capture its per-call graph)
-TRIAL_ROUNDS = 8
 # choose's answer while a trial runs the calls of a key: dispatch hands each call to trial_call
 TRIAL = "trial"
 # (group name, key) -> its measurement over calls, until decided
@@ -458,10 +458,10 @@ class Trial:
     - a variant's first call: NCCL + cuBLAS computes the call's result and the variant runs
       beside it, compared with it; out on every rank where it raises or differs on one (the
       ranks meet before it: its kernels may take seconds to compile);
-    - then rounds of the usable variants in a shuffled order, a call each: the call runs that
-      variant, the ranks in step and the GPU idle first, timed (its GPU time between events, or
-      its host time where that is longer: where the host sets the pace), the first WARMUP
-      rounds untimed;
+    - then rounds of the usable variants in a shuffled order, a call each: the call is a
+      sample of that variant, as _time takes one (the ranks in step, the GPU idle, SAMPLE_CALLS
+      calls on the call's inputs, the last one's result returned), the first WARMUP rounds
+      untimed;
     - then the choice: each variant's median, the slowest rank's, rank 0's fastest (_pick)."""
 
     def __init__(self, key: str, names: list[str], candidates: list[str]):
@@ -476,7 +476,7 @@ class Trial:
         self.begin = time.perf_counter()
 
     def done(self) -> bool:
-        return not self.untried and not self.order and self.rounds == WARMUP + TRIAL_ROUNDS
+        return not self.untried and not self.order and self.rounds == WARMUP + ROUNDS
 
     def call(self, variants: dict, args: tuple, group, device):
         """This call's step of the trial, and the call's result. Where the variant whose turn it
@@ -497,15 +497,15 @@ class Trial:
             self.order = list(self.usable)
             self.shuffle.shuffle(self.order)
         name = self.order.pop(0)
-        # the ranks in step and the GPU idle, as _time's samples start: timed in the model's
-        # stream as it is, a call took the peers' skew and the host's pace with it (4-5 times
-        # its own time, 8B block, 4xH200), and the choices went to NCCL + cuBLAS
+        # a sample as _time takes it, on this call's inputs: timed one by one as they ran in
+        # the model's stream, the calls took the peers' skew and the host's pace with them,
+        # and ran eagerly where the model's addresses moved between calls (the variants of
+        # the 8B block timed 2-5 times slower than NCCL + cuBLAS, 4xH200)
         _in_step(group, device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        began = time.perf_counter()
         start.record()
         try:
-            result = variants[name](*args)
+            result = _calls(variants[name], args)
         except refusals() as error:
             if name == BASELINE:
                 raise
@@ -513,7 +513,7 @@ class Trial:
             return variants[BASELINE](*args)
         end.record()
         if self.rounds > WARMUP:
-            self.samples[name].append((start, end, time.perf_counter() - began))
+            self.samples[name].append((start, end))
         return result
 
     def times(self, group, device) -> dict[str, float]:
@@ -529,9 +529,9 @@ class Trial:
 
 
 def _trial_times(samples: dict[str, list]) -> dict[str, float]:
-    """A variant's median µs over its timed calls: (start event, end event, host seconds)."""
+    """A variant's median µs a call over its timed samples (start and end events)."""
     return {
-        name: statistics.median(max(start.elapsed_time(end) * 1e3, host * 1e6) for start, end, host in timed)
+        name: statistics.median(start.elapsed_time(end) * 1e3 / SAMPLE_CALLS for start, end in timed)
         for name, timed in samples.items()
     }
 

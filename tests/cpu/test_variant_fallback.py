@@ -101,14 +101,14 @@ def test_a_token_count_runs_nccl_until_its_third_call(gloo_world, tmp_path):
 def test_a_choice_measured_over_calls(gloo_world, tmp_path):
     """config.measure_over_calls: calls at 32, 24 and 20 rows (one bucket) each run a step of
     the measurement and return their own result: the Gluon and copy-engine stand-ins' first
-    calls beside NCCL + cuBLAS, then rounds in which each call runs one variant (the Gluon
-    stand-in refuses 20 rows: NCCL + cuBLAS runs those calls, untimed), then the choice, run
-    from the next call on. No call measures every variant; every rank alike."""
-    rows = [32, 24, 20] * 12
+    calls beside NCCL + cuBLAS, then rounds in which each call is a sample of one variant (the
+    Gluon stand-in refuses 20 rows: NCCL + cuBLAS runs those calls, untimed), then the choice,
+    run from the next call on. No call measures every variant; every rank alike."""
+    steps = 2 + 3 * (choose.WARMUP + choose.ROUNDS)  # two first calls, then rounds of three variants
+    rows = [32, 24, 20] * (steps // 3 + 2)
+    assert len(rows) == steps + 4 and rows[steps] == 20
     ranks = gloo_world(2).run(cases.over_calls, str(tmp_path / "choices.json"), rows, 20, set())
     nccl, gluon, copy = choose.BASELINE, cases.GLUON, cases.COPY_ENGINE
-    rounds = choose.WARMUP + choose.TRIAL_ROUNDS
-    steps = 2 + 3 * rounds  # two first calls, then the rounds of three usable variants
     for rank, result in enumerate(ranks):
         ran = result["ran"]
         assert result["error"] <= 1e-2, (rank, result)
@@ -119,9 +119,11 @@ def test_a_choice_measured_over_calls(gloo_world, tmp_path):
             assert sorted(r[0] for r in turns) == sorted([nccl, gluon, copy]), (rank, start, ran)
             for call, turn in enumerate(turns, start):
                 refused = turn[0] == gluon and rows[call] == 20
-                assert turn == ([gluon, nccl] if refused else [turn[0]]), (rank, call, turn)
+                # a sample: SAMPLE_CALLS calls of the variant, the last one's result the call's
+                assert turn == ([gluon, nccl] if refused else [turn[0]] * choose.SAMPLE_CALLS), (rank, call, turn)
         timed = ran[2 + 3 * choose.WARMUP : steps]
-        assert result["samples"] == {nccl: choose.TRIAL_ROUNDS, copy: choose.TRIAL_ROUNDS, gluon: timed.count([gluon])}
+        gluon_samples = timed.count([gluon] * choose.SAMPLE_CALLS)
+        assert result["samples"] == {nccl: choose.ROUNDS, copy: choose.ROUNDS, gluon: gluon_samples}
         # the choice made at the next call; 20 rows, which the Gluon stand-in refuses, run NCCL + cuBLAS
         assert ran[steps:] == [[gluon, nccl], [gluon], [gluon], [nccl]], (rank, ran[steps:])
         assert result["chosen"] == gluon and result["trials_left"] == 0, (rank, result)
@@ -134,7 +136,7 @@ def test_one_bucket_of_an_op_on_trial_at_a_time(gloo_world, tmp_path):
     """While 32 rows' bucket is measured over its calls, calls of 200 rows (another bucket of
     the same op) run NCCL + cuBLAS and start no trial of their own; once 32's choice is made,
     200 (far from it) runs that choice, as a far bucket does until it recurs."""
-    steps = 2 + 3 * (choose.WARMUP + choose.TRIAL_ROUNDS)
+    steps = 2 + 3 * (choose.WARMUP + choose.ROUNDS)
     rows = [32, 200] * (steps + 2)
     ranks = gloo_world(2).run(cases.over_calls, str(tmp_path / "choices.json"), rows, -1, set())
     nccl, gluon = choose.BASELINE, cases.GLUON
@@ -149,17 +151,17 @@ def test_one_bucket_of_an_op_on_trial_at_a_time(gloo_world, tmp_path):
 def test_a_variant_failing_on_one_rank_is_out_of_the_measurement_over_calls(gloo_world, tmp_path):
     """The Gluon stand-in fails to compile on rank 1 at its first call: out on both ranks, never
     run again; the rounds are the two others', the copy engine chosen."""
-    rows = [32] * 24
+    steps = 2 + 2 * (choose.WARMUP + choose.ROUNDS)
+    rows = [32] * (steps + 4)
     ranks = gloo_world(2).run(cases.over_calls, str(tmp_path / "choices.json"), rows, -1, {1})
     nccl, gluon, copy = choose.BASELINE, cases.GLUON, cases.COPY_ENGINE
-    steps = 2 + 2 * (choose.WARMUP + choose.TRIAL_ROUNDS)
     for rank, result in enumerate(ranks):
         ran = result["ran"]
         assert result["error"] <= 1e-2, (rank, result)
         assert ran[:2] == [[nccl, gluon], [nccl, copy]], (rank, ran)
         assert sorted(r[0] for r in ran[2:steps]) == [copy] * (steps // 2 - 1) + [nccl] * (steps // 2 - 1), ran
         assert ran[steps:] == [[copy]] * (len(rows) - steps), (rank, ran)
-        assert result["samples"] == {nccl: choose.TRIAL_ROUNDS, copy: choose.TRIAL_ROUNDS}, (rank, result)
+        assert result["samples"] == {nccl: choose.ROUNDS, copy: choose.ROUNDS}, (rank, result)
         told = [m for m in result["log"] if cases.GLUON in m and " -> " not in m]
         expected = TOLD["one_rank"][rank]
         assert len(told) == len(expected) and all(e in m for e, m in zip(expected, told)), (rank, told)
