@@ -1,14 +1,11 @@
 """Which variant an op runs for a shape: measured on its calls, identical on every rank,
 cached in memory and on disk.
 
-By default the measurement rides on the shape's calls, a step per call (Trial,
-config.measure_over_calls): each variant's first call beside NCCL + cuBLAS's, then rounds of
-calls that each run one variant, in a shuffled order, timed as they run in the model; no call
-stalls on timing them all. Otherwise (config.measure_over_calls off, or CUDA graph trees warming
-a model up) the first call of a shape runs every variant on the call's own inputs, interleaved
-(rounds of SAMPLE_CALLS calls each, in a shuffled order, so drift hits all variants alike; each
-sample starts with the GPU idle, so a variant's host time counts where it exceeds its GPU time).
-Either way a variant whose outputs differ from NCCL + cuBLAS's beyond rounding, or that raises,
+The first call of a shape runs every variant on the call's own inputs, interleaved (rounds of
+SAMPLE_CALLS calls each, in a shuffled order, so drift hits all variants alike; each sample
+starts with the GPU idle, so a variant's host time counts where it exceeds its GPU time). With
+config.measure_over_calls the same samples ride on the shape's calls instead, one per call
+(Trial): no call stalls on timing them all. Either way a variant whose outputs differ from NCCL + cuBLAS's beyond rounding, or that raises,
 on any rank, is out on every rank. Times are reduced to the slowest rank's,
 rank 0 picks the fastest and broadcasts its name, so every rank runs the same variant: the
 baseline is always a candidate, so the pick is never slower than it, as measured.
@@ -499,8 +496,8 @@ class Trial:
         name = self.order.pop(0)
         # a sample as _time takes it, on this call's inputs: timed one by one as they ran in
         # the model's stream, the calls took the peers' skew and the host's pace with them,
-        # and ran eagerly where the model's addresses moved between calls (the variants of
-        # the 8B block timed 2-5 times slower than NCCL + cuBLAS, 4xH200)
+        # and ran eagerly where the model's addresses moved between calls (the 8B block's
+        # variants timed 2 to 2.8 times NCCL + cuBLAS's time, 4xH200)
         _in_step(group, device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

@@ -125,13 +125,15 @@ fused_from_call: int = int(os.environ.get("OVERLAP_PASS_FUSED_FROM_CALL", 8))
 # that recurs gets its own choice. 1: measured at its first count.
 measure_bucket_after: int = int(os.environ.get("OVERLAP_PASS_MEASURE_BUCKET_AFTER", 3))
 
-# A choice's measurement rides on the op's own calls, one step of it per call (a variant's
-# first call beside NCCL + cuBLAS's, or one timed call of a variant, whose result is the
-# call's), so that no step stalls on timing every variant at once (0.6 to 36 s for a bucket of
-# the 8B block); the choice is made some 50 calls of its bucket later. Off: every variant is
-# timed at once, at the call that needs the choice (what the GPU tools do, to time the choice
-# from the start). Choices made while CUDA graph trees warm a model up are timed at once.
-measure_over_calls: bool = Config(default=True, env_name_default="OVERLAP_PASS_MEASURE_OVER_CALLS")
+# A choice's measurement rides on the op's own calls, a step of it per call (a variant's first
+# call beside NCCL + cuBLAS's, or one sample of one variant on the call's inputs, whose result
+# is the call's), instead of timing every variant at the call that needs the choice: no step
+# stalls for long, many steps are slower. Measured at random token counts (8B block, W=4,
+# 4xH200): the slowest step 152 ms against a 1.2 s stall, but 49 steps at 50 ms (plain
+# Inductor's 7.8), and at steady counts 7 of 8 picks differed from the one-shot measurement's,
+# 2 of them NCCL + cuBLAS where that timed a variant 31-35% faster (docs/ops.md). Off:
+# measured at once. Choices made while CUDA graph trees warm a model up are measured at once.
+measure_over_calls: bool = Config(default=False, env_name_default="OVERLAP_PASS_MEASURE_OVER_CALLS")
 
 # Polls before a wait on a peer gives up (barrier, chunk flags). It then records which rank or
 # chunk it missed and the op raises ChunkTimeout (at the latest 16 calls later). Each poll is a

@@ -4,9 +4,8 @@ read it then); a variable the caller set wins.
 - NVLink multicast (NVLS) and symmetric memory's multicast off: it can take shared GPUs down.
 - Waits that give up after seconds, not the default ten minutes: a lost peer fails a run fast.
 - The chosen variants from a call signature's first call (users' calls run NCCL + cuBLAS at a
-  signature's first ones, config.fused_from_call), chosen at that call (users' choices are
-  measured over a shape's calls, config.measure_over_calls): the fused path is what the tools
-  check and time from the first call.
+  signature's first ones, config.fused_from_call): the fused path is what the tools check and
+  time from the first call.
 """
 
 import os
@@ -14,7 +13,7 @@ import os
 DEFAULTS = (
     ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"),
     ("OVERLAP_PASS_SPIN_LIMIT", "20000000"),
-    ("OVERLAP_PASS_FUSED_FROM_CALL", "1"), ("OVERLAP_PASS_MEASURE_OVER_CALLS", "0"),
+    ("OVERLAP_PASS_FUSED_FROM_CALL", "1"),
 )  # fmt: skip
 
 

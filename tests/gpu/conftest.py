@@ -26,7 +26,6 @@ os.environ.setdefault("OVERLAP_PASS_SPIN_LIMIT", "10000000")
 # The variants from a call signature's first call (the default runs NCCL + cuBLAS at a
 # signature's first calls, config.fused_from_call): what these tests check is the variants.
 os.environ.setdefault("OVERLAP_PASS_FUSED_FROM_CALL", "1")
-os.environ.setdefault("OVERLAP_PASS_MEASURE_OVER_CALLS", "0")  # and chosen at that call
 
 
 @pytest.fixture(scope="module", params=sorted({2, min(GPUS, 4)}) if GPUS >= 2 else [2], ids=lambda w: f"W{w}")
