@@ -2,9 +2,10 @@
 as those passes leave it: the same graphs and decisions as a full compile, without generating
 and building Inductor's kernels, which on CI's two cores was most of a compiling test's time.
 
-The fake process group's tests use it (they compute nothing), and the gloo ranks of worlds of 3
-and more (tests/rank_pool.py): their numerics are then the rewritten graph's, run op by op,
-while the W=2 tests keep the full compile, Inductor's kernels and its lowering of overlap's ops.
+The fake process group's tests use it (they compute nothing), and the gloo ranks
+(tests/rank_pool.py) of worlds of 3 and more and of the W=2 tests not marked `kernels`: their
+numerics are then the rewritten graph's, run op by op, while the marked W=2 tests keep the full
+compile, Inductor's kernels and its lowering of overlap's ops.
 """
 
 import contextlib

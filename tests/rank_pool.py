@@ -10,6 +10,7 @@ PEER_GRACE_S to answer, then the failure is raised with their stacks, and the po
 NCCL ranks use GPU <rank>, with NVLink multicast off.
 """
 
+import contextlib
 import faulthandler
 import logging
 import multiprocessing
@@ -64,12 +65,6 @@ def _worker(rank: int, world_size: int, backend: str, port: int, tasks, results,
     import torch
     import torch.distributed as dist
 
-    # worlds of 3 and more compile as far as the post-grad passes (tests/graphs_only.py)
-    if backend == "gloo" and world_size >= 3 and os.environ.get("OVERLAP_TEST_KERNELS_AT_EVERY_W") != "1":
-        from tests.graphs_only import graphs_only
-
-        graphs_only().__enter__()  # for the rank's life
-
     kwargs = {}
     if backend == "nccl":
         torch.cuda.set_device(rank)
@@ -81,16 +76,23 @@ def _worker(rank: int, world_size: int, backend: str, port: int, tasks, results,
         init_method=f"tcp://127.0.0.1:{port}",
         **kwargs,
     )
+    from tests.graphs_only import graphs_only
+
+    compiled_fully = True
     while True:
         task = tasks.get()
         if task is None:
             break
-        fn, args, dump_after_s = task
+        fn, args, dump_after_s, fully = task
+        if fully != compiled_fully:  # no compiled code of one kind served to a task of the other
+            torch._dynamo.reset()
+            compiled_fully = fully
         stacks.seek(0)
         stacks.truncate()  # only this task's stacks
         faulthandler.dump_traceback_later(dump_after_s, file=stacks)
         try:
-            value = fn(*args)
+            with contextlib.nullcontext() if fully else graphs_only():
+                value = fn(*args)
             pickle.dumps(value)  # here, not in the queue's feeder thread, which fails silently
             results.put((rank, True, value))
         except BaseException:
@@ -103,10 +105,26 @@ class RankFailed(AssertionError):
     pass
 
 
+# Whether the gloo tasks of a world of 2 compile fully (Inductor's kernels and its lowering of
+# overlap's ops), or as far as the post-grad passes, running the graph those leave
+# (tests/graphs_only.py: the same graphs and decisions; on CI's two cores building the kernels
+# was most of a test's time). Worlds of 3 and more always stop there. tests/cpu/conftest.py sets
+# it per test (the tests marked `kernels` compile fully); OVERLAP_TEST_KERNELS=w2 compiles every
+# W=2 task fully, =all every task at every W; NCCL ranks always compile fully.
+FULL_COMPILE_AT_W2 = True
+
+
+def compiles_fully(world_size: int, backend: str) -> bool:
+    mode = os.environ.get("OVERLAP_TEST_KERNELS", "marked")
+    if backend != "gloo" or mode == "all":
+        return True
+    return world_size <= 2 and (mode == "w2" or FULL_COMPILE_AT_W2)
+
+
 class RankPool:
     def __init__(self, world_size: int, backend: str = "gloo") -> None:
         ctx = multiprocessing.get_context("spawn")
-        self.world_size = world_size
+        self.world_size, self.backend = world_size, backend
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         self.notes = tempfile.mkdtemp(prefix="overlap-ranks-")
@@ -130,8 +148,9 @@ class RankPool:
         # a task the queue cannot pickle fails in its feeder thread, silently, and no rank gets
         # it: raise here instead of waiting out the timeout
         pickle.dumps((fn, args))
+        fully = compiles_fully(self.world_size, self.backend)
         for q in self.tasks:
-            q.put((fn, args, dump_after_s))
+            q.put((fn, args, dump_after_s, fully))
         answers = {}
         deadline = time.monotonic() + TASK_TIMEOUT_S
         while len(answers) < self.world_size:

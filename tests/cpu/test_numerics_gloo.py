@@ -9,6 +9,9 @@ from tests.plain_tp_cases import AGM, MRS, SPLIT
 
 from . import numerics_cases as cases
 
+# at W=2 Inductor's full compile (its kernels, its lowering of overlap's ops); the float8 tests
+# but one stop after the post-grad passes (tests/rank_pool.py)
+pytestmark = pytest.mark.kernels
 
 # W=8's numerics are the MLP's (test_tp_mlp): 8 ranks compiling the block on CI's two cores took
 # 80 s; the block's decisions at W=8 are test_graphs_fake_pg.py's
@@ -125,6 +128,7 @@ def test_functional_mlp_forward_and_backward(gloo_world, world_size, shape, gath
     assert decisions == [(AGM, True, None)] * gathers + [(MRS, True, None)] * 2
 
 
+@pytest.mark.graphs_only
 def test_float8_plain_tp_block_at_a_token_count_not_divisible_by_the_world(gloo_world):
     """torchao's rowwise Float8 linears without sequence parallel, 13 tokens at W=2: the split
     (forced) runs on padded shards; the scaled matmuls are not made again on padded rows (not
@@ -137,7 +141,12 @@ def test_float8_plain_tp_block_at_a_token_count_not_divisible_by_the_world(gloo_
 
 @pytest.mark.parametrize(
     "world_size, recipe, batch, fold",
-    [(2, "tensorwise", 1, True), (2, "rowwise", 2, True), (4, "tensorwise", 2, True), (2, "rowwise", 2, False)],
+    [
+        pytest.param(2, "tensorwise", 1, True, marks=pytest.mark.graphs_only),
+        (2, "rowwise", 2, True),
+        (4, "tensorwise", 2, True),
+        pytest.param(2, "rowwise", 2, False, marks=pytest.mark.graphs_only),
+    ],
 )
 def test_float8_tp_block(gloo_world, world_size, recipe, batch, fold):
     """torchao's Float8 linears under sequence parallel: every all-gather's quantization runs on

@@ -5,6 +5,8 @@ import pytest
 
 from . import numerics_cases as cases
 
+pytestmark = pytest.mark.kernels  # at W=2 Inductor's full compile (tests/rank_pool.py)
+
 AGM, MRS = "all_gather_matmul", "matmul_reduce_scatter"
 
 
