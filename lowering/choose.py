@@ -5,10 +5,11 @@ The first call of a shape runs every variant on the call's own inputs, interleav
 SAMPLE_CALLS calls each, in a shuffled order, so drift hits all variants alike; each sample
 starts with the GPU idle, so a variant's host time counts where it exceeds its GPU time). With
 config.measure_over_calls the same samples ride on the shape's calls instead, one per call
-(Trial): no call stalls on timing them all. Either way a variant whose outputs differ from NCCL + cuBLAS's beyond rounding, or that raises,
-on any rank, is out on every rank. Times are reduced to the slowest rank's,
-rank 0 picks the fastest and broadcasts its name, so every rank runs the same variant: the
-baseline is always a candidate, so the pick is never slower than it, as measured.
+(Trial): no call stalls on timing them all. Either way a variant whose outputs differ from
+NCCL + cuBLAS's beyond rounding, or that raises, on any rank, is out on every rank. Times are
+reduced to the slowest rank's, rank 0 picks the fastest and broadcasts its name, so every rank
+runs the same variant: the baseline is always a candidate, so the pick is never slower than it,
+as measured.
 The choice is written to ``config.choice_cache`` (rank 0), read back by later runs (rank 0 reads
 and broadcasts), and shown in decisions.json by the pass when the cache already knows the shape.
 A choice that is not measured now (one config.implementation forces, or one read from the cache)
@@ -20,10 +21,10 @@ added or dropped a variant since measures the shape again, as does one whose VAR
 (in every key) differs: a variant that now takes calls it refused, or runs a new kernel.
 
 Shapes that change (dynamic shapes): a key files the rows (the shard's, or the scattered
-inputs') under their power-of-two bucket (token_bucket). A bucket is measured (a trial's steps
-fall on calls at any of its token counts); a later call at another count of the same bucket, or
-of a bucket next to a measured one,
-runs that choice with no measurement and no collective (where the variant refuses the count:
+inputs') under their power-of-two bucket (token_bucket). A bucket is measured once (a trial's
+steps fall on calls at any of its token counts, one bucket of an op at a time); a later call at
+another count of the same bucket, or of a bucket next to a measured one, runs that choice with
+no measurement and no collective (where the variant refuses the count:
 NotImplementedError, or a kernel that does not compile for it, the same on every rank, NCCL +
 cuBLAS runs that count, lowering/dispatch.py). A bucket far from every measured one (and not in
 the cache file) runs the nearest measured bucket's choice at its first distinct token counts, and
