@@ -498,7 +498,7 @@ class Trial:
         # a sample as _time takes it, on this call's inputs: timed one by one as they ran in
         # the model's stream, the calls took the peers' skew and the host's pace with them,
         # and ran eagerly where the model's addresses moved between calls (the 8B block's
-        # variants timed 2 to 2.8 times NCCL + cuBLAS's time, 4xH200)
+        # variants timed 1.3 to 2.8 times NCCL + cuBLAS's time, 4xH200)
         _in_step(group, device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
