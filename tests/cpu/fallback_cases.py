@@ -259,9 +259,10 @@ def over_calls(cache_path: str, rows: list[int], refused: int, failing_ranks) ->
             per_call.append(list(ran))
         (chosen,) = choose._DECIDED.values()
         source = dict(choose.CHOICES)
+        left = {"trials_left": len(choose._TRIALS), "signatures_of_trials_left": len(dispatch._TRIED)}
     return {
         "ran": per_call, "samples": samples, "chosen": chosen, "choices": source, "error": max(errors),
-        "log": messages, "trials_left": len(choose._TRIALS),
+        "log": messages, **left,
     }  # fmt: skip
 
 

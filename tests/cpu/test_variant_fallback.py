@@ -127,6 +127,7 @@ def test_a_choice_measured_over_calls(gloo_world, tmp_path):
         # the choice made at the next call; 20 rows, which the Gluon stand-in refuses, run NCCL + cuBLAS
         assert ran[steps:] == [[gluon, nccl], [gluon], [gluon], [nccl]], (rank, ran[steps:])
         assert result["chosen"] == gluon and result["trials_left"] == 0, (rank, result)
+        assert result["signatures_of_trials_left"] == 0, (rank, result)  # their graphs dropped at the choice
         (choice,) = result["choices"].values()
         assert choice["source"] == "measured", choice
         assert any(f"measured over {steps} calls" in m for m in result["log"]), result["log"]
