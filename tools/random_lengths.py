@@ -235,8 +235,8 @@ def _report(args, world, op_calls, paths, times, host, memory, kept, mismatches,
             plain = [t for t in plain if t == t]  # (NaN: --no-inductor)
             cells += [f"{len(ours)}, {mine}", f"{statistics.median(plain):.1f}" if plain else ""]
         print(f"| <= {bucket} | " + " | ".join(cells) + " |")
-    slowest_step = max((max(ours), bucket, kind) for bucket in times for kind, (ours, _) in times[bucket].items() if ours)
-    print(f"overlap's slowest step (no compile): {slowest_step[0]:.1f} ms, {slowest_step[2]} at <= {slowest_step[1]} tokens")
+    took, bucket, kind = max((max(ours), b, k) for b in times for k, (ours, _) in times[b].items() if ours)
+    print(f"overlap's slowest step (no compile): {took:.1f} ms, {kind} at <= {bucket} tokens")
     print("Host time in overlap's op calls a step (rank 0, ms, median): " + ", ".join(
         f"{kind} {statistics.median(ms):.1f}" for kind, ms in host.items() if ms))  # fmt: skip
     print(f"device memory in use: {memory.get('after_first', 0) / 2**20:.0f} MiB after the first checked call, "

@@ -10,7 +10,8 @@ from tests.rank_pool import RankPool
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "kernels: gloo ranks at W=2 compile fully (Inductor's kernels, its lowering of overlap's ops)")
+    kernels = "kernels: gloo ranks at W=2 compile fully (Inductor's kernels, its lowering of overlap's ops)"
+    config.addinivalue_line("markers", kernels)
     config.addinivalue_line("markers", "graphs_only: not so, where the module is marked kernels (tests/graphs_only.py)")
 
 
