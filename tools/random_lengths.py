@@ -14,9 +14,10 @@ torch.compile runs a graph with a symbolic token dim (automatic dynamic).
 
 Printed last: calls and mismatches; the overlap op calls and the path each took (symmetric-memory
 variants eager, captured or replayed from per-call CUDA graphs; NCCL + cuBLAS where the per-shape
-choice picked it); per token bucket, the step that measured its choice, the steps at counts new
+choice picked it); per token bucket, the step that measured its choice, the steps that ran a
+step of a measurement over calls (OVERLAP_PASS_MEASURE_OVER_CALLS=1), the steps at counts new
 to the process, at a count's second call and at its later ones (--repeat), plain Inductor's
-beside each; device memory in use (cudaMemGetInfo) after the first checked call and at the end;
+beside each, and the slowest step; device memory in use (cudaMemGetInfo) after the first checked call and at the end;
 with --profile, rank 0's host time at new counts. Exit status 1 on any mismatch.
 
 The ops run their chosen variants from a call signature's first call (OVERLAP_PASS_FUSED_FROM_CALL
