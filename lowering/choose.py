@@ -462,8 +462,8 @@ class Trial:
       untimed;
     - then the choice: each variant's median, the slowest rank's, rank 0's fastest (_pick)."""
 
-    def __init__(self, key: str, names: list[str], candidates: list[str]):
-        self.key, self.names = key, names
+    def __init__(self, names: list[str], candidates: list[str]):
+        self.names = names
         self.untried = [n for n in candidates if n != BASELINE]
         self.usable = [BASELINE]
         self.samples: dict[str, list] = {n: [] for n in names}
@@ -484,10 +484,8 @@ class Trial:
         stats["trial steps"] += 1
         if self.untried:
             name = self.untried.pop(0)
-            _in_step(group, device)
             result = variants[BASELINE](*args)
-            ok = _first_call(name, variants[name], args, _outputs(result))
-            if _on_every_rank({name: ok}, group, device)[name]:
+            if _first_calls(variants, [name], args, group, device, _outputs(result))[name]:
                 self.usable.append(name)
             return result
         if not self.order:
@@ -667,7 +665,7 @@ def _choose_collectively(
             return nearest[0]
     candidates = [n for n in names if n not in out]
     if config.measure_over_calls and not graphs:
-        _TRIALS[(group.group_name, decided_key)] = Trial(key, names, candidates)
+        _TRIALS[(group.group_name, decided_key)] = Trial(names, candidates)
         return TRIAL
     begin = time.perf_counter()
     times = _measure({n: variants[n] for n in candidates}, args, group, device, graphs)
