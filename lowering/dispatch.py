@@ -8,7 +8,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from overlap_pass import all_reduce_op, config, ops, scaled_ops
+from overlap_pass import all_reduce_op, config, new_counts, ops, scaled_ops
 
 from . import all_gather_matmul as agm
 from . import all_reduce as ar
@@ -125,12 +125,13 @@ _WARMED: collections.OrderedDict[tuple, None] = collections.OrderedDict()
 def _baseline_at_first_calls(fast_key: tuple, baseline, device):
     """The run of ``fast_key``'s first config.fused_from_call - 1 calls: NCCL + cuBLAS, which
     then hands the signature to _first_call's choice; None where its first calls are over, the
-    implementation is forced, or CUDA graphs take the host out of the way (a capture records
-    the call; graph trees warm a model up, to record its next call: the choice is made now).
-    The same on every rank: each calls the op with the same signatures in the same order."""
+    implementation is forced, a graph warms its token counts up on plain Inductor instead
+    (new_counts.py), or CUDA graphs take the host out of the way (a capture records the call;
+    graph trees warm a model up, to record its next call: the choice is made now). The same on
+    every rank: each calls the op with the same signatures in the same order."""
     fused_from_call = config.fused_from_call  # (each config read costs the host microseconds)
     if (
-        fused_from_call <= 1 or config.implementation != "auto" or fast_key in _WARMED
+        fused_from_call <= 1 or config.implementation != "auto" or fast_key in _WARMED or not new_counts.ops_warm_up()
         or torch.cuda.is_current_stream_capturing() or choose.replays_graphs(device)
     ):  # fmt: skip
         return None

@@ -4,12 +4,13 @@ Inductor (compile_fx) with OverlapPass installed for the forward and the backwar
 Inductor's own ``_micro_pipeline_tp`` off. ``mode`` and ``options`` work as for
 backend="inductor". Inductor's shape padding is off (SAME_GRAPH_ON_EVERY_RANK). A graph on
 symbolic token counts is compiled once per range of counts where its plain-TP splits pay only
-from some count on (size_ranges.py).
+from some count on (size_ranges.py), and once more without the pass, for a count's first calls
+(new_counts.py).
 """
 
 import torch
 
-from . import size_ranges
+from . import new_counts, size_ranges
 from .graph_pass import OverlapPass, with_overlap_pass
 from .regather import RegatherPass
 
@@ -48,8 +49,26 @@ def overlap_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options
     def compile_with(ranges: size_ranges.Ranges):
         return compile_fx(gm, example_inputs, config_patches=overlap_config_patches(mode, options, ranges))
 
-    return size_ranges.compile_per_range(compile_with, example_inputs)
+    compiled = size_ranges.compile_per_range(compile_with, example_inputs)
+    patches = overlap_config_patches(mode, options)
+    if not new_counts.applies(example_inputs, patches):
+        return compiled
+    readers = size_ranges.symbol_readers(example_inputs, _symbols(example_inputs))
+    if readers is None:
+        return compiled
+
+    def compile_plain():
+        return compile_fx(gm, example_inputs, config_patches=new_counts.plain_patches(patches))
+
+    return new_counts.with_plain_first_calls(compiled, compile_plain, readers)
 
 
 def _symbolic_shape(x) -> bool:
     return isinstance(x, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in x.shape)
+
+
+def _symbols(example_inputs) -> set:
+    """Every symbol of the graph's inputs' sizes (SymInt inputs and symbolic dims)."""
+    sizes = [x for x in example_inputs if isinstance(x, torch.SymInt)]
+    sizes += [s for x in example_inputs if isinstance(x, torch.Tensor) for s in x.shape if isinstance(s, torch.SymInt)]
+    return {symbol for size in sizes for symbol in size.node.expr.free_symbols}

@@ -119,6 +119,13 @@ regather_in_backward: bool = Config(default=False, env_name_default="OVERLAP_PAS
 # first call. Forced implementations (config.implementation) run from the first call.
 fused_from_call: int = int(os.environ.get("OVERLAP_PASS_FUSED_FROM_CALL", 8))
 
+# backend="overlap" compiles a graph on symbolic token counts once more without the pass, and a
+# token count's first fused_from_call - 1 calls run that graph: plain Inductor's own, where
+# overlap's graph with its ops on NCCL + cuBLAS ran slower (new_counts.py). Once such a graph
+# exists, the ops of the process run their chosen variants from a signature's first call (the
+# graph has done the waiting). Off: no second compile; the ops wait as above.
+plain_graph_at_new_counts: bool = Config(default=True, env_name_default="OVERLAP_PASS_PLAIN_GRAPH_AT_NEW_COUNTS")
+
 # A token bucket far from every measured one (shapes that change) runs the nearest measured
 # bucket's choice at its first token counts, and is measured at its measure_bucket_after-th
 # distinct count: a count seen once never stalls its step on a measurement (seconds), a bucket

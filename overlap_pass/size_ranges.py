@@ -89,7 +89,7 @@ def compile_per_range(compile_with, example_inputs):
         log.warning("overlap: regions on %d token counts (%s): each judged at its traced count", len(counts), counts)
         return compiled
     count = next(iter(counts), None)
-    readers = _symbol_readers(example_inputs, count.free_symbols) if count is not None else []
+    readers = symbol_readers(example_inputs, count.free_symbols) if count is not None else []
     if readers is None:
         log.warning("overlap: no graph input holds the token count %s: its regions judged at its traced count", count)
         return compiled
@@ -133,7 +133,7 @@ class ByTokenCount:
         return self._per_range[bisect.bisect_right(self._thresholds, self.tokens(args))](*args)
 
 
-def _symbol_readers(example_inputs, symbols) -> list | None:
+def symbol_readers(example_inputs, symbols) -> list | None:
     """(symbol, (input index, dim or None)) for each of ``symbols``: a SymInt input holding it,
     else a tensor input's dim; None where one is held by neither."""
     where = {}

@@ -7,6 +7,7 @@ from the start (``mark_dynamic``). Every call is checked against eager (forward 
 counts the overlap op calls that ran: a graph that lost its rewrite runs none.
 """
 
+import contextlib
 import copy
 import functools
 import unittest.mock
@@ -16,7 +17,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch._dynamo.utils import counters
 
-from overlap_pass import config, ops
+from overlap_pass import config, new_counts, ops
 from overlap_pass.regions import all_reduce_split
 
 from tools.fuzz_models import _CopyToTP, _ReduceFromTP
@@ -90,10 +91,19 @@ def sp_mlp(x, w_up, w_down, gather_dim: int):
 
 
 @_decided
-def functional_at_lengths(lengths: list[int], gather_dim: int, mark: bool) -> list[dict]:
+def functional_at_lengths(lengths: list[int], gather_dim: int, mark: bool, plain_first: int = 0) -> list[dict]:
     """sp_mlp trained at each of ``lengths`` tokens a rank (along ``gather_dim`` of a
     [tokens, 16] or [2, tokens, 16] shard); ``mark``: the token dim marked dynamic before the
-    first call. Returns the op counts of each call."""
+    first call. ``plain_first``: config.fused_from_call, with a symbolic graph's new counts on
+    plain Inductor's graph as on CUDA (new_counts.py). Returns the op counts of each call."""
+    if plain_first:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(config.patch(fused_from_call=plain_first))
+            # as on CUDA inputs; the process-wide switch restored for the pool's next task
+            on_cuda = lambda inputs, patches: config.plain_graph_at_new_counts  # noqa: E731
+            stack.enter_context(unittest.mock.patch.object(new_counts, "applies", on_cuda))
+            stack.enter_context(unittest.mock.patch.object(new_counts, "_GRAPHS_WARM_COUNTS", False))
+            return functional_at_lengths.__wrapped__(lengths, gather_dim, mark)
     torch.manual_seed(dist.get_rank())
     w_up, w_down = torch.randn(24, 16), torch.randn(16, 24)
     compiled = torch.compile(sp_mlp, backend="overlap")

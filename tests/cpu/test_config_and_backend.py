@@ -9,9 +9,10 @@ import pytest
 import torch
 import torch.distributed._functional_collectives as funcol
 from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import overlap_pass
-from overlap_pass import config, graph_pass
+from overlap_pass import config, graph_pass, new_counts
 from overlap_pass.fusion import rewrite
 from overlap_pass.backend import overlap_config_patches
 from overlap_pass.graph_pass import ChainedGraphPass, OverlapPass
@@ -82,6 +83,27 @@ def test_backend_turns_micro_pipeline_tp_off_and_keeps_user_passes():
     chained = patches["post_grad_custom_pre_pass"]
     assert isinstance(chained, ChainedGraphPass)
     assert chained.passes[0] is user and chained.passes[1].always
+
+
+def test_plain_graph_for_new_counts_keeps_user_passes_and_drops_overlaps():
+    class UserPass(RecordTargets):
+        pass
+
+    user = UserPass()
+    with torch._inductor.config.patch(post_grad_custom_pre_pass=user):
+        patches = overlap_config_patches()
+    plain = new_counts.plain_patches(patches)
+    assert plain["post_grad_custom_pre_pass"] is user
+    assert plain["joint_custom_pre_pass"] is None
+    assert plain["shape_padding"] is False and plain["_micro_pipeline_tp"] is False
+    with FakeTensorMode():  # (a CUDA tensor without a GPU)
+        on_cuda = [torch.empty(2, 3, device="cuda")]
+    assert new_counts.applies(on_cuda, patches)
+    # the ops wait on NCCL + cuBLAS on CUDA alone; under CUDA graph trees they choose at once
+    assert not new_counts.applies([torch.empty(2, 3)], patches)
+    assert not new_counts.applies(on_cuda, {**patches, "triton.cudagraphs": True})
+    with config.patch(plain_graph_at_new_counts=False):
+        assert not new_counts.applies(on_cuda, patches)
 
 
 def test_install_is_idempotent():

@@ -34,6 +34,20 @@ def test_functional_collectives_at_changing_lengths(gloo_world, world_size, gath
     _every_call_fused(counts, 4)
 
 
+def test_new_counts_run_plain_inductor_first(gloo_world):
+    """A symbolic graph's token counts run plain Inductor's graph (no overlap op) at their first
+    fused_from_call - 1 calls and overlap's from then on, forward and backward, each call equal
+    to eager's; with fused_from_call = 1, every call overlap's."""
+    lengths = [4, 4, 4, 6, 4, 6, 6, 10]
+    results = gloo_world(2).run(cases.functional_at_lengths, lengths, 0, True, 3)
+    decisions, counts = results[0]
+    assert all(r == results[0] for r in results[1:]), "ranks decided or ran differently"
+    assert decisions and all(done for _, done, _ in decisions), decisions
+    assert counts == [0, 0, 4, 0, 4, 0, 4, 0], f"overlap op calls at {lengths} tokens a rank: {counts}"
+    _, counts = gloo_world(2).run(cases.functional_at_lengths, lengths[:4], 0, True, 1)[0]
+    assert counts == [4] * 4, counts
+
+
 @pytest.mark.parametrize("block", [False, True], ids=["mlp", "block"])
 def test_dtensor_sequence_parallel_at_changing_lengths(gloo_world, block):
     results = gloo_world(2).run(cases.dtensor_at_lengths, LENGTHS, block)
