@@ -49,11 +49,14 @@ def applies(example_inputs, patches: dict) -> bool:
 
 def plain_patches(patches: dict) -> dict:
     """``patches`` (overlap's Inductor settings) with overlap's graph passes taken out of
-    their slots: the graph plain Inductor compiles, with every other setting alike."""
+    their slots, and shape padding as the user has it (overlap turns it off so that every rank
+    fuses alike; a graph without overlap's ops may pad its matmuls differently on each rank):
+    the graph plain Inductor compiles."""
+    from .backend import SAME_GRAPH_ON_EVERY_RANK
     from .graph_pass import ChainedGraphPass, OverlapPass
     from .regather import RegatherPass
 
-    plain = dict(patches)
+    plain = {k: v for k, v in patches.items() if k not in SAME_GRAPH_ON_EVERY_RANK}
     for slot in ("post_grad_custom_pre_pass", "joint_custom_pre_pass"):
         held = plain.get(slot, getattr(torch._inductor.config, slot))
         passes = held.passes if isinstance(held, ChainedGraphPass) else [] if held is None else [held]

@@ -15,14 +15,16 @@ torch.compile runs a graph with a symbolic token dim (automatic dynamic).
 Printed last: calls and mismatches; the overlap op calls and the path each took (symmetric-memory
 variants eager, captured or replayed from per-call CUDA graphs; NCCL + cuBLAS where the per-shape
 choice picked it); per token bucket, the step that measured its choice, the steps that ran a
-step of a measurement over calls (OVERLAP_PASS_MEASURE_OVER_CALLS=1), the steps at counts new
-to the process, at a count's second call and at its later ones (--repeat), plain Inductor's
-beside each, and the slowest step; device memory in use (cudaMemGetInfo) after the first checked call and at the end;
+step of a measurement over calls (OVERLAP_PASS_MEASURE_OVER_CALLS=1), the steps that ran no
+overlap op (a count's first calls on plain Inductor's graph), the steps at counts new to the
+process, at a count's second call and at its later ones (--repeat), plain Inductor's beside
+each (the two compilers' steps in turns, each first at every other call), and the slowest step; device memory in use (cudaMemGetInfo) after the first checked call and at the end;
 with --profile, rank 0's host time at new counts. Exit status 1 on any mismatch.
 
 The ops run their chosen variants from a call signature's first call (OVERLAP_PASS_FUSED_FROM_CALL
 is 1 here unless set): the fused path is what each call checks. Set it to 8, the default
-elsewhere, to time what a count's first calls cost a user (NCCL + cuBLAS at its first seven).
+elsewhere, to time what a count's first calls cost a user (plain Inductor's graph at its first
+seven, config.plain_graph_at_new_counts).
 """
 
 import argparse
@@ -43,7 +45,7 @@ set_defaults()  # (before torch and overlap_pass read the environment)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from tools.measure import overlap_op_calls, relative_error, slowest  # noqa: E402
+from tools.measure import OVERLAP_OPS, overlap_op_calls, relative_error, slowest  # noqa: E402
 
 # (dim, heads, K/V heads, hidden)
 SIZES = {"llama3-8b": (4096, 32, 8, 14336), "small": (1024, 8, 8, 3584)}
@@ -117,7 +119,7 @@ def main() -> int:
     low, high = (-(-args.min_tokens // world), args.max_tokens // world) if args.layout == "sp" else (args.min_tokens, args.max_tokens)
     mismatches, memory = [], {}
     # bucket -> kind of call -> (overlap's step times, plain Inductor's), ms
-    kinds = ("measured", "trial steps", "new count", "second call", "later calls")
+    kinds = ("measured", "trial steps", "plain graph", "new count", "second call", "later calls")
     times = collections.defaultdict(lambda: {kind: ([], []) for kind in kinds})
     calls_at = collections.Counter()  # token count -> its calls so far
     host = collections.defaultdict(list)  # kind of call -> host ms in overlap's ops a step (rank 0)
@@ -144,24 +146,37 @@ def main() -> int:
         trial_steps_before = choose.stats["trial steps"]
         graphs_before, resolved_before = counters["stats"]["unique_graphs"], op_calls["_first_call"]
         host_before = op_calls["host s"]
+        ops_before = sum(op_calls[name] for name in OVERLAP_OPS)
         # rank 0 slowed by the profiler at a compile would leave its peers' waits to give up
         past_compiles = call >= 2 * max(args.repeat, 1)
         profiler = None
         if rank == 0 and past_compiles and len(profiles) < args.profile:
             profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True)
-        torch.cuda.synchronize()
-        begin = time.perf_counter()
-        with profiler or contextlib.nullcontext():
-            out, x_grad = _step(compiled, shard, grad)
+
+        def timed_overlap():
             torch.cuda.synchronize()
-        took = slowest(time.perf_counter() - begin, device)
-        plain = float("nan")
-        if not args.no_inductor:
+            begin = time.perf_counter()
+            with profiler or contextlib.nullcontext():
+                result = _step(compiled, shard, grad)
+                torch.cuda.synchronize()
+            return slowest(time.perf_counter() - begin, device), result
+
+        def timed_inductor():
+            if args.no_inductor:
+                return float("nan")
             torch.cuda.synchronize()
             begin = time.perf_counter()
             _step(inductor, shard, grad)
             torch.cuda.synchronize()
-            plain = slowest(time.perf_counter() - begin, device)
+            return slowest(time.perf_counter() - begin, device)
+
+        # each compiler first at every other call: neither always in the slot after eager's step
+        if call % 2:
+            plain = timed_inductor()
+            took, (out, x_grad) = timed_overlap()
+        else:
+            took, (out, x_grad) = timed_overlap()
+            plain = timed_inductor()
         errors = (relative_error(out, ref_out), relative_error(x_grad, ref_grad))
         if not all(e < TOLERANCE for e in errors):  # NaN fails too
             mismatches.append((call, rows, errors))
@@ -176,6 +191,8 @@ def main() -> int:
             kind = "measured"  # a bucket's choice measured in this call (or decided, over calls)
         elif choose.stats["trial steps"] > trial_steps_before:
             kind = "trial steps"  # an op's call ran a step of its choice's measurement over calls
+        elif sum(op_calls[name] for name in OVERLAP_OPS) == ops_before:
+            kind = "plain graph"  # a count's first calls, on plain Inductor's graph (new_counts.py)
         else:
             kind = "new count" if new else "second call" if calls_at[rows] == 2 else "later calls"
             if new and op_calls["_first_call"] > resolved_before and profiler is not None:
@@ -219,12 +236,13 @@ def _report(args, world, op_calls, paths, times, host, memory, kept, mismatches,
           f"variant calls: {dict(paths)} (the rest ran NCCL + cuBLAS, as chosen); signatures kept: {kept}")  # fmt: skip
     print("Steps (forward+backward, slowest rank, ms, median) compiled by overlap | by plain Inductor, by what")
     print("the call was: one that measured a bucket's choice (or decided it, measured over calls), one")
-    print("whose ops ran steps of such a measurement (median / max), or else the first at its token count")
-    print("(its bucket's choice, or a bucket's next to it), a count's second call, or a later one (--repeat).")
+    print("whose ops ran steps of such a measurement (median / max), one that ran no overlap op (a count's")
+    print("first calls, on plain Inductor's graph), or else the first at its token count (its bucket's choice,")
+    print("or a bucket's next to it), a count's second call, or a later one (--repeat).")
     print("| tokens (bucket) | measured: calls, overlap max | Inductor | trial steps: calls, overlap median / max "
-          "| Inductor | new count: calls, overlap | Inductor | second call: calls, overlap | Inductor "
-          "| later calls: calls, overlap | Inductor |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| Inductor | plain graph: calls, overlap | Inductor | new count: calls, overlap | Inductor "
+          "| second call: calls, overlap | Inductor | later calls: calls, overlap | Inductor |")  # fmt: skip
+    print("|" + "---|" * (1 + 2 * len(next(iter(times.values())))))
     for bucket in sorted(times):
         cells = []
         for kind, (ours, plain) in times[bucket].items():

@@ -95,7 +95,7 @@ def test_plain_graph_for_new_counts_keeps_user_passes_and_drops_overlaps():
     plain = new_counts.plain_patches(patches)
     assert plain["post_grad_custom_pre_pass"] is user
     assert plain["joint_custom_pre_pass"] is None
-    assert plain["shape_padding"] is False and plain["_micro_pipeline_tp"] is False
+    assert "shape_padding" not in plain and plain["_micro_pipeline_tp"] is False
     with FakeTensorMode():  # (a CUDA tensor without a GPU)
         on_cuda = [torch.empty(2, 3, device="cuda")]
     assert new_counts.applies(on_cuda, patches)
