@@ -16,12 +16,21 @@ then run their chosen variants from their first call (ops_warm_up() is False onc
 exists: the graph has done the waiting). Counts are the values of the graph's symbols, the
 ``config.shapes_kept * 4`` most recent kept.
 
+A fused op pays from its per-call CUDA graph's replays, which need its tensors at addresses
+met before. Where a count's calls keep finding them elsewhere (the caching allocator's state
+differs from call to call: counts that change between calls and other work between steps), each
+op call runs eagerly, which cost more host time than plain Inductor's collectives at W=4 (the
+8B block at 2048-8192 tokens, 4xH200: 11.7 against 6.8 ms a step). Such a count (its forward's op
+calls eager EAGER_STREAK calls in a row, once settled) goes back to the plain graph.
+
 Only where the ops would wait on NCCL + cuBLAS: CUDA inputs, the per-shape choice on
 (config.implementation "auto") and CUDA graph trees off (under them a warm-up records a graph
 of its own per count and shape; the ops choose at once there).
 """
 
 import collections
+import dataclasses
+import functools
 import logging
 
 import torch
@@ -31,6 +40,11 @@ from . import config
 log = logging.getLogger("overlap_pass")
 
 _GRAPHS_WARM_COUNTS = False
+# overlap's first calls at a count: eager, then capturing the per-call graphs (at the addresses
+# of the call before); judged from the next one on
+SETTLING_CALLS = 2
+EAGER_STREAK = 3
+stats: collections.Counter = collections.Counter()  # "counts back on plain" (tests, tools)
 
 
 def ops_warm_up() -> bool:
@@ -82,14 +96,31 @@ def with_plain_first_calls(compiled, compile_plain, readers: list):
     return PlainFirstCalls(compiled, plain, [where for _, where in readers])
 
 
+@functools.cache
+def _op_calls() -> collections.Counter:
+    """lowering/replay.py's counts of the symmetric-memory variants' calls by path (looked up
+    once: the lowering loads on first use)."""
+    from .lowering import replay
+
+    return replay.stats
+
+
+@dataclasses.dataclass
+class _Count:
+    calls: int = 0
+    eager_streak: int = 0  # overlap's calls in a row whose ops ran eagerly (no per-call graph)
+    plain: bool = False  # back on plain Inductor's graph for good
+
+
 class PlainFirstCalls:
-    """Runs ``plain`` at a count's first config.fused_from_call - 1 calls, then ``overlap``."""
+    """Runs ``plain`` at a count's first config.fused_from_call - 1 calls, then ``overlap``;
+    ``plain`` again for a count whose op calls keep running eagerly."""
 
     def __init__(self, overlap, plain, readers: list) -> None:
         self._overlap = overlap
         self._plain = plain
         self._readers = readers
-        self._calls: collections.OrderedDict[tuple, int] = collections.OrderedDict()
+        self._counts: collections.OrderedDict[tuple, _Count] = collections.OrderedDict()
         self.plain_calls = 0  # (tests, tools)
 
     def count(self, args) -> tuple:
@@ -100,13 +131,33 @@ class PlainFirstCalls:
         if wait <= 0 or config.implementation != "auto":
             return self._overlap(*args)
         count = self.count(args)
-        seen = self._calls.get(count, 0)
-        if seen >= wait:
-            self._calls.move_to_end(count)
+        state = self._counts.get(count)
+        if state is None:
+            state = self._counts[count] = _Count()
+            while len(self._counts) > 4 * max(config.shapes_kept, 1):
+                self._counts.popitem(last=False)
+        self._counts.move_to_end(count)
+        state.calls += 1
+        if state.plain or state.calls <= wait:
+            self.plain_calls += 1
+            return self._plain(*args)
+        if state.calls <= wait + SETTLING_CALLS:
             return self._overlap(*args)
-        self._calls[count] = seen + 1
-        self._calls.move_to_end(count)
-        while len(self._calls) > 4 * max(config.shapes_kept, 1):
-            self._calls.popitem(last=False)
-        self.plain_calls += 1
-        return self._plain(*args)
+        return self._judged(count, state, args)
+
+    def _judged(self, count: tuple, state: _Count, args):
+        """overlap's graph, whose op calls (those of the forward, which run inside this call)
+        are watched: a count whose calls ran eagerly EAGER_STREAK times in a row goes back to
+        plain Inductor's graph, which its eager calls' host time made faster."""
+        calls = _op_calls()
+        eager = calls["eager"]
+        result = self._overlap(*args)
+        state.eager_streak = state.eager_streak + 1 if calls["eager"] > eager else 0
+        if state.eager_streak >= EAGER_STREAK:
+            state.plain = True
+            stats["counts back on plain"] += 1
+            log.info(
+                "overlap: token count %s: its op calls met their tensors at new addresses %d calls in a row (no "
+                "per-call CUDA graph to replay); it runs plain Inductor's graph from now on", count, EAGER_STREAK,
+            )  # fmt: skip
+        return result
