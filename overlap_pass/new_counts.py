@@ -20,8 +20,9 @@ A fused op pays from its per-call CUDA graph's replays, which need its tensors a
 met before. Where a count's calls keep finding them elsewhere (the caching allocator's state
 differs from call to call: counts that change between calls and other work between steps), each
 op call runs eagerly, which cost more host time than plain Inductor's collectives at W=4 (the
-8B block at 2048-8192 tokens, 4xH200: 11.7 against 6.8 ms a step). Such a count (its forward's op
-calls eager EAGER_STREAK calls in a row, once settled) goes back to the plain graph.
+8B block at 2048-8192 tokens, 4xH200: 11.7 against 6.8 ms a step). Such a count (an op call of
+its forward eager or capturing in each of UNREPLAYED_STREAK calls in a row, once settled) goes
+back to the plain graph.
 
 Only where the ops would wait on NCCL + cuBLAS: CUDA inputs, the per-shape choice on
 (config.implementation "auto") and CUDA graph trees off (under them a warm-up records a graph
@@ -40,10 +41,10 @@ from . import config
 log = logging.getLogger("overlap_pass")
 
 _GRAPHS_WARM_COUNTS = False
-# overlap's first calls at a count: eager, then capturing the per-call graphs (at the addresses
-# of the call before); judged from the next one on
-SETTLING_CALLS = 2
-EAGER_STREAK = 3
+# overlap's first calls at a count: eager, then capturing the per-call graphs, twice where the
+# allocator alternates between two sets of addresses; judged from the next one on
+SETTLING_CALLS = 4
+UNREPLAYED_STREAK = 4
 stats: collections.Counter = collections.Counter()  # "counts back on plain" (tests, tools)
 
 
@@ -108,13 +109,13 @@ def _op_calls() -> collections.Counter:
 @dataclasses.dataclass
 class _Count:
     calls: int = 0
-    eager_streak: int = 0  # overlap's calls in a row whose ops ran eagerly (no per-call graph)
+    unreplayed: int = 0  # overlap's calls in a row with an op call that did not replay its graph
     plain: bool = False  # back on plain Inductor's graph for good
 
 
 class PlainFirstCalls:
     """Runs ``plain`` at a count's first config.fused_from_call - 1 calls, then ``overlap``;
-    ``plain`` again for a count whose op calls keep running eagerly."""
+    ``plain`` again for a count whose op calls keep missing their per-call graphs."""
 
     def __init__(self, overlap, plain, readers: list) -> None:
         self._overlap = overlap
@@ -147,17 +148,18 @@ class PlainFirstCalls:
 
     def _judged(self, count: tuple, state: _Count, args):
         """overlap's graph, whose op calls (those of the forward, which run inside this call)
-        are watched: a count whose calls ran eagerly EAGER_STREAK times in a row goes back to
-        plain Inductor's graph, which its eager calls' host time made faster."""
+        are watched: a count with an op call that ran eagerly or captured its graph in each of
+        UNREPLAYED_STREAK calls in a row goes back to plain Inductor's graph, which those calls'
+        host time made faster."""
         calls = _op_calls()
-        eager = calls["eager"]
+        before = calls["eager"] + calls["captured"]
         result = self._overlap(*args)
-        state.eager_streak = state.eager_streak + 1 if calls["eager"] > eager else 0
-        if state.eager_streak >= EAGER_STREAK:
+        state.unreplayed = state.unreplayed + 1 if calls["eager"] + calls["captured"] > before else 0
+        if state.unreplayed >= UNREPLAYED_STREAK:
             state.plain = True
             stats["counts back on plain"] += 1
             log.info(
                 "overlap: token count %s: its op calls met their tensors at new addresses %d calls in a row (no "
-                "per-call CUDA graph to replay); it runs plain Inductor's graph from now on", count, EAGER_STREAK,
+                "per-call CUDA graph to replay); it runs plain Inductor's graph from now on", count, UNREPLAYED_STREAK,
             )  # fmt: skip
         return result

@@ -11,12 +11,12 @@ WAIT = 3  # config.fused_from_call - 1
 
 
 class Graphs:
-    """A plain and an overlap stand-in; the overlap one's op calls run eagerly or replay as
-    told (replay.stats), as a forward's would."""
+    """A plain and an overlap stand-in; the overlap one's op calls take the path told
+    (replay.stats: eager, captured or replayed), as a forward's would."""
 
     def __init__(self) -> None:
         self.ran: list[str] = []
-        self.eager = False
+        self.path = "replayed"
 
     def plain(self, x):
         self.ran.append("plain")
@@ -24,7 +24,7 @@ class Graphs:
 
     def overlap(self, x):
         self.ran.append("overlap")
-        replay.stats["eager" if self.eager else "replayed"] += 2
+        replay.stats[self.path] += 2
         return x
 
 
@@ -50,25 +50,26 @@ def test_a_count_runs_plain_first_then_overlap(graphs):
     assert wrapper.plain_calls == WAIT + 3
 
 
-def test_a_count_whose_ops_keep_running_eagerly_goes_back_to_plain(graphs):
+@pytest.mark.parametrize("path", ["eager", "captured"])
+def test_a_count_whose_ops_keep_missing_their_graphs_goes_back_to_plain(graphs, path):
     found, wrapper = graphs
-    found.eager = True
+    found.path = path
     before = new_counts.stats["counts back on plain"]
     settled = WAIT + new_counts.SETTLING_CALLS
-    _call(wrapper, 8, settled + new_counts.EAGER_STREAK + 2)
-    overlap_calls = new_counts.SETTLING_CALLS + new_counts.EAGER_STREAK
+    _call(wrapper, 8, settled + new_counts.UNREPLAYED_STREAK + 2)
+    overlap_calls = new_counts.SETTLING_CALLS + new_counts.UNREPLAYED_STREAK
     assert found.ran == ["plain"] * WAIT + ["overlap"] * overlap_calls + ["plain"] * 2
     assert new_counts.stats["counts back on plain"] == before + 1
 
 
 def test_a_replaying_count_stays_on_overlap(graphs):
     found, wrapper = graphs
-    found.eager = True
-    _call(wrapper, 8, WAIT + new_counts.SETTLING_CALLS + new_counts.EAGER_STREAK - 1)
-    found.eager = False  # a replay breaks the streak
+    found.path = "eager"
+    _call(wrapper, 8, WAIT + new_counts.SETTLING_CALLS + new_counts.UNREPLAYED_STREAK - 1)
+    found.path = "replayed"  # a call that replays breaks the streak
     _call(wrapper, 8, 1)
-    found.eager = True
-    _call(wrapper, 8, new_counts.EAGER_STREAK - 1)
+    found.path = "captured"
+    _call(wrapper, 8, new_counts.UNREPLAYED_STREAK - 1)
     assert found.ran[WAIT:] == ["overlap"] * (found.ran.count("overlap"))
 
 
