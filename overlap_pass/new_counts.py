@@ -21,8 +21,8 @@ met before. Where a count's calls keep finding them elsewhere (the caching alloc
 differs from call to call: counts that change between calls and other work between steps), each
 op call runs eagerly, which cost more host time than plain Inductor's collectives at W=4 (the
 8B block at 2048-8192 tokens, 4xH200: 11.7 against 6.8 ms a step). Such a count (an op call of
-its forward eager or capturing in each of UNREPLAYED_STREAK calls in a row, once settled) goes
-back to the plain graph.
+its forward eager or capturing in each of UNREPLAYED_STREAK calls in a row, or in a quarter of
+its first JUDGED_CALLS, once settled) goes back to the plain graph.
 
 Only where the ops would wait on NCCL + cuBLAS: CUDA inputs, the per-shape choice on
 (config.implementation "auto") and CUDA graph trees off (under them a warm-up records a graph
@@ -45,6 +45,8 @@ _GRAPHS_WARM_COUNTS = False
 # allocator alternates between two sets of addresses; judged from the next one on
 SETTLING_CALLS = 4
 UNREPLAYED_STREAK = 4
+# and, over its first JUDGED_CALLS judged calls, fewer than this share replaying every op call
+JUDGED_CALLS, REPLAYED_SHARE = 12, 0.75
 stats: collections.Counter = collections.Counter()  # "counts back on plain" (tests, tools)
 
 
@@ -110,6 +112,8 @@ def _op_calls() -> collections.Counter:
 class _Count:
     calls: int = 0
     unreplayed: int = 0  # overlap's calls in a row with an op call that did not replay its graph
+    judged: int = 0
+    replayed: int = 0  # judged calls whose op calls all replayed
     plain: bool = False  # back on plain Inductor's graph for good
 
 
@@ -149,17 +153,23 @@ class PlainFirstCalls:
     def _judged(self, count: tuple, state: _Count, args):
         """overlap's graph, whose op calls (those of the forward, which run inside this call)
         are watched: a count with an op call that ran eagerly or captured its graph in each of
-        UNREPLAYED_STREAK calls in a row goes back to plain Inductor's graph, which those calls'
-        host time made faster."""
+        UNREPLAYED_STREAK calls in a row, or in more than 1 - REPLAYED_SHARE of its first
+        JUDGED_CALLS, goes back to plain Inductor's graph, which those calls' host time made
+        faster."""
         calls = _op_calls()
         before = calls["eager"] + calls["captured"]
         result = self._overlap(*args)
-        state.unreplayed = state.unreplayed + 1 if calls["eager"] + calls["captured"] > before else 0
-        if state.unreplayed >= UNREPLAYED_STREAK:
+        missed = calls["eager"] + calls["captured"] > before
+        state.unreplayed = state.unreplayed + 1 if missed else 0
+        state.judged += 1
+        state.replayed += not missed
+        rarely = state.judged == JUDGED_CALLS and state.replayed < REPLAYED_SHARE * JUDGED_CALLS
+        if state.unreplayed >= UNREPLAYED_STREAK or rarely:
             state.plain = True
             stats["counts back on plain"] += 1
             log.info(
-                "overlap: token count %s: its op calls met their tensors at new addresses %d calls in a row (no "
-                "per-call CUDA graph to replay); it runs plain Inductor's graph from now on", count, UNREPLAYED_STREAK,
+                "overlap: token count %s: its op calls met their tensors at new addresses (no per-call CUDA graph "
+                "to replay) in %d of its %d calls so far; it runs plain Inductor's graph from now on",
+                count, state.judged - state.replayed, state.judged,
             )  # fmt: skip
         return result

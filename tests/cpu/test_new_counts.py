@@ -73,6 +73,18 @@ def test_a_replaying_count_stays_on_overlap(graphs):
     assert found.ran[WAIT:] == ["overlap"] * (found.ran.count("overlap"))
 
 
+def test_a_count_that_replays_rarely_goes_back_to_plain(graphs):
+    """Misses broken by a replay every third call: no streak, but too few replays."""
+    found, wrapper = graphs
+    settled = WAIT + new_counts.SETTLING_CALLS
+    _call(wrapper, 8, settled)
+    for i in range(new_counts.JUDGED_CALLS):
+        found.path = "replayed" if i % 3 == 2 else "eager"
+        _call(wrapper, 8)
+    _call(wrapper, 8)
+    assert found.ran[settled:] == ["overlap"] * new_counts.JUDGED_CALLS + ["plain"]
+
+
 @pytest.mark.parametrize("patch", [{"fused_from_call": 1}, {"implementation": "nccl_cublas"}])
 def test_no_waiting_runs_overlap_from_the_first_call(graphs, patch):
     found, wrapper = graphs
