@@ -116,14 +116,16 @@ regather_in_backward: bool = Config(default=False, env_name_default="OVERLAP_PAS
 # about 1 ms a step there: a count that recurs fewer times never pays that back, and shapes that
 # change from call to call run what plain Inductor runs. A training step's fixed shapes are
 # fused from their 8th step. The choice's measurement waits for it too. 1: fused from the
-# first call. Forced implementations (config.implementation) run from the first call.
+# first call. Forced implementations (config.implementation) run from the first call. Graphs on
+# symbolic counts under backend="overlap" wait on plain Inductor's graph instead (below).
 fused_from_call: int = int(os.environ.get("OVERLAP_PASS_FUSED_FROM_CALL", 8))
 
 # backend="overlap" compiles a graph on symbolic token counts once more without the pass, and a
 # token count's first fused_from_call - 1 calls run that graph: plain Inductor's own, where
-# overlap's graph with its ops on NCCL + cuBLAS ran slower (new_counts.py). Once such a graph
-# exists, the ops of the process run their chosen variants from a signature's first call (the
-# graph has done the waiting). Off: no second compile; the ops wait as above.
+# overlap's graph with its ops on NCCL + cuBLAS ran 0.70-0.93x plain Inductor (8B block, W=4,
+# new_counts.py); so does a count whose op calls keep missing their per-call CUDA graphs. Once
+# such a graph exists, the ops of the process run their chosen variants from a signature's first
+# call (the graph has done the waiting). CUDA only. Off: no second compile; the ops wait as above.
 plain_graph_at_new_counts: bool = Config(default=True, env_name_default="OVERLAP_PASS_PLAIN_GRAPH_AT_NEW_COUNTS")
 
 # A token bucket far from every measured one (shapes that change) runs the nearest measured
