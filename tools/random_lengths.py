@@ -18,8 +18,9 @@ choice picked it); per token bucket, the step that measured its choice, the step
 step of a measurement over calls (OVERLAP_PASS_MEASURE_OVER_CALLS=1), the steps that ran no
 overlap op (a count's first calls on plain Inductor's graph), the steps at counts new to the
 process, at a count's second call and at its later ones (--repeat), plain Inductor's beside
-each (the two compilers' steps in turns, each first at every other call), and the slowest step; device memory in use (cudaMemGetInfo) after the first checked call and at the end;
-with --profile, rank 0's host time at new counts. Exit status 1 on any mismatch.
+each (the two compilers' steps in turns, each first at every other call), and the slowest step;
+device memory in use (cudaMemGetInfo) after the first checked call and at the end; with
+--profile, rank 0's host time at new counts. Exit status 1 on any mismatch.
 
 The ops run their chosen variants from a call signature's first call (OVERLAP_PASS_FUSED_FROM_CALL
 is 1 here unless set): the fused path is what each call checks. Set it to 8, the default
