@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from triton.compiler.errors import CompilationError
 
-from overlap_pass import config, scaled_ops
+from overlap_pass import config, new_counts, scaled_ops
 from overlap_pass.lowering import choose, dispatch, scaled
 
 GLUON = "fused:gluon_pingpong128x128x128s6g4"
@@ -177,18 +177,22 @@ def fallback(scenario: str, cache_path: str, seed: int = 0) -> dict:
 
 
 def changing_rows(
-    cache_path: str, rows: list[int], refused: int, kept: int, measure_after: int = 1, fused_from: int = 1
-) -> dict:
+    cache_path: str, rows: list[int], refused: int, kept: int, measure_after: int = 1, fused_from: int = 1,
+    graphs_wait: bool = False,
+) -> dict:  # fmt: skip
     """Calls at each of ``rows`` (a new seed each), the Gluon stand-in refusing the calls of
     ``refused`` rows (NotImplementedError, as a variant refuses operands it cannot take), at
     most ``kept`` call signatures kept, a far bucket measured at its ``measure_after``-th
-    distinct count, a signature's chosen variant run from its ``fused_from``-th call. Returns
+    distinct count, a signature's chosen variant run from its ``fused_from``-th call (from its
+    first where ``graphs_wait``: a graph that runs plain Inductor's at a count's first calls
+    exists, new_counts.py). Returns
     the choice per token bucket (measured, or predicted from a neighbour), the rows of each
     measurement, the variant each call ran, and the largest error."""
     ran, measured = [], []
     patches = {"shapes_kept": kept, "measure_bucket_after": measure_after, "fused_from_call": fused_from}
     with _dispatch_on_cpu(set(), cache_path, **patches) as (mp, messages):
         mp.setattr(scaled, "variants", _recording_variants(ran, refused, set()))
+        mp.setattr(new_counts, "_GRAPHS_WARM_COUNTS", graphs_wait)
         real_measure = choose._measure
         mp.setattr(choose, "_measure", lambda *a, **k: measured.append(a[1][0].shape[0]) or real_measure(*a, **k))
         dist.barrier()

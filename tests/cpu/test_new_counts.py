@@ -91,3 +91,19 @@ def test_no_waiting_runs_overlap_from_the_first_call(graphs, patch):
     with config.patch(**patch):
         _call(wrapper, 4, 2)
     assert found.ran == ["overlap"] * 2
+
+
+def test_a_plain_graph_that_fails_to_compile_leaves_overlaps(caplog, monkeypatch):
+    monkeypatch.setattr(new_counts, "_GRAPHS_WARM_COUNTS", False)  # (restored after)
+
+    def failing():
+        raise RuntimeError("no lowering")
+
+    overlap = object()
+    with caplog.at_level("WARNING", logger="overlap_pass"):
+        assert new_counts.with_plain_first_calls(overlap, failing, []) is overlap
+    assert "failed to compile" in caplog.text and new_counts.ops_warm_up()
+    with config.patch(strict=True), pytest.raises(RuntimeError, match="no lowering"):
+        new_counts.with_plain_first_calls(overlap, failing, [])
+    wrapper = new_counts.with_plain_first_calls(overlap, lambda: "plain", [(None, (0, 0))])
+    assert isinstance(wrapper, new_counts.PlainFirstCalls) and not new_counts.ops_warm_up()

@@ -98,6 +98,18 @@ def test_a_token_count_runs_nccl_until_its_third_call(gloo_world, tmp_path):
         assert result["predicted"] == {64: gluon}, (rank, result)
 
 
+def test_no_op_waits_once_a_graph_waits_on_plain_inductor(gloo_world, tmp_path):
+    """With a graph that runs plain Inductor's at a count's first calls (new_counts.py), the
+    ops' own first calls no longer run NCCL + cuBLAS (config.fused_from_call=3 as above): 32
+    is measured at its first call and 40 predicted at its first, each running the choice."""
+    rows = [32, 32, 40, 40]
+    ranks = gloo_world(2).run(cases.changing_rows, str(tmp_path / "choices.json"), rows, -1, 3, 1, 3, True)
+    for rank, result in enumerate(ranks):
+        assert result["error"] <= 1e-2, (rank, result)
+        assert result["measured"] == [32], (rank, result)
+        assert result["ran"] == [cases.GLUON] * len(rows), (rank, result)
+
+
 def test_a_choice_measured_over_calls(gloo_world, tmp_path):
     """config.measure_over_calls: calls at 32, 24 and 20 rows (one bucket) each run a step of
     the measurement and return their own result: the Gluon and copy-engine stand-ins' first
