@@ -36,7 +36,7 @@ import logging
 
 import torch
 
-from . import config
+from . import config, size_ranges
 
 log = logging.getLogger("overlap_pass")
 
@@ -128,14 +128,11 @@ class PlainFirstCalls:
         self._counts: collections.OrderedDict[tuple, _Count] = collections.OrderedDict()
         self.plain_calls = 0  # (tests, tools)
 
-    def count(self, args) -> tuple:
-        return tuple(args[i] if dim is None else args[i].shape[dim] for i, dim in self._readers)
-
     def __call__(self, *args):
         wait = config.fused_from_call - 1  # (read each call: a config patch takes effect)
         if wait <= 0 or config.implementation != "auto":
             return self._overlap(*args)
-        count = self.count(args)
+        count = size_ranges.symbol_values(args, self._readers)
         state = self._counts.get(count)
         if state is None:
             state = self._counts[count] = _Count()

@@ -126,11 +126,15 @@ class ByTokenCount:
         self._per_range = per_range
 
     def tokens(self, args) -> int:
-        values = [args[i] if dim is None else args[i].shape[dim] for i, dim in self._readers]
-        return int(self._count(*values))
+        return int(self._count(*symbol_values(args, self._readers)))
 
     def __call__(self, *args):
         return self._per_range[bisect.bisect_right(self._thresholds, self.tokens(args))](*args)
+
+
+def symbol_values(args, readers: list) -> tuple:
+    """The values of a call's symbols: ``readers`` as (input index, dim or None) each."""
+    return tuple(args[i] if dim is None else args[i].shape[dim] for i, dim in readers)
 
 
 def symbol_readers(example_inputs, symbols) -> list | None:
