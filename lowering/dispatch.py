@@ -212,22 +212,42 @@ _GRAPHED_KINDS = {
 }
 
 
-def _graphed_call(kind: str, run, signature: tuple, *args):
-    """One call of the variant ``run`` of an op of ``kind`` through replay.py, on outputs made
-    here (``signature``: the call's fast key and the variant's name)."""
+def _graphed_call(kind: str, run, signature: tuple, *args, outputs=None):
+    """One call of the variant ``run`` of an op of ``kind`` through replay.py, on ``outputs`` (made
+    here if not given; ``signature``: the call's fast key and the variant's name); returns the
+    outputs and the op's device."""
     allocate, workspace_kind, tensors_of = _GRAPHED_KINDS[kind]
-    outputs = allocate(*args)
+    if outputs is None:
+        outputs = allocate(*args)
     tensors, group_name, device = tensors_of(args, outputs)
     replay.call(signature, run, args, outputs, tensors, symm.workspace(workspace_kind, group_name, device))
-    return outputs
+    return outputs, device
+
+
+class _GraphedCall:
+    """The calls of one variant at one call signature through _graphed_call. The signature fixes
+    every output's size, stride and dtype, so from the second call on the outputs are made as
+    the first call's were, past torch's dispatcher (replay.output_maker): the host's time of an
+    allocation call per output."""
+
+    def __init__(self, kind: str, run, signature: tuple) -> None:
+        self.kind, self.run, self.signature = kind, run, signature
+        self._make_outputs = None
+
+    def __call__(self, *args):
+        outputs = self._make_outputs() if self._make_outputs is not None else None
+        outputs, device = _graphed_call(self.kind, self.run, self.signature, *args, outputs=outputs)
+        if self._make_outputs is None:
+            self._make_outputs = replay.output_maker(outputs, device)
+        return outputs
 
 
 def variant_calls(kind: str, fast_key: tuple, variants: dict) -> dict:
     """Name -> the variant as a call of ``fast_key``: every variant but the baseline runs the
-    symmetric-memory protocol, which a per-call graph can hold (_graphed_call), each variant's
+    symmetric-memory protocol, which a per-call graph can hold (_GraphedCall), each variant's
     graphs apart (the choice runs them all on the same tensors)."""
     return {
-        name: v if name == choose.BASELINE else functools.partial(_graphed_call, kind, v, (fast_key, name))
+        name: v if name == choose.BASELINE else _GraphedCall(kind, v, (fast_key, name))
         for name, v in variants.items()
     }
 

@@ -91,6 +91,31 @@ def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> Non
     workspace.replay(graph)
 
 
+def output_maker(outputs, device: torch.device):
+    """A function that makes new empty tensors laid out as ``outputs`` (a tensor, None, or
+    tuples and lists of them, all on ``device``) through Inductor's allocator, past torch's
+    dispatcher; it returns None where the current device is another."""
+    if device.type != "cuda":
+        return lambda: None
+    make = _maker(outputs)
+
+    def make_on_device():
+        return make() if torch_compat.current_device_index() == device.index else None
+
+    return make_on_device
+
+
+def _maker(template):
+    """A function that makes ``template``'s structure anew, each tensor empty, as laid out."""
+    if template is None:
+        return lambda: None
+    if isinstance(template, torch.Tensor):
+        size, stride, dtype = tuple(template.shape), template.stride(), template.dtype
+        return lambda: torch_compat.empty_strided_cuda(size, stride, dtype)
+    parts, kind = [_maker(part) for part in template], type(template)
+    return lambda: kind([make() for make in parts])
+
+
 def graph_key(workspace, tensors) -> tuple:
     """What a call's graph is kept under within its signature: the workspace's allocation, the
     spin limit and the address of every tensor the call reads or writes (None entries skipped)."""

@@ -60,6 +60,12 @@ PRIVATE_NAMES = (
     PrivateName(
         "torch._C._cuda_getCurrentRawStream", "function", ("device",), callers="templates/launch.py", cuda_only=True
     ),
+    # (size, stride, dtype), all positional, as Inductor's generated code calls it: no Python
+    # signature or schema to check the call against
+    PrivateName(
+        "torch._C._dynamo.guards._empty_strided_cuda", "attribute", callers="lowering/replay.py (the replayed calls' outputs)"
+    ),
+    PrivateName("torch._C._cuda_getDevice", "function", callers="lowering/replay.py", cuda_only=True),
     # public, but a replay.py capture that raises falls back to eager calls for good: checked too
     PrivateName(
         "torch.cuda.CUDAGraph.capture_begin", "method", keywords=("pool", "capture_error_mode"),
@@ -106,6 +112,19 @@ PRIVATE_NAMES = (
     ),  # fmt: skip
     PrivateName("torch.ops._c10d_functional.wait_tensor", "op", ("tensor",), callers="lowering/collectives.py"),
     PrivateName("torch._C._AutoDispatchBelowAutograd", "class", callers="overlap_pass/ops.py (the CUDA kernels)"),
+    PrivateName("torch._C._autograd._profiler_enabled", "function", callers="overlap_pass/direct_calls.py"),
+    # Inductor's lowering of the ops to direct calls (overlap_pass/direct_calls.py)
+    PrivateName("torch._inductor.lowering.lowerings", "attribute", callers="overlap_pass/direct_calls.py"),
+    PrivateName(
+        "torch._inductor.lowering.make_fallback", "function", ("op",), ("layout_constraint", "warn"),
+        callers="overlap_pass/direct_calls.py",
+    ),  # fmt: skip
+    PrivateName(
+        "torch._inductor.lowering.constrain_to_fake_tensors", "attribute", callers="overlap_pass/direct_calls.py (Inductor calls it)"
+    ),
+    PrivateName("torch._inductor.ir.FallbackKernel", "class", callers="overlap_pass/direct_calls.py"),
+    PrivateName("torch._inductor.ir.FallbackKernel.codegen", "method", ("wrapper",), callers="overlap_pass/direct_calls.py"),
+    PrivateName("torch._inductor.virtualized.V", "attribute", callers="overlap_pass/direct_calls.py"),
     PrivateName("torch._dynamo.reset", "function", callers="tools: bench_model, bench_torchtitan"),
     PrivateName("torch._dynamo.config.recompile_limit", "attribute", callers="tools: bench_model, bench_torchtitan"),
     PrivateName("torch._dynamo.utils.counters", "attribute", callers="tools: bench_model, bench_torchtitan"),
@@ -141,6 +160,12 @@ def below_autograd():
     return torch._C._AutoDispatchBelowAutograd()
 
 
+def profiling() -> bool:
+    """Whether torch's profiler is recording (the ops' calls then go through the dispatcher,
+    which names them in the trace)."""
+    return torch._C._autograd._profiler_enabled()
+
+
 def resolve_process_group(group_name: str):
     """The ProcessGroup that an op's ``group_name`` names (the ops carry names, not groups)."""
     return torch.distributed.distributed_c10d._resolve_process_group(group_name)
@@ -173,6 +198,17 @@ def graph_trees_warming_up(device_index: int) -> bool:
 
     manager = cudagraph_trees.get_manager(device_index, create_if_none_exists=False)
     return manager is not None and bool(manager.in_warmup)
+
+
+def empty_strided_cuda(size: tuple, stride: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """An empty tensor on the current CUDA device, past torch's dispatcher (Inductor's generated
+    code allocates its buffers with it)."""
+    return torch._C._dynamo.guards._empty_strided_cuda(size, stride, dtype)
+
+
+def current_device_index() -> int:
+    """The current CUDA device's index, without torch.cuda.current_device()'s lazy-init check."""
+    return torch._C._cuda_getDevice()
 
 
 def current_raw_stream(device: int) -> int:

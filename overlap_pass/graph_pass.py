@@ -17,7 +17,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch._inductor.pattern_matcher import stable_topological_sort
 from torch.fx import Graph
 
-from . import config, debug, size_ranges
+from . import config, debug, direct_calls, size_ranges
 from .debug import describe_node, log
 from .fusion import decide, patterns, rewrite
 from .fusion.patterns import AllGatherMatmulMatch, Candidate
@@ -46,6 +46,7 @@ class OverlapPass(CustomGraphPass):
         if not self.always:
             _tell_if_ranks_may_differ()
         try:
+            direct_calls.install_lowerings()  # before Inductor lowers the ops the pass inserts
             with size_ranges.active(self.ranges):
                 overlap_graph_pass(graph)
         except OverlapNotApplied:  # config.strict: the user asked for this to fail the compile

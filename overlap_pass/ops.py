@@ -418,10 +418,22 @@ def is_registered(name: str) -> bool:
     return not overload or overload in packet.overloads()
 
 
+def overload(name: str):
+    """The OpOverload of ``name`` ("all_reduce", "matmul_reduce_scatter.tail")."""
+    op_name, _, overload_name = name.partition(".")
+    return getattr(getattr(torch.ops.overlap, op_name), overload_name or "default")
+
+
+# every op with a CUDA kernel (cuda_kernel), by name: direct_calls.py lowers each
+CUDA_OPS: list[str] = []
+
+
 def register(schemas: dict[str, str], kernels: dict) -> None:
     """Defines ops ``{name: (fake, reference)}`` with their fake and reference kernels and the
     CUDA dispatch, once per process, so that reloading a module is harmless."""
     for name, (fake, reference) in kernels.items():
+        if name not in CUDA_OPS:
+            CUDA_OPS.append(name)
         if is_registered(name):
             continue
         # Inductor then requires each input in the strides the pass saw (the node's
@@ -430,10 +442,10 @@ def register(schemas: dict[str, str], kernels: dict) -> None:
         torch.library.define(f"overlap::{name}", schemas[name], tags=(torch.Tag.needs_exact_strides,))
         torch.library.register_fake(f"overlap::{name}", fake)
         torch.library.impl(f"overlap::{name}", "CompositeExplicitAutograd", reference)
-        torch.library.impl(f"overlap::{name}", "CUDA", functools.partial(_cuda_kernel, name))
+        torch.library.impl(f"overlap::{name}", "CUDA", functools.partial(cuda_kernel, name))
 
 
-def _cuda_kernel(name: str, *args, **kwargs):
+def cuda_kernel(name: str, *args, **kwargs):
     """CUDA tensors: the variant lowering/choose.py picks (the lowering loads on first use),
     below autograd, as a C++ kernel runs: the op has no derivative of its own (a graph's backward
     calls other ops), and the collectives inside then skip their Python autograd wrappers."""

@@ -15,6 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from overlap_pass import config
 from overlap_pass.regions import all_reduce_split
+from tests.direct_call_counts import counted_direct_calls
 from tools.measure import relative_error
 from tools.tp_models import TransformerBlock, parallelize_block, parallelize_block_plain
 
@@ -72,7 +73,8 @@ def tp_block(
     # with a mode, graph trees record where every allocation left in their pool came from
     history = inductor_config.patch({"triton.cudagraph_trees_history_recording": bool(mode)})
     split_always = all_reduce_split.sizes_ignored(plain)
-    with config.patch(debug_dir=folder, choice_cache=cache), history, split_always:
+    direct = counted_direct_calls()
+    with config.patch(debug_dir=folder, choice_cache=cache), history, split_always, direct as direct_calls:
         overlap = torch.compile(copy.deepcopy(eager), backend="overlap", mode=mode)
         inductor = torch.compile(copy.deepcopy(eager), mode=mode)
         gen = torch.Generator(device).manual_seed(1 + (0 if plain else dist.get_rank()))
@@ -97,4 +99,7 @@ def tp_block(
         with open(path) as f:
             record = json.load(f)
         decisions += [(c["kind"], c["rewritten"], c["reason"]) for c in record["candidates"]]
-    return {"errors": worst, "decisions": sorted(decisions, key=str), "op_replays": replayed}
+    return {
+        "errors": worst, "decisions": sorted(decisions, key=str), "op_replays": replayed,
+        "direct_calls": sum(direct_calls.values()),
+    }  # fmt: skip

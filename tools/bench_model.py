@@ -66,6 +66,7 @@ EXTRA_COMPILERS = {
     "overlap_split_all": {"split_min_bytes": 0},
     "overlap_nccl_cublas": {"implementation": "nccl_cublas"},
     "overlap_regather": {"regather_in_backward": True},
+    "overlap_dispatcher": {"direct_op_calls": False},
 }
 # plain Inductor with every collective replaced by a local op of its shape (tools/no_comm.py):
 # the step without communication, the floor of any overlap. Its results are wrong by design.

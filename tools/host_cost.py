@@ -13,10 +13,13 @@ never fills and blocks the host), the slowest rank's, with the GPU time next to 
 
 overlap's layers, outermost first (each row calls the next one down directly, so the
 difference between two rows is what that layer costs):
-    op:         torch.ops.overlap.<op>.default, as Inductor's generated code calls it
+    op:         torch.ops.overlap.<op>.default, through torch's dispatcher (as Inductor's
+                generated code calls it with config.direct_op_calls off, and eager code)
     op, registered bare: the same entry point as the CUDA kernel of an op with nothing else
                 registered (no tags, fake or reference kernel, no below-autograd guard)
-    dispatch:   lowering/dispatch.py's entry point (no torch dispatcher)
+    direct call: overlap_pass/direct_calls.py, as Inductor's generated code calls the op
+                (the CUDA kernel under its below-autograd guard, no torch dispatcher)
+    dispatch:   lowering/dispatch.py's entry point
     resolved:   the variant kept for the call's signature (no signature key)
     replay:     replay.call with the outputs made beforehand (no allocation)
     workspace:  the workspace's replay (timeout checks) of the call's graph
@@ -69,17 +72,25 @@ def _resolved_run():
     return next(reversed(dispatch._RESOLVED.values()))
 
 
-def _layers(op_call, dispatch_call, args, kind: str, device) -> dict:
-    """overlap's call at each layer (see the module's docstring), as functions of no arguments."""
+def _layers(kind: str, args, device) -> dict:
+    """overlap's call of the op ``kind`` at each layer (see the module's docstring), as
+    functions of no arguments."""
+    from overlap_pass import direct_calls, ops
     from overlap_pass.lowering import dispatch, replay, symm
 
+    op, entry = ops.overload(kind), getattr(dispatch, kind)
     for _ in range(3):  # measured (or cached), then captured, then replayed
-        op_call()
+        op(*args)
     run = _resolved_run()
-    layers = {"op": op_call, "dispatch": dispatch_call, "resolved": lambda: run(*args)}
-    if not hasattr(run, "func"):  # the baseline: no per-call graph below
+    layers = {
+        "op": lambda: op(*args),
+        "direct call": lambda: direct_calls.call(kind, *args),
+        "dispatch": lambda: entry(*args),
+        "resolved": lambda: run(*args),
+    }
+    if not isinstance(run, dispatch._GraphedCall):  # the baseline: no per-call graph below
         return layers
-    _, variant, signature = run.args
+    variant, signature = run.run, run.signature
     allocate, workspace_kind, tensors_of = dispatch._GRAPHED_KINDS[kind]
     outputs = allocate(*args)
     tensors, group_name, _ = tensors_of(args, outputs)
@@ -160,10 +171,7 @@ def bench(args, device, group) -> list[dict]:
             "async TP": lambda: torch.ops.symm_mem.fused_all_gather_matmul(shard, [weight.t()], 0, name),
             **{
                 f"overlap {layer}": run
-                for layer, run in _bare(_layers(
-                    lambda: torch.ops.overlap.all_gather_matmul.default(*ag_args),
-                    lambda: dispatch.all_gather_matmul(*ag_args), ag_args, "all_gather_matmul", device,
-                ), lambda: bare_ag(*ag_args)).items()
+                for layer, run in _bare(_layers("all_gather_matmul", ag_args, device), lambda: bare_ag(*ag_args)).items()
             },
         },
         "matmul -> reduce_scatter": {
@@ -172,10 +180,7 @@ def bench(args, device, group) -> list[dict]:
             "async TP": lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(cols, weight_rs.t(), "sum", 0, name),
             **{
                 f"overlap {layer}": run
-                for layer, run in _bare(_layers(
-                    lambda: torch.ops.overlap.matmul_reduce_scatter.default(*rs_args),
-                    lambda: dispatch.matmul_reduce_scatter(*rs_args), rs_args, "matmul_reduce_scatter", device,
-                ), lambda: bare_rs(*rs_args)).items()
+                for layer, run in _bare(_layers("matmul_reduce_scatter", rs_args, device), lambda: bare_rs(*rs_args)).items()
             },
         },
         "all_reduce (max, fp32, an element per token)": {
@@ -183,10 +188,7 @@ def bench(args, device, group) -> list[dict]:
             "plain Inductor (NCCL)": lambda: c10d.wait_tensor.default(c10d.all_reduce.default(amax, "max", name)),
             **{
                 f"overlap {layer}": run
-                for layer, run in _bare(_layers(
-                    lambda: torch.ops.overlap.all_reduce.default(*ar_args),
-                    lambda: dispatch.all_reduce(*ar_args), ar_args, "all_reduce", device,
-                ), lambda: bare_ar(*ar_args)).items()
+                for layer, run in _bare(_layers("all_reduce", ar_args, device), lambda: bare_ar(*ar_args)).items()
             },
         },
     }

@@ -140,7 +140,7 @@ def test_cuda_kernels_run_below_autograd(monkeypatch):
     monkeypatch.setattr(ops, "_CUDA_KERNELS", {})
     monkeypatch.setattr(dispatch, "all_reduce", lambda x: recorded.append((x * 2).grad_fn) or x)
     x = torch.randn(3, requires_grad=True)
-    ops._cuda_kernel("all_reduce", x)
+    ops.cuda_kernel("all_reduce", x)
     assert recorded == [None]  # no autograd node: dispatched below autograd
     assert (x * 2).grad_fn is not None  # and only inside
 
@@ -157,11 +157,11 @@ def test_the_tools_count_op_calls_the_kernels_made(monkeypatch):
     monkeypatch.setattr(ops, "_CUDA_KERNELS", {})
     monkeypatch.setattr(dispatch, "all_reduce", lambda x: calls.append("real") or x)
     x = torch.randn(3)
-    ops._cuda_kernel("all_reduce", x)  # looked up and kept
+    ops.cuda_kernel("all_reduce", x)  # looked up and kept
     with overlap_op_calls() as counts:
-        ops._cuda_kernel("all_reduce", x)
-        ops._cuda_kernel("all_reduce", x)
-    ops._cuda_kernel("all_reduce", x)
+        ops.cuda_kernel("all_reduce", x)
+        ops.cuda_kernel("all_reduce", x)
+    ops.cuda_kernel("all_reduce", x)
     assert counts["all_reduce"] == 2
     assert calls == ["real"] * 4
     assert ops._CUDA_KERNELS["all_reduce"][0] is dispatch.all_reduce  # the wrapper is gone

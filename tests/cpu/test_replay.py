@@ -136,18 +136,16 @@ def test_no_capture_while_graph_trees_warm_up(calls, monkeypatch):
 def test_each_variant_of_a_call_has_graphs_of_its_own(kind):
     # the first call's choice runs every variant on the same tensors: one variant's graph
     # replayed for another would time (and run) the wrong one; the float8 ops' calls replay too
-    import functools
-
     from overlap_pass.lowering import all_gather_matmul as agm
     from overlap_pass.lowering import dispatch, scaled
     from overlap_pass.lowering import matmul_reduce_scatter as mrs
 
     variants = {agm.KIND: agm.variants(3), mrs.KIND: mrs.variants(2)}.get(kind) or scaled.variants(kind)
     calls = dispatch.variant_calls(kind, ("fast key",), variants)
-    graphed = {name: call for name, call in calls.items() if isinstance(call, functools.partial)}
+    graphed = {name: call for name, call in calls.items() if isinstance(call, dispatch._GraphedCall)}
     assert set(graphed) == set(calls) - {"nccl_cublas"}
-    assert len({call.args[2] for call in graphed.values()}) == len(graphed)
-    assert all(call.args[:2] == (kind, variants[name]) for name, call in graphed.items())
+    assert len({call.signature for call in graphed.values()}) == len(graphed)
+    assert all((call.kind, call.run) == (kind, variants[name]) for name, call in graphed.items())
 
 
 def test_forgotten_signatures_start_over(calls):
@@ -176,6 +174,28 @@ def test_outputs_are_allocated_apart_from_the_call():
     batched = mrs.allocate([torch.randn(2, 16, 8)], [w], None, "sum", 1, 4, "g")
     assert batched.shape == (2, 4, 5) and batched.is_contiguous()
     assert mrs.allocate([torch.randn(16, 8)], [w], None, "sum", 0, 4, "g").shape == (4, 5)
+
+
+def test_outputs_made_anew_as_laid_out(monkeypatch):
+    """From a call signature's second call on, its outputs are made as the first call's were
+    (the same structure, sizes, strides and dtypes) through Inductor's allocator, on the
+    outputs' device only."""
+    made = []
+
+    def empty_strided(size, stride, dtype):
+        made.append((size, stride, dtype))
+        return torch.empty_strided(size, stride, dtype=dtype)
+
+    monkeypatch.setattr(replay.torch_compat, "empty_strided_cuda", empty_strided)
+    monkeypatch.setattr(replay.torch_compat, "current_device_index", lambda: 1)
+    template = (None, [torch.empty(3, 4).t(), torch.empty(2, dtype=torch.bfloat16)])
+    again = replay.output_maker(template, torch.device("cuda", 1))()
+    assert again[0] is None and isinstance(again[1], list)
+    assert made == [((4, 3), (1, 4), torch.float32), ((2,), (1,), torch.bfloat16)]
+    # another current device: the caller allocates; so it does for tensors off CUDA
+    assert replay.output_maker(template, torch.device("cuda", 0))() is None
+    assert replay.output_maker(template, torch.device("cpu"))() is None
+    assert len(made) == 2
 
 
 def test_calls_that_never_repeat_their_addresses_are_logged_once(calls, monkeypatch, caplog):

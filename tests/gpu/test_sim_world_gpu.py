@@ -214,7 +214,7 @@ def _replayed(world, kind, variant, args_of, inputs, check) -> None:
             world.poison()
 
         results = world.run(
-            prepare=prepare, call=lambda r, g: dispatch._graphed_call(kind, variant, signatures[r], *args_of(r, g))
+            prepare=prepare, call=lambda r, g: dispatch._graphed_call(kind, variant, signatures[r], *args_of(r, g))[0]
         )
         check(results)
         del results  # as a model's step drops its outputs: the next round's land where these were
