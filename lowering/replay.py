@@ -97,22 +97,22 @@ def output_maker(outputs, device: torch.device):
     dispatcher; it returns None where the current device is another."""
     if device.type != "cuda":
         return lambda: None
-    make = _maker(outputs)
+    make, current_device, index = _maker(outputs, torch_compat.empty_strided_cuda()), torch_compat.current_device_index(), device.index
 
     def make_on_device():
-        return make() if torch_compat.current_device_index() == device.index else None
+        return make() if current_device() == index else None
 
     return make_on_device
 
 
-def _maker(template):
+def _maker(template, empty_strided):
     """A function that makes ``template``'s structure anew, each tensor empty, as laid out."""
     if template is None:
         return lambda: None
     if isinstance(template, torch.Tensor):
         size, stride, dtype = tuple(template.shape), template.stride(), template.dtype
-        return lambda: torch_compat.empty_strided_cuda(size, stride, dtype)
-    parts, kind = [_maker(part) for part in template], type(template)
+        return lambda: empty_strided(size, stride, dtype)
+    parts, kind = [_maker(part, empty_strided) for part in template], type(template)
     return lambda: kind([make() for make in parts])
 
 

@@ -160,12 +160,6 @@ def below_autograd():
     return torch._C._AutoDispatchBelowAutograd()
 
 
-def profiling() -> bool:
-    """Whether torch's profiler is recording (the ops' calls then go through the dispatcher,
-    which names them in the trace)."""
-    return torch._C._autograd._profiler_enabled()
-
-
 def resolve_process_group(group_name: str):
     """The ProcessGroup that an op's ``group_name`` names (the ops carry names, not groups)."""
     return torch.distributed.distributed_c10d._resolve_process_group(group_name)
@@ -200,15 +194,17 @@ def graph_trees_warming_up(device_index: int) -> bool:
     return manager is not None and bool(manager.in_warmup)
 
 
-def empty_strided_cuda(size: tuple, stride: tuple, dtype: torch.dtype) -> torch.Tensor:
-    """An empty tensor on the current CUDA device, past torch's dispatcher (Inductor's generated
-    code allocates its buffers with it)."""
-    return torch._C._dynamo.guards._empty_strided_cuda(size, stride, dtype)
+def empty_strided_cuda():
+    """The function ``(size, stride, dtype) -> an empty tensor on the current CUDA device``, past
+    torch's dispatcher (Inductor's generated code allocates its buffers with it); returned, so
+    that a caller on the host's critical path looks it up once."""
+    return torch._C._dynamo.guards._empty_strided_cuda
 
 
-def current_device_index() -> int:
-    """The current CUDA device's index, without torch.cuda.current_device()'s lazy-init check."""
-    return torch._C._cuda_getDevice()
+def current_device_index():
+    """The function ``() -> the current CUDA device's index``, without
+    torch.cuda.current_device()'s lazy-init check (returned, as above)."""
+    return torch._C._cuda_getDevice
 
 
 def current_raw_stream(device: int) -> int:

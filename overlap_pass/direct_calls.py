@@ -17,6 +17,8 @@ name it; ``config.direct_op_calls = False`` keeps every call on the op.
 import functools
 import logging
 
+import torch
+
 from overlap_pass import config, ops
 
 log = logging.getLogger("overlap_pass")
@@ -28,11 +30,16 @@ _LOWERED: set = set()  # the ops whose lowering is this module's
 
 def call(name: str, /, *args, **kwargs):
     """The op ``name``'s CUDA kernel on these arguments, as the dispatcher would call it."""
-    from overlap_pass.lowering import torch_compat
-
-    if torch_compat.profiling():
+    if _profiling():
         return ops.overload(name)(*args, **kwargs)
     return ops.cuda_kernel(name, *args, **kwargs)
+
+
+def _profiling() -> bool:
+    """Whether torch's profiler records (the calls then go through the op, which names them in
+    the trace). Read here, not through lowering/torch_compat.py: this runs on every call, and
+    the lowering is imported on first use."""
+    return torch._C._autograd._profiler_enabled()
 
 
 def attribute(name: str) -> str:

@@ -186,11 +186,12 @@ def test_outputs_made_anew_as_laid_out(monkeypatch):
         made.append((size, stride, dtype))
         return torch.empty_strided(size, stride, dtype=dtype)
 
-    monkeypatch.setattr(replay.torch_compat, "empty_strided_cuda", empty_strided)
-    monkeypatch.setattr(replay.torch_compat, "current_device_index", lambda: 1)
+    monkeypatch.setattr(replay.torch_compat, "empty_strided_cuda", lambda: empty_strided)
+    monkeypatch.setattr(replay.torch_compat, "current_device_index", lambda: lambda: 1)
     template = (None, [torch.empty(3, 4).t(), torch.empty(2, dtype=torch.bfloat16)])
     again = replay.output_maker(template, torch.device("cuda", 1))()
-    assert again[0] is None and isinstance(again[1], list)
+    assert isinstance(again, tuple) and again[0] is None and isinstance(again[1], list)
+    assert [(t.shape, t.stride(), t.dtype) for t in again[1]] == [((4, 3), (1, 4), torch.float32), ((2,), (1,), torch.bfloat16)]
     assert made == [((4, 3), (1, 4), torch.float32), ((2,), (1,), torch.bfloat16)]
     # another current device: the caller allocates; so it does for tensors off CUDA
     assert replay.output_maker(template, torch.device("cuda", 0))() is None
