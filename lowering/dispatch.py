@@ -105,8 +105,9 @@ def _signature(t: torch.Tensor | None):
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
-# (kind, shapes, strides, dtypes, dims, group, implementation) of a call -> the variant it runs,
-# so that later calls skip validation and key building (host time is on the critical path);
+# (kind, shapes, strides, dtypes, dims, group, implementation: everything the outputs' layout
+# depends on too, _GraphedCall) of a call -> the variant it runs, so that later calls skip
+# validation and key building (host time is on the critical path);
 # the config.shapes_kept most recently used, with their per-call graphs (shapes that change)
 _RESOLVED: collections.OrderedDict[tuple, object] = collections.OrderedDict()
 
@@ -301,7 +302,7 @@ def all_gather_matmul(
 ):  # fmt: skip
     contract_with, gathered_left, passengers = contract_with or [], gathered_left or [], passengers or []
     fast_key = (
-        agm.KIND, _signature(shard), gather_dim, world_size, group_name,
+        agm.KIND, _signature(shard), gather_dim, world_size, group_name, return_gathered,
         tuple(_signature(m) for m in mat2s), tuple(_signature(b) for b in biases),
         tuple(_signature(o) for o in contract_with), tuple(gathered_left),
         tuple(_signature(p) for p in passengers), config.implementation,

@@ -209,3 +209,18 @@ def test_calls_that_never_repeat_their_addresses_are_logged_once(calls, monkeypa
             call((a, out))
     assert log == ["eager"] * 5
     assert caplog.text.count("found their tensors at new addresses each time") == 1
+
+
+def test_a_call_signature_fixes_its_outputs_layout(monkeypatch):
+    """A resolved call makes its outputs as its signature's first call did (_GraphedCall), so
+    the fast key holds everything the outputs depend on: an all-gather that returns its
+    gathered tensor (a training forward, saving it) and one that does not (inference, the same
+    shapes) are two signatures."""
+    from overlap_pass.lowering import dispatch
+
+    keys = []
+    monkeypatch.setattr(dispatch, "_first_call", lambda kind, fast_key, *rest: keys.append(fast_key))
+    shard, w = torch.randn(4, 8), torch.randn(8, 5)
+    for return_gathered in (True, False):
+        dispatch.all_gather_matmul(shard, [w], [None], 0, 2, "g", return_gathered)
+    assert len(set(keys)) == 2
