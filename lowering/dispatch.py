@@ -305,7 +305,7 @@ def all_gather_matmul(
         agm.KIND, _signature(shard), gather_dim, world_size, group_name, return_gathered,
         tuple(_signature(m) for m in mat2s), tuple(_signature(b) for b in biases),
         tuple(_signature(o) for o in contract_with), tuple(gathered_left),
-        tuple(_signature(p) for p in passengers), config.implementation,
+        tuple(_signature(p) for p in passengers), config.hot().implementation,
     )  # fmt: skip
     run = _resolved(fast_key)
     if run is not None:
@@ -333,7 +333,7 @@ def matmul_reduce_scatter(
         out_dtype = None  # one key, one choice for both spellings
     fast_key = (
         mrs.KIND, tuple(_signature(a) for a in inputs), tuple(_signature(m) for m in mat2s),
-        _signature(bias), reduce_op, scatter_dim, world_size, group_name, out_dtype, config.implementation,
+        _signature(bias), reduce_op, scatter_dim, world_size, group_name, out_dtype, config.hot().implementation,
     )  # fmt: skip
     run = _resolved(fast_key)
     if run is not None:
@@ -359,7 +359,7 @@ def matmul_reduce_scatter_tail(
     fast_key = (
         mrs.TAIL_KIND, tuple(_signature(a) for a in inputs), tuple(_signature(m) for m in mat2s),
         _signature(bias), reduce_op, scatter_dim, world_size, group_name, out_dtype,
-        tuple(tail_of), tuple(_signature(w) for w in tail_with), config.implementation,
+        tuple(tail_of), tuple(_signature(w) for w in tail_with), config.hot().implementation,
     )  # fmt: skip
     run = _resolved(fast_key)
     if run is not None:
@@ -420,7 +420,7 @@ def all_gather_scaled_matmul(
         scaled.AG_KIND, _signature(shard), _signature(shard_scale), tuple(_signature(m) for m in mat2s),
         tuple(_signature(m) for m in mat2_scales), tuple(_signature(b) for b in biases), gather_dim,
         world_size, group_name, out_dtype, use_fast_accum, return_gathered,
-        tuple(_signature(p) for p in passengers), config.implementation,
+        tuple(_signature(p) for p in passengers), config.hot().implementation,
     )  # fmt: skip
     run = _resolved(fast_key)
     if run is None:  # first call of these arguments: checked before anything indexes them
@@ -450,7 +450,7 @@ def scaled_matmul_reduce_scatter(
     fast_key = (
         scaled.RS_KIND, tuple(_signature(a) for a in inputs), tuple(_signature(s) for s in input_scales),
         tuple(_signature(m) for m in mat2s), tuple(_signature(m) for m in mat2_scales), _signature(bias),
-        reduce_op, scatter_dim, world_size, group_name, mm_dtype, out_dtype, use_fast_accum, config.implementation,
+        reduce_op, scatter_dim, world_size, group_name, mm_dtype, out_dtype, use_fast_accum, config.hot().implementation,
     )  # fmt: skip
     run = _resolved(fast_key)
     if run is None:  # first call of these arguments: checked before anything indexes them
@@ -472,7 +472,7 @@ def scaled_matmul_reduce_scatter(
 
 
 def all_reduce(inp, reduce_op, world_size, group_name):
-    fast_key = (ar.KIND, _signature(inp), reduce_op, world_size, group_name, config.implementation)
+    fast_key = (ar.KIND, _signature(inp), reduce_op, world_size, group_name, config.hot().implementation)
     run = _resolved(fast_key)
     args = (inp, reduce_op, world_size, group_name)
     if run is not None:

@@ -56,7 +56,7 @@ def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> Non
     """``run(*args, outputs=outputs)``, from a graph where this call's addresses were seen
     before. ``tensors``: every tensor the call reads or writes (None entries skipped);
     ``workspace``: the symm.Workspace it runs on."""
-    if not config.op_graphs or torch.cuda.is_current_stream_capturing():
+    if not config.hot().op_graphs or torch.cuda.is_current_stream_capturing():
         run(*args, outputs=outputs)
         return
     state = _SIGNATURES.get(signature)
@@ -119,7 +119,7 @@ def _maker(template, empty_strided):
 def graph_key(workspace, tensors) -> tuple:
     """What a call's graph is kept under within its signature: the workspace's allocation, the
     spin limit and the address of every tensor the call reads or writes (None entries skipped)."""
-    return (workspace.generation, config.spin_limit, *(t.data_ptr() for t in tensors if t is not None))
+    return (workspace.generation, config.hot().spin_limit, *(t.data_ptr() for t in tensors if t is not None))
 
 
 def graphs_held() -> tuple[int, int]:

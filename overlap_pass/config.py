@@ -5,8 +5,12 @@ Set a knob in code (``overlap_pass.config.enabled = True``), for a block
 (``OVERLAP_PASS_<NAME>``, read when overlap_pass is imported).
 """
 
+import collections
+import contextlib
 import os
 import sys
+import threading
+import types
 
 from torch.utils._config_module import Config, install_config_module
 
@@ -170,3 +174,59 @@ debug_dir: str | None = Config(default=None, env_name_default="OVERLAP_PASS_DEBU
 IMPLEMENTATIONS = ("auto", "reference", "fused", "copy_engine_cublas", "cublas_push", "nccl_cublas", "one_shot")
 
 install_config_module(sys.modules[__name__])
+
+
+class _ChangesCounted(type(sys.modules[__name__])):
+    """This module as install_config_module made it, counting its changes (set, deleted, patched
+    in or out) for hot()."""
+
+    changes = 0
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        _ChangesCounted.changes += 1
+
+    def __delattr__(self, name):
+        super().__delattr__(name)
+        _ChangesCounted.changes += 1
+
+    def patch(self, *args, **kwargs):
+        return _CountedPatch(super().patch(*args, **kwargs))
+
+
+class _CountedPatch(contextlib.ContextDecorator):
+    """A config.patch whose entry and exit count as changes."""
+
+    def __init__(self, patch) -> None:
+        self.patch = patch
+
+    def __enter__(self):
+        entered = self.patch.__enter__()
+        _ChangesCounted.changes += 1
+        return entered
+
+    def __exit__(self, *exc):
+        try:
+            return self.patch.__exit__(*exc)
+        finally:
+            _ChangesCounted.changes += 1
+
+
+# (ConfigModule's __setattr__ takes config names only)
+types.ModuleType.__setattr__(sys.modules[__name__], "__class__", _ChangesCounted)
+_MODULE = sys.modules[__name__]
+
+# The knobs every op call reads: a read through the config module costs the host microseconds
+# (its lookup of overrides, environment and default), a snapshot's a tuple's attribute.
+HotKnobs = collections.namedtuple("HotKnobs", "implementation op_graphs spin_limit")
+_SNAPSHOTS = threading.local()  # per thread: a patch's overrides are its context's
+
+
+def hot() -> HotKnobs:
+    """implementation, op_graphs and spin_limit as they are now (a snapshot kept until the
+    config next changes)."""
+    held = getattr(_SNAPSHOTS, "held", None)
+    if held is None or held[0] != _ChangesCounted.changes:
+        knobs = HotKnobs(_MODULE.implementation, _MODULE.op_graphs, _MODULE.spin_limit)
+        held = _SNAPSHOTS.held = (_ChangesCounted.changes, knobs)
+    return held[1]

@@ -249,3 +249,30 @@ def test_strict_mode_raises_where_nothing_is_rewritten():
     assert any(isinstance(e, overlap_pass.OverlapNotApplied) for e in chain_of_causes), raised.value
     with fake_world(2) as group, config.patch(strict=True):
         _compile_chain(group)  # everything rewritten: strict has nothing to say
+
+
+def test_the_knobs_every_op_call_reads_follow_each_change(monkeypatch):
+    """config.hot()'s snapshot is taken anew after any change: patched (as a context and as a
+    decorator, and back on exit) and set."""
+    from overlap_pass import config
+
+    def knobs():
+        return tuple(config.hot())
+
+    assert knobs() == (config.implementation, config.op_graphs, config.spin_limit)
+    with config.patch(implementation="fused", spin_limit=7):
+        assert knobs()[::2] == ("fused", 7)
+        with config.patch(op_graphs=False):
+            assert knobs() == ("fused", False, 7)
+        assert knobs() == ("fused", True, 7)
+    assert knobs() == ("auto", True, config.spin_limit)
+
+    @config.patch(op_graphs=False)
+    def inside():
+        return knobs()[1]
+
+    assert inside() is False and knobs()[1] is True
+    monkeypatch.setattr(config, "spin_limit", 11)
+    assert knobs()[2] == 11
+    monkeypatch.setattr(config, "implementation", "reference")
+    assert knobs()[0] == "reference"
