@@ -70,7 +70,7 @@ small_all_reduce_bytes: int = int(os.environ.get("OVERLAP_PASS_SMALL_ALL_REDUCE_
 
 # A plain-TP split (all_reduce_split.py) counts a collective as fused only where it moves at
 # least this many bytes a rank; a smaller one counts as plain: the op call a split adds costs
-# the host 40-90 us (tools/host_cost.py), and where the host sets the pace a smaller collective
+# the host 20-50 us (tools/host_cost.py), and where the host sets the pace a smaller collective
 # buys nothing. A graph on symbolic token counts is compiled (backend="overlap") once per range of
 # counts its regions split in (size_ranges.py); elsewhere judged at its traced value. 0: every
 # fusable one counts.
