@@ -450,7 +450,8 @@ def scaled_matmul_reduce_scatter(
     fast_key = (
         scaled.RS_KIND, tuple(_signature(a) for a in inputs), tuple(_signature(s) for s in input_scales),
         tuple(_signature(m) for m in mat2s), tuple(_signature(m) for m in mat2_scales), _signature(bias),
-        reduce_op, scatter_dim, world_size, group_name, mm_dtype, out_dtype, use_fast_accum, config.hot().implementation,
+        reduce_op, scatter_dim, world_size, group_name, mm_dtype, out_dtype, use_fast_accum,
+        config.hot().implementation,
     )  # fmt: skip
     run = _resolved(fast_key)
     if run is None:  # first call of these arguments: checked before anything indexes them

@@ -97,7 +97,8 @@ def output_maker(outputs, device: torch.device):
     dispatcher; it returns None where the current device is another."""
     if device.type != "cuda":
         return lambda: None
-    make, current_device, index = _maker(outputs, torch_compat.empty_strided_cuda()), torch_compat.current_device_index(), device.index
+    make = _maker(outputs, torch_compat.empty_strided_cuda())
+    current_device, index = torch_compat.current_device_index(), device.index
 
     def make_on_device():
         return make() if current_device() == index else None

@@ -63,8 +63,9 @@ PRIVATE_NAMES = (
     # (size, stride, dtype), all positional, as Inductor's generated code calls it: no Python
     # signature or schema to check the call against
     PrivateName(
-        "torch._C._dynamo.guards._empty_strided_cuda", "attribute", callers="lowering/replay.py (the replayed calls' outputs)"
-    ),
+        "torch._C._dynamo.guards._empty_strided_cuda", "attribute",
+        callers="lowering/replay.py (the replayed calls' outputs)",
+    ),  # fmt: skip
     PrivateName("torch._C._cuda_getDevice", "function", callers="lowering/replay.py", cuda_only=True),
     # public, but a replay.py capture that raises falls back to eager calls for good: checked too
     PrivateName(
@@ -120,10 +121,13 @@ PRIVATE_NAMES = (
         callers="overlap_pass/direct_calls.py",
     ),  # fmt: skip
     PrivateName(
-        "torch._inductor.lowering.constrain_to_fake_tensors", "attribute", callers="overlap_pass/direct_calls.py (Inductor calls it)"
-    ),
+        "torch._inductor.lowering.constrain_to_fake_tensors", "attribute",
+        callers="overlap_pass/direct_calls.py (Inductor calls it)",
+    ),  # fmt: skip
     PrivateName("torch._inductor.ir.FallbackKernel", "class", callers="overlap_pass/direct_calls.py"),
-    PrivateName("torch._inductor.ir.FallbackKernel.codegen", "method", ("wrapper",), callers="overlap_pass/direct_calls.py"),
+    PrivateName(
+        "torch._inductor.ir.FallbackKernel.codegen", "method", ("wrapper",), callers="overlap_pass/direct_calls.py"
+    ),
     PrivateName("torch._inductor.virtualized.V", "attribute", callers="overlap_pass/direct_calls.py"),
     PrivateName("torch._dynamo.reset", "function", callers="tools: bench_model, bench_torchtitan"),
     PrivateName("torch._dynamo.config.recompile_limit", "attribute", callers="tools: bench_model, bench_torchtitan"),

@@ -191,8 +191,9 @@ def test_outputs_made_anew_as_laid_out(monkeypatch):
     template = (None, [torch.empty(3, 4).t(), torch.empty(2, dtype=torch.bfloat16)])
     again = replay.output_maker(template, torch.device("cuda", 1))()
     assert isinstance(again, tuple) and again[0] is None and isinstance(again[1], list)
-    assert [(t.shape, t.stride(), t.dtype) for t in again[1]] == [((4, 3), (1, 4), torch.float32), ((2,), (1,), torch.bfloat16)]
-    assert made == [((4, 3), (1, 4), torch.float32), ((2,), (1,), torch.bfloat16)]
+    laid_out = [((4, 3), (1, 4), torch.float32), ((2,), (1,), torch.bfloat16)]
+    assert [(t.shape, t.stride(), t.dtype) for t in again[1]] == laid_out
+    assert made == laid_out
     # another current device: the caller allocates; so it does for tensors off CUDA
     assert replay.output_maker(template, torch.device("cuda", 0))() is None
     assert replay.output_maker(template, torch.device("cpu"))() is None
