@@ -56,13 +56,14 @@ def call(signature: tuple, run, args: tuple, outputs, tensors, workspace) -> Non
     """``run(*args, outputs=outputs)``, from a graph where this call's addresses were seen
     before. ``tensors``: every tensor the call reads or writes (None entries skipped);
     ``workspace``: the symm.Workspace it runs on."""
-    if not config.hot().op_graphs or torch.cuda.is_current_stream_capturing():
+    knobs = config.hot()
+    if not knobs.op_graphs or torch.cuda.is_current_stream_capturing():
         run(*args, outputs=outputs)
         return
     state = _SIGNATURES.get(signature)
     if state is None:
         state = _SIGNATURES[signature] = _Signature()
-    addresses = graph_key(workspace, tensors)
+    addresses = graph_key(workspace, tensors, knobs.spin_limit)
     graph = state.graphs.get(addresses)
     if graph is not None:
         stats["replayed"] += 1
@@ -117,10 +118,11 @@ def _maker(template, empty_strided):
     return lambda: kind([make() for make in parts])
 
 
-def graph_key(workspace, tensors) -> tuple:
+def graph_key(workspace, tensors, spin_limit: int) -> tuple:
     """What a call's graph is kept under within its signature: the workspace's allocation, the
-    spin limit and the address of every tensor the call reads or writes (None entries skipped)."""
-    return (workspace.generation, config.hot().spin_limit, *(t.data_ptr() for t in tensors if t is not None))
+    spin limit (config.spin_limit, baked into the graph) and the address of every tensor the
+    call reads or writes (None entries skipped)."""
+    return (workspace.generation, spin_limit, *(t.data_ptr() for t in tensors if t is not None))
 
 
 def graphs_held() -> tuple[int, int]:

@@ -29,17 +29,13 @@ _LOWERED: set = set()  # the ops whose lowering is this module's
 
 
 def call(name: str, /, *args, **kwargs):
-    """The op ``name``'s CUDA kernel on these arguments, as the dispatcher would call it."""
-    if _profiling():
+    """The op ``name``'s CUDA kernel on these arguments, as the dispatcher would call it; under
+    torch's profiler the op itself, which the trace then names. (The profiler's state is read
+    here, not through lowering/torch_compat.py: this runs on every call, and the lowering is
+    imported on first use.)"""
+    if torch._C._autograd._profiler_enabled():
         return ops.overload(name)(*args, **kwargs)
     return ops.cuda_kernel(name, *args, **kwargs)
-
-
-def _profiling() -> bool:
-    """Whether torch's profiler records (the calls then go through the op, which names them in
-    the trace). Read here, not through lowering/torch_compat.py: this runs on every call, and
-    the lowering is imported on first use."""
-    return torch._C._autograd._profiler_enabled()
 
 
 def attribute(name: str) -> str:

@@ -410,12 +410,11 @@ def matmul_reduce_scatter_tail_reference(*args):
 
 def is_registered(name: str) -> bool:
     """``name``: an op ("all_reduce") or an overload ("matmul_reduce_scatter.tail")."""
-    op_name, _, overload = name.partition(".")
     try:
-        packet = getattr(torch.ops.overlap, op_name)
+        overload(name)
     except (AttributeError, RuntimeError):
         return False
-    return not overload or overload in packet.overloads()
+    return True
 
 
 def overload(name: str):

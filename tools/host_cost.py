@@ -75,7 +75,7 @@ def _resolved_run():
 def _layers(kind: str, args, device) -> dict:
     """overlap's call of the op ``kind`` at each layer (see the module's docstring), as
     functions of no arguments."""
-    from overlap_pass import direct_calls, ops
+    from overlap_pass import config, direct_calls, ops
     from overlap_pass.lowering import dispatch, replay, symm
 
     op, entry = ops.overload(kind), getattr(dispatch, kind)
@@ -98,7 +98,7 @@ def _layers(kind: str, args, device) -> dict:
     layers["replay"] = lambda: replay.call(signature, variant, args, outputs, tensors, ws)
     for _ in range(3):
         layers["replay"]()
-    graph = replay._SIGNATURES[signature].graphs.get(replay.graph_key(ws, tensors))
+    graph = replay._SIGNATURES[signature].graphs.get(replay.graph_key(ws, tensors, config.hot().spin_limit))
     if graph is not None:
         layers["workspace"] = lambda: ws.replay(graph)
         layers["graph"] = graph.replay
