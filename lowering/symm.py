@@ -35,6 +35,7 @@ missed a call stays an epoch behind its peers for good.
 
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import itertools
 import logging
@@ -147,7 +148,9 @@ def outside_graph_pool(device: torch.device, setup, *args):
         except BaseException as error:  # raised again on the caller's thread
             outcome["error"] = error
 
-    thread = threading.Thread(target=run, name=_SETUP_THREAD)
+    # in a copy of the caller's context: from torch 2.13 on, config modules (overlap's knobs,
+    # Inductor's) keep what code sets in context variables, which a new thread sees unset
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(run,), name=_SETUP_THREAD)
     thread.start()
     thread.join()
     if "error" in outcome:

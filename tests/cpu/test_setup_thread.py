@@ -66,3 +66,16 @@ def test_graph_trees_that_cannot_be_asked_count_as_warming_up(stubbed_cuda, monk
     monkeypatch.setattr(symm.torch_compat, "graph_trees_warming_up", moved)
     thread = symm.outside_graph_pool(torch.device("cuda", 0), threading.current_thread)
     assert thread is not threading.current_thread() and thread.name == "overlap-setup"
+
+
+def test_setup_sees_the_knobs_its_caller_set(stubbed_cuda):
+    """From torch 2.13 on, what code sets in a config module lives in a context variable: the
+    setup thread runs in a copy of the caller's context, so a measurement there reads the
+    knobs as the caller set them (the choice cache, the spin limit, a forced variant)."""
+    from overlap_pass import config
+
+    def knobs():
+        return config.spin_limit, config.hot().spin_limit
+
+    with config.patch(spin_limit=1234):
+        assert symm.outside_graph_pool(torch.device("cuda", 0), knobs) == (1234, 1234)
