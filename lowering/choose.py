@@ -53,6 +53,7 @@ import torch
 import torch.distributed as dist
 
 from overlap_pass import config
+from overlap_pass.templates.launch import compiling_ahead
 
 from . import symm, torch_compat
 
@@ -366,8 +367,10 @@ def _measure(variants: dict, args: tuple, group, device, graphs: bool = False) -
     ``graphs``, of one call replayed in a CUDA graph (no host time)."""
     names = list(variants)
     reference = _outputs(variants[BASELINE](*args))
-    # a variant is out for every rank if it is out for one, so that all time the same ones
-    usable = _first_calls(variants, names, args, group, device, reference)
+    # a variant is out for every rank if it is out for one, so that all time the same ones;
+    # the first fused call's other configs compile on threads meanwhile (templates/launch.py)
+    with compiling_ahead():
+        usable = _first_calls(variants, names, args, group, device, reference)
     del reference  # (timing compares nothing: its memory is the samples')
     runs = {n: functools.partial(_calls, variants[n], args) for n in names if usable[n]}
     captured = _capture_all(variants, runs, args, group, device) if graphs else {}
@@ -485,7 +488,9 @@ class Trial:
         if self.untried:
             name = self.untried.pop(0)
             result = variants[BASELINE](*args)
-            if _first_calls(variants, [name], args, group, device, _outputs(result))[name]:
+            with compiling_ahead():  # the variants tried at later calls compile meanwhile
+                ok = _first_calls(variants, [name], args, group, device, _outputs(result))
+            if ok[name]:
                 self.usable.append(name)
             return result
         if not self.order:

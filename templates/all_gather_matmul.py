@@ -24,6 +24,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .gemm import (
     CONFIGS,
     FLOAT8,
+    FLOAT8_CONFIGS,
     GemmConfig,
     b_descriptor,
     chunk_tiles,
@@ -38,7 +39,7 @@ from .gemm import (
     tma_mainloop,
     tma_operand,
 )
-from .launch import TOKEN_COUNTS, DirectKernel
+from .launch import TOKEN_COUNTS, DirectKernel, compiles_other_configs
 from .signals import wait_flag, wait_flag_in_pipeline
 from .tiles import block_rows, chunk_tile, tile_counts
 
@@ -295,6 +296,7 @@ def own_rows(a: torch.Tensor, rank: int, world_size: int, inner: int) -> torch.T
     return chunk.reshape(outer * inner, a.shape[-1])
 
 
+@compiles_other_configs(CONFIGS, FLOAT8_CONFIGS)
 def all_gather_matmul_consumer(
     a_gathered: torch.Tensor,
     mat2s: list[torch.Tensor],

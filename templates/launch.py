@@ -12,7 +12,22 @@ whether its address is 16-byte aligned, an int's width and whether it is 1 or a 
 a tensor descriptor's dtype and block, a tuple's elements each; the constexprs and launch
 options as given. A kernel's ``do_not_specialize`` ints are keyed as the others (Triton then hands
 the same compiled kernel to each key).
+
+Compiling ahead: a variant's first call compiles its kernels (the persistent GEMMs take 0.4 to
+2.1 s each for sm_90a), and a shape's first measurement (choose.py) calls every variant, one
+after another. Triton compiles mostly outside the GIL, so threads take them at once: 11 of the
+GEMM kernels compiled in 13.1 s one after another and in 2.8 s on 8 threads (16 cores,
+2026-11-29). Inside ``compiling_ahead()``, a template decorated ``compiles_other_configs`` hands,
+before its call's first compile, what the same call would launch under each other config of its
+family to a thread pool (``compile_only``: the kernels are compiled, nothing is launched), and a
+launch whose kernel is still compiling there waits for it instead of compiling it again.
 """
+
+import concurrent.futures
+import contextlib
+import contextvars
+import functools
+import os
 
 import torch
 from triton import knobs
@@ -68,18 +83,42 @@ class DirectKernel:
     def __init__(self, kernel):
         self.kernel = kernel
         self._compiled: dict[tuple, tuple] = {}
+        self._pending: dict[tuple, concurrent.futures.Future] = {}  # compiling on the pool
+
+    def _compile_on_pool(self, key: tuple, device: int, grid, args: tuple, meta: dict) -> None:
+        if key in self._pending:
+            return
+        kernel = self.kernel
+        caches = getattr(kernel, "device_caches", None)  # (a defaultdict in triton 3.6 to 3.9)
+        if caches is not None:
+            caches[device]  # the JIT's cache of this device made here, not by two pool threads at once
+
+        def compile_kernel():
+            with torch.cuda.device(device):
+                kernel.warmup(*args, grid=grid, **meta)
+
+        self._pending[key] = _pool().submit(compile_kernel)
 
     def __getitem__(self, grid):
         return lambda *args, **meta: self.launch(grid, args, meta)
 
     def launch(self, grid, args: tuple, meta: dict) -> None:
         if not isinstance(self.kernel, JITFunction) or _hooked():
-            self.kernel[grid](*args, **meta)
+            if not _COMPILE_ONLY.get():
+                self.kernel[grid](*args, **meta)
             return
         device = torch.cuda.current_device()
         key = (device, tuple(meta.items()), specialization(args))
         entry = self._compiled.get(key)
         if entry is None:
+            if _COMPILE_ONLY.get():
+                self._compile_on_pool(key, device, grid, args, meta)
+                return
+            pending = self._pending.pop(key, None)
+            if pending is not None:
+                pending.exception()  # waits; a compile that failed there fails again here, raised
+            else:
+                _before_first_compile()
             self._compiled[key] = (self.kernel[grid](*args, **meta), self._constexprs(len(args), meta))
             return
         compiled, constexprs = entry
@@ -99,3 +138,74 @@ class DirectKernel:
                 "then the constexprs by name"
             )
         return tuple(meta.get(p.name, p.default) for p in params[num_args:])
+
+
+_AHEAD = contextvars.ContextVar("overlap_compiling_ahead", default=False)
+_COMPILE_ONLY = contextvars.ContextVar("overlap_compile_only", default=False)
+# what a template call runs before its first compile (compiles_other_configs), once
+_BEFORE_COMPILE = contextvars.ContextVar("overlap_before_compile", default=None)
+
+
+@functools.cache
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="overlap-compile")
+
+
+@contextlib.contextmanager
+def compiling_ahead():
+    """While open, templates decorated ``compiles_other_configs`` compile their other configs'
+    kernels on a thread pool at their first compile (module docstring)."""
+    token = _AHEAD.set(True)
+    try:
+        yield
+    finally:
+        _AHEAD.reset(token)
+
+
+def compile_only(launch_fn, *args, **kwargs) -> None:
+    """``launch_fn(*args, **kwargs)`` with every DirectKernel launch it makes compiled on the
+    pool instead of launched. What it cannot build (a config that does not fit these operands)
+    is left to the call that runs that config, which raises it there."""
+    token = _COMPILE_ONLY.set(True)
+    try:
+        launch_fn(*args, **kwargs)
+    except Exception:
+        pass
+    finally:
+        _COMPILE_ONLY.reset(token)
+
+
+def _before_first_compile() -> None:
+    hook = _BEFORE_COMPILE.get()
+    if hook is not None:
+        _BEFORE_COMPILE.set(None)
+        hook()
+
+
+def compiles_other_configs(*families):
+    """Decorates a template ``launch_fn(..., config=...)``: inside ``compiling_ahead()``, a call
+    whose launches compile a kernel first has the same call under each other config of the
+    family that holds its own (``families``: lists of configs) compiled on the pool."""
+
+    def decorate(launch_fn):
+        @functools.wraps(launch_fn)
+        def launch(*args, **kwargs):
+            if not _AHEAD.get() or _COMPILE_ONLY.get():
+                return launch_fn(*args, **kwargs)
+            config = kwargs.get("config")
+            family = next((f for f in families if config in f), ())
+
+            def others() -> None:
+                for other in family:
+                    if other != config:
+                        compile_only(launch_fn, *args, **{**kwargs, "config": other})
+
+            token = _BEFORE_COMPILE.set(others)
+            try:
+                return launch_fn(*args, **kwargs)
+            finally:
+                _BEFORE_COMPILE.reset(token)
+
+        return launch
+
+    return decorate

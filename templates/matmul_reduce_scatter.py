@@ -41,7 +41,9 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .gemm import (
+    CONFIGS,
     FLOAT8,
+    FLOAT8_CONFIGS,
     GemmConfig,
     b_descriptor,
     chunk_tiles,
@@ -54,7 +56,7 @@ from .gemm import (
     tma_fits,
     tma_mainloop,
 )
-from .launch import TOKEN_COUNTS, DirectKernel
+from .launch import TOKEN_COUNTS, DirectKernel, compiles_other_configs
 from .signals import WAIT_FOR_PEERS, wait_flag, wait_flag_in_pipeline
 from .tiles import block_rows, chunk_tile, program_chunk_tile_count, tile_counts
 
@@ -304,6 +306,7 @@ def check_protocol_args(dest_ptrs, flag_ptrs, counters, world_size: int) -> None
         raise ValueError(f"counters must be {world_size} int32 words")
 
 
+@compiles_other_configs(CONFIGS, FLOAT8_CONFIGS)
 def matmul_reduce_scatter_producer(
     a: torch.Tensor,
     mat2: torch.Tensor,

@@ -2,7 +2,11 @@
 separate kernels for (a shared key would run a kernel specialized for other arguments), and
 must pass constexprs in the order the compiled launcher takes them."""
 
+import collections
+import contextlib
 import itertools
+import threading
+import time
 
 import pytest
 import torch
@@ -12,6 +16,7 @@ from triton.backends.nvidia.compiler import CUDABackend
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from overlap_pass.templates import launch
 from overlap_pass.templates.launch import DirectKernel, specialization
 
 
@@ -66,3 +71,78 @@ def test_no_launch_hook_is_set_by_default():
     from overlap_pass.templates.launch import _hooked
 
     assert not _hooked()
+
+
+class _Compiles:
+    """Stands for the JIT's run (CUDA calls stubbed): each call takes COMPILE_S, as a compile
+    would; what ran, on which thread, when, is recorded."""
+
+    COMPILE_S = 0.3
+
+    def __init__(self, monkeypatch, fails=()):
+        self.events, self.fails = [], fails
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+
+    def __call__(self, *args, grid, warmup, **meta):
+        start = time.monotonic()
+        if meta["BLOCK"] in self.fails:
+            raise RuntimeError(f"BLOCK={meta['BLOCK']} does not compile")
+        time.sleep(self.COMPILE_S * (2 if warmup else 1))  # the pool's outlast the call's own
+        self.events.append((meta["BLOCK"], warmup, threading.current_thread().name, start, time.monotonic()))
+        return object()
+
+
+def _template(compiles, family):
+    jit = JITFunction(_kernel)
+    jit.run = compiles  # what kernel[grid](...) and kernel.warmup(...) call
+    jit.device_caches = collections.defaultdict(lambda: None)  # (the JIT's own asks for a driver)
+    direct = DirectKernel(jit)
+
+    @launch.compiles_other_configs(family)
+    def template(x, *, config):
+        if config == 999:
+            raise ValueError("no such blocks for these operands")
+        direct[(1,)](x, 16, BLOCK=config)
+
+    return template
+
+
+def test_outside_a_measurement_a_call_compiles_its_own_kernel_alone(monkeypatch):
+    compiles = _Compiles(monkeypatch)
+    _template(compiles, [16, 32, 64])(torch.empty(4), config=16)
+    assert [(block, warmup) for block, warmup, *_ in compiles.events] == [(16, False)]
+
+
+def test_a_first_compile_has_the_other_configs_compiled_on_threads_at_once(monkeypatch):
+    compiles = _Compiles(monkeypatch)
+    template = _template(compiles, [16, 32, 64, 999])
+    x = torch.empty(4)
+    with launch.compiling_ahead():
+        template(x, config=16)  # 32 and 64 compile on the pool beside 16 (999 does not build)
+        ran = {block: (warmup, thread) for block, warmup, thread, *_ in compiles.events}
+        assert ran[16] == (False, threading.current_thread().name)
+        template(x, config=32)  # waits for its compile on the pool, then launches
+        template(x, config=64)
+    pool = [e for e in compiles.events if e[1]]
+    assert sorted(e[0] for e in pool) == [32, 64] and all(e[2].startswith("overlap-compile") for e in pool)
+    own = next(e for e in compiles.events if e[0] == 16)
+    # all three compiled at once: each pool compile started before the call's own one ended
+    assert all(e[3] < own[4] for e in pool), compiles.events
+    for block in (32, 64):  # each launched after its compile on the pool was done
+        done = next(e[4] for e in pool if e[0] == block)
+        launched = next(e[3] for e in compiles.events if e[0] == block and not e[1])
+        assert launched >= done
+
+
+def test_compiling_only_launches_nothing_and_a_failed_compile_is_the_call_s_to_raise(monkeypatch):
+    compiles = _Compiles(monkeypatch, fails=(32,))
+    template = _template(compiles, [16, 32])
+    with launch.compiling_ahead():
+        template(torch.empty(4), config=16)
+        with pytest.raises(RuntimeError, match="BLOCK=32 does not compile"):
+            template(torch.empty(4), config=32)
+    launch.compile_only(template, torch.empty(4), config=64)
+    launch._pool().shutdown(wait=True)  # (the pool is made again at its next use)
+    launch._pool.cache_clear()
+    assert not any(block == 64 and not warmup for block, warmup, *_ in compiles.events)
