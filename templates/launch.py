@@ -94,8 +94,11 @@ class DirectKernel:
             caches[device]  # the JIT's cache of this device made here, not by two pool threads at once
 
         def compile_kernel():
-            with torch.cuda.device(device):
-                kernel.warmup(*args, grid=grid, **meta)
+            try:
+                with torch.cuda.device(device):
+                    kernel.warmup(*args, grid=grid, **meta)
+            except Exception:  # not kept: its traceback's frames would hold the call's tensors
+                pass  # the launch of this config compiles it again and raises there
 
         self._pending[key] = _pool().submit(compile_kernel)
 
@@ -116,7 +119,7 @@ class DirectKernel:
                 return
             pending = self._pending.pop(key, None)
             if pending is not None:
-                pending.exception()  # waits; a compile that failed there fails again here, raised
+                pending.result()  # waits; a compile that failed there fails again below, raised
             else:
                 _before_first_compile()
             self._compiled[key] = (self.kernel[grid](*args, **meta), self._constexprs(len(args), meta))
@@ -189,7 +192,7 @@ def compiles_other_configs(*families):
 
     def decorate(launch_fn):
         @functools.wraps(launch_fn)
-        def launch(*args, **kwargs):
+        def call(*args, **kwargs):
             if not _AHEAD.get() or _COMPILE_ONLY.get():
                 return launch_fn(*args, **kwargs)
             config = kwargs.get("config")
@@ -206,6 +209,6 @@ def compiles_other_configs(*families):
             finally:
                 _BEFORE_COMPILE.reset(token)
 
-        return launch
+        return call
 
     return decorate

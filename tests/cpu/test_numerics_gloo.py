@@ -1,6 +1,7 @@
 """Compiled with backend="overlap" on real gloo ranks, equal to eager in float32."""
 
 import collections
+import itertools
 
 import pytest
 
@@ -9,13 +10,17 @@ from tests.plain_tp_cases import AGM, MRS, SPLIT
 
 from . import numerics_cases as cases
 
-# at W=2 Inductor's full compile (its kernels, its lowering of overlap's ops); the float8 tests
-# but one stop after the post-grad passes (tests/rank_pool.py)
+# at W=2 Inductor's full compile (its kernels, its lowering of overlap's ops), but where a
+# case is marked graphs_only: the float8 tests but one, and repeats of a lowering another case
+# compiles fully (bias or none, reduce op, shape) stop after the post-grad passes
+# (tests/rank_pool.py)
 pytestmark = pytest.mark.kernels
 
 # W=8's numerics are the MLP's (test_tp_mlp): 8 ranks compiling the block on CI's two cores took
 # 80 s; the block's decisions at W=8 are test_graphs_fake_pg.py's
-@pytest.mark.parametrize("world_size, bias", [(2, False), (2, True), (4, False), (4, True)])
+@pytest.mark.parametrize(
+    "world_size, bias", [pytest.param(2, False, marks=pytest.mark.graphs_only), (2, True), (4, False), (4, True)]
+)
 def test_tp_transformer_block(gloo_world, world_size, bias):
     decisions = gloo_world(world_size).run(cases.tp_block, bias)
     assert all(d == decisions[0] for d in decisions), "ranks decided differently"
@@ -34,7 +39,10 @@ def test_tp_transformer_block_under_autocast(gloo_world):
     assert sorted(decisions[0]) == [(AGM, True, None)] * 4 + [(MRS, True, None)] * 4, decisions[0]
 
 
-@pytest.mark.parametrize("world_size, bias, batch", [(2, False, 1), (2, True, 4), (4, True, 1), (4, False, 4)])
+@pytest.mark.parametrize(
+    "world_size, bias, batch",
+    [pytest.param(2, False, 1, marks=pytest.mark.graphs_only), (2, True, 4), (4, True, 1), (4, False, 4)],
+)
 def test_plain_tp_block(gloo_world, world_size, bias, batch):
     """No sequence parallel: forward and backward equal eager at fp32 tolerance with every
     all-reduce split; the split's reduce-scatters fuse with the row-parallel matmuls and its
@@ -57,6 +65,7 @@ def test_plain_tp_block_at_token_counts_not_divisible_by_the_world(gloo_world, w
     assert [d[:2] for d in decisions[0]] == [d[:2] for d in plain_tp_cases.block_decisions()], decisions[0]
 
 
+@pytest.mark.graphs_only  # (the SP block under autocast compiles fully)
 def test_plain_tp_block_under_autocast(gloo_world):
     """bf16 matmuls and all-reduces, an fp32 residual stream and norms: split as in fp32, every
     reduce-scatter and the FFN's gather fused; numerics as eager's, to bf16."""
@@ -91,13 +100,18 @@ def test_tp_mlp(gloo_world, world_size, bias):
     assert decisions == [(AGM, True, None)] * 2 + [(MRS, True, None)] * 2
 
 
-@pytest.mark.parametrize(
-    "shape, gather_dim",
-    [((6, 8), 0), ((2, 3, 8), 0), ((2, 3, 8), 1), ((3, 2, 5, 8), 2)],
-    ids=["2d", "3d-dim0", "3d-dim1", "4d-dim2"],
-)
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("reduce_op", ["sum", "avg"])
+def _functional_mlp_cases():
+    """Every shape, bias and reduce op; each shape compiles fully at one of its four (both
+    biases and both reduce ops among those), the rest stop after the post-grad passes."""
+    shapes = [((6, 8), 0, "2d"), ((2, 3, 8), 0, "3d-dim0"), ((2, 3, 8), 1, "3d-dim1"), ((3, 2, 5, 8), 2, "4d-dim2")]
+    fully = [(False, "sum"), (True, "avg"), (True, "sum"), (False, "avg")]
+    for (shape, gather_dim, name), full in zip(shapes, fully):
+        for bias, reduce_op in itertools.product((False, True), ("sum", "avg")):
+            marks = () if (bias, reduce_op) == full else pytest.mark.graphs_only
+            yield pytest.param(shape, gather_dim, bias, reduce_op, id=f"{reduce_op}-{bias}-{name}", marks=marks)
+
+
+@pytest.mark.parametrize("shape, gather_dim, bias, reduce_op", _functional_mlp_cases())
 def test_functional_collectives_mlp(gloo_world, shape, gather_dim, bias, reduce_op):
     (decisions, *_) = gloo_world(2).run(cases.functional_mlp, shape, gather_dim, bias, reduce_op)
     assert decisions == [(AGM, True, None), (MRS, True, None)]
@@ -111,12 +125,22 @@ def test_reduce_scatter_of_a_moved_dim(gloo_world, world_size, shape, gather_dim
     assert decisions == [(AGM, True, None), (MRS, True, None)]
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-@pytest.mark.parametrize(
-    "shape, gather_dim", [((6, 8), 0), ((2, 3, 8), 1)], ids=["2d", "3d-dim1"]
-)
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("checkpointed", [False, True], ids=["saved", "recomputed"])
+def _functional_training_cases():
+    """W=2 and 4, two shapes, with and without a bias, saved and recomputed; at W=2 two of
+    them compile fully (each shape once, a bias and checkpointing each once), the rest stop
+    after the post-grad passes."""
+    fully = {(2, "2d", True, False), (2, "3d-dim1", False, True)}
+    for world_size, (shape, gather_dim, name), bias, checkpointed in itertools.product(
+        (2, 4), [((6, 8), 0, "2d"), ((2, 3, 8), 1, "3d-dim1")], (False, True), (False, True)
+    ):
+        marks = () if (world_size, name, bias, checkpointed) in fully else pytest.mark.graphs_only
+        saved = "recomputed" if checkpointed else "saved"
+        yield pytest.param(
+            world_size, shape, gather_dim, bias, checkpointed, id=f"{saved}-{bias}-{name}-{world_size}", marks=marks
+        )
+
+
+@pytest.mark.parametrize("world_size, shape, gather_dim, bias, checkpointed", _functional_training_cases())
 def test_functional_mlp_forward_and_backward(gloo_world, world_size, shape, gather_dim, bias, checkpointed):
     """The weight grads contract the gathered rows: of down, the gathered output grad; of up,
     the gathered input (recomputed under checkpointing: its all-gather then feeds nothing
