@@ -369,7 +369,7 @@ def _measure(variants: dict, args: tuple, group, device, graphs: bool = False) -
     reference = _outputs(variants[BASELINE](*args))
     # a variant is out for every rank if it is out for one, so that all time the same ones;
     # the first fused call's other configs compile on threads meanwhile (templates/launch.py)
-    with compiling_ahead():
+    with compiling_ahead(config.compile_ahead):
         usable = _first_calls(variants, names, args, group, device, reference)
     del reference  # (timing compares nothing: its memory is the samples')
     runs = {n: functools.partial(_calls, variants[n], args) for n in names if usable[n]}
@@ -488,7 +488,7 @@ class Trial:
         if self.untried:
             name = self.untried.pop(0)
             result = variants[BASELINE](*args)
-            with compiling_ahead():  # the variants tried at later calls compile meanwhile
+            with compiling_ahead(config.compile_ahead):  # the variants tried at later calls compile meanwhile
                 ok = _first_calls(variants, [name], args, group, device, _outputs(result))
             if ok[name]:
                 self.usable.append(name)

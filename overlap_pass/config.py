@@ -153,6 +153,13 @@ measure_bucket_after: int = int(os.environ.get("OVERLAP_PASS_MEASURE_BUCKET_AFTE
 # measured at once. Choices made while CUDA graph trees warm a model up are measured at once.
 measure_over_calls: bool = Config(default=False, env_name_default="OVERLAP_PASS_MEASURE_OVER_CALLS")
 
+# During a choice's measurement, the first fused call that compiles a kernel has the same call's
+# kernels under the other GEMM configs compiled on a thread pool beside its own (up to 8 threads
+# a process), so that the other configs' first calls find them compiled (templates/launch.py):
+# the four configs' first calls of each op took 11 s in all against 20-23 s one after another
+# (one H200, empty Triton cache). Off: each config compiles at its own first call.
+compile_ahead: bool = Config(default=True, env_name_default="OVERLAP_PASS_COMPILE_AHEAD")
+
 # Polls before a wait on a peer gives up (barrier, chunk flags). It then records which rank or
 # chunk it missed and the op raises ChunkTimeout (at the latest 16 calls later). Each poll is a
 # system-scope atomic read, about a microsecond: the default gives up after some ten minutes,

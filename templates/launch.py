@@ -155,10 +155,11 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
 
 
 @contextlib.contextmanager
-def compiling_ahead():
+def compiling_ahead(enabled: bool = True):
     """While open, templates decorated ``compiles_other_configs`` compile their other configs'
-    kernels on a thread pool at their first compile (module docstring)."""
-    token = _AHEAD.set(True)
+    kernels on a thread pool at their first compile (module docstring); not where ``enabled``
+    is false (config.compile_ahead)."""
+    token = _AHEAD.set(enabled)
     try:
         yield
     finally:

@@ -111,7 +111,9 @@ def _template(compiles, family):
 def test_outside_a_measurement_a_call_compiles_its_own_kernel_alone(monkeypatch):
     compiles = _Compiles(monkeypatch)
     _template(compiles, [16, 32, 64])(torch.empty(4), config=16)
-    assert [(block, warmup) for block, warmup, *_ in compiles.events] == [(16, False)]
+    with launch.compiling_ahead(enabled=False):  # config.compile_ahead off
+        _template(compiles, [16, 32, 64])(torch.empty(4), config=32)
+    assert [(block, warmup) for block, warmup, *_ in compiles.events] == [(16, False), (32, False)]
 
 
 def test_a_first_compile_has_the_other_configs_compiled_on_threads_at_once(monkeypatch):
