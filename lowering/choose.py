@@ -488,7 +488,8 @@ class Trial:
         if self.untried:
             name = self.untried.pop(0)
             result = variants[BASELINE](*args)
-            with compiling_ahead(config.compile_ahead):  # the variants tried at later calls compile meanwhile
+            # the variants tried at later calls compile meanwhile, behind the model's steps
+            with compiling_ahead(config.compile_ahead, wait=False):
                 ok = _first_calls(variants, [name], args, group, device, _outputs(result))
             if ok[name]:
                 self.usable.append(name)

@@ -27,6 +27,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import functools
+import logging
 import os
 
 import torch
@@ -34,6 +35,8 @@ from triton import knobs
 from triton.runtime.jit import JITFunction
 
 from overlap_pass.lowering import torch_compat
+
+log = logging.getLogger("overlap_pass")
 
 
 # the kernels' ints that change with a call's token count (the rows of a chunk, the chunks'
@@ -100,7 +103,10 @@ class DirectKernel:
             except Exception:  # not kept: its traceback's frames would hold the call's tensors
                 pass  # the launch of this config compiles it again and raises there
 
-        self._pending[key] = _pool().submit(compile_kernel)
+        self._pending[key] = future = _pool().submit(compile_kernel)
+        started = _AHEAD.get()
+        if isinstance(started, list):
+            started.append(future)
 
     def __getitem__(self, grid):
         return lambda *args, **meta: self.launch(grid, args, meta)
@@ -113,15 +119,15 @@ class DirectKernel:
         device = torch.cuda.current_device()
         key = (device, tuple(meta.items()), specialization(args))
         entry = self._compiled.get(key)
-        if entry is None:
-            if _COMPILE_ONLY.get():
+        if _COMPILE_ONLY.get():  # compiled or compiling: nothing to do; never launched
+            if entry is None:
                 self._compile_on_pool(key, device, grid, args, meta)
-                return
+            return
+        if entry is None:
+            _before_first_compile()  # (its configs may share this key: then it compiles there)
             pending = self._pending.pop(key, None)
             if pending is not None:
                 pending.result()  # waits; a compile that failed there fails again below, raised
-            else:
-                _before_first_compile()
             self._compiled[key] = (self.kernel[grid](*args, **meta), self._constexprs(len(args), meta))
             return
         compiled, constexprs = entry
@@ -143,7 +149,8 @@ class DirectKernel:
         return tuple(meta.get(p.name, p.default) for p in params[num_args:])
 
 
-_AHEAD = contextvars.ContextVar("overlap_compiling_ahead", default=False)
+# inside compiling_ahead(): the compiles it started (a list), else None
+_AHEAD = contextvars.ContextVar("overlap_compiling_ahead", default=None)
 _COMPILE_ONLY = contextvars.ContextVar("overlap_compile_only", default=False)
 # what a template call runs before its first compile (compiles_other_configs), once
 _BEFORE_COMPILE = contextvars.ContextVar("overlap_before_compile", default=None)
@@ -151,19 +158,28 @@ _BEFORE_COMPILE = contextvars.ContextVar("overlap_before_compile", default=None)
 
 @functools.cache
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    return concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="overlap-compile")
+    """Up to 8 threads, and no more than this process's share of the cores it may run on
+    (torchrun's LOCAL_WORLD_SIZE processes share them)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    share = cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    return concurrent.futures.ThreadPoolExecutor(max(1, min(8, share)), thread_name_prefix="overlap-compile")
 
 
 @contextlib.contextmanager
-def compiling_ahead(enabled: bool = True):
+def compiling_ahead(enabled: bool = True, wait: bool = True):
     """While open, templates decorated ``compiles_other_configs`` compile their other configs'
     kernels on a thread pool at their first compile (module docstring); not where ``enabled``
-    is false (config.compile_ahead)."""
-    token = _AHEAD.set(enabled)
+    is false (config.compile_ahead). With ``wait``, leaving waits for the compiles it started
+    (the ones no call waited for: configs no variant runs), so that none takes the host's time
+    from what follows (a measurement's timing)."""
+    started = [] if enabled else None
+    token = _AHEAD.set(started)
     try:
         yield
     finally:
         _AHEAD.reset(token)
+        if wait and started:
+            concurrent.futures.wait(started)
 
 
 def compile_only(launch_fn, *args, **kwargs) -> None:
@@ -173,8 +189,8 @@ def compile_only(launch_fn, *args, **kwargs) -> None:
     token = _COMPILE_ONLY.set(True)
     try:
         launch_fn(*args, **kwargs)
-    except Exception:
-        pass
+    except Exception as error:
+        log.debug("overlap: compiling %s ahead with config %s: %s", launch_fn.__name__, kwargs.get("config"), error)
     finally:
         _COMPILE_ONLY.reset(token)
 
@@ -187,14 +203,15 @@ def _before_first_compile() -> None:
 
 
 def compiles_other_configs(*families):
-    """Decorates a template ``launch_fn(..., config=...)``: inside ``compiling_ahead()``, a call
-    whose launches compile a kernel first has the same call under each other config of the
-    family that holds its own (``families``: lists of configs) compiled on the pool."""
+    """Decorates a template ``launch_fn(..., config=...)`` (config by name): inside
+    ``compiling_ahead()``, a call whose launches compile a kernel first has the same call under
+    each other config of the family that holds its own (``families``: lists of configs)
+    compiled on the pool."""
 
     def decorate(launch_fn):
         @functools.wraps(launch_fn)
         def call(*args, **kwargs):
-            if not _AHEAD.get() or _COMPILE_ONLY.get():
+            if _AHEAD.get() is None or _COMPILE_ONLY.get():
                 return launch_fn(*args, **kwargs)
             config = kwargs.get("config")
             family = next((f for f in families if config in f), ())

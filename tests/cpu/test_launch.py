@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -75,14 +76,16 @@ def test_no_launch_hook_is_set_by_default():
 
 class _Compiles:
     """Stands for the JIT's run (CUDA calls stubbed): each call takes COMPILE_S, as a compile
-    would; what ran, on which thread, when, is recorded."""
+    would, and returns a compiled kernel whose launches (DirectKernel's path once compiled) are
+    recorded; what ran, on which thread, when, is recorded."""
 
-    COMPILE_S = 0.3
+    COMPILE_S = 0.5
 
     def __init__(self, monkeypatch, fails=()):
-        self.events, self.fails = [], fails
+        self.events, self.launched, self.fails = [], [], fails
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
         monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+        monkeypatch.setattr(launch.torch_compat, "current_raw_stream", lambda device: 0)
 
     def __call__(self, *args, grid, warmup, **meta):
         start = time.monotonic()
@@ -90,7 +93,10 @@ class _Compiles:
             raise RuntimeError(f"BLOCK={meta['BLOCK']} does not compile")
         time.sleep(self.COMPILE_S * (2 if warmup else 1))  # the pool's outlast the call's own
         self.events.append((meta["BLOCK"], warmup, threading.current_thread().name, start, time.monotonic()))
-        return object()
+        block = meta["BLOCK"]
+        return types.SimpleNamespace(
+            run=lambda *launch_args: self.launched.append(block), function=None, packed_metadata=None
+        )
 
 
 def _template(compiles, family):
@@ -137,14 +143,40 @@ def test_a_first_compile_has_the_other_configs_compiled_on_threads_at_once(monke
         assert launched >= done
 
 
-def test_compiling_only_launches_nothing_and_a_failed_compile_is_the_call_s_to_raise(monkeypatch):
+def test_compiling_only_launches_nothing(monkeypatch):
+    compiles = _Compiles(monkeypatch)
+    template, x = _template(compiles, [16, 32]), torch.empty(4)
+    template(x, config=16)  # compiled and launched
+    template(x, config=16)  # launched by DirectKernel itself
+    assert compiles.launched == [16]
+    launch.compile_only(template, x, config=16)  # compiled already: nothing at all
+    launch.compile_only(template, x, config=64)  # compiled on the pool, not launched
+    launch._pool().shutdown(wait=True)  # (the pool is made again at its next use)
+    launch._pool.cache_clear()
+    assert compiles.launched == [16]
+    assert [(block, warmup) for block, warmup, *_ in compiles.events] == [(16, False), (64, True)]
+
+
+def test_a_compile_that_failed_on_the_pool_is_raised_by_the_call_of_its_config(monkeypatch):
     compiles = _Compiles(monkeypatch, fails=(32,))
     template = _template(compiles, [16, 32])
     with launch.compiling_ahead():
         template(torch.empty(4), config=16)
         with pytest.raises(RuntimeError, match="BLOCK=32 does not compile"):
             template(torch.empty(4), config=32)
-    launch.compile_only(template, torch.empty(4), config=64)
-    launch._pool().shutdown(wait=True)  # (the pool is made again at its next use)
+
+
+def test_leaving_waits_for_the_compiles_no_call_waited_for(monkeypatch):
+    """A measurement's timing must not share the host with compiles of configs no variant ran;
+    a trial's first call leaves them to finish behind the model's steps."""
+    compiles = _Compiles(monkeypatch)
+    x = torch.empty(4)
+    with launch.compiling_ahead():
+        _template(compiles, [16, 32])(x, config=16)
+    assert sorted(block for block, *_ in compiles.events) == [16, 32]
+    with launch.compiling_ahead(wait=False):
+        _template(compiles, [16, 32])(x, config=16)
+    assert sorted(block for block, *_ in compiles.events) == [16, 16, 32]  # the second 32 compiling
+    launch._pool().shutdown(wait=True)
     launch._pool.cache_clear()
-    assert not any(block == 64 and not warmup for block, warmup, *_ in compiles.events)
+    assert sorted(block for block, *_ in compiles.events) == [16, 16, 32, 32]
