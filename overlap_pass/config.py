@@ -154,10 +154,11 @@ measure_bucket_after: int = int(os.environ.get("OVERLAP_PASS_MEASURE_BUCKET_AFTE
 measure_over_calls: bool = Config(default=False, env_name_default="OVERLAP_PASS_MEASURE_OVER_CALLS")
 
 # During a choice's measurement, the first fused call that compiles a kernel has the same call's
-# kernels under the other GEMM configs compiled on a thread pool beside its own (up to 8 threads
-# a process), so that the other configs' first calls find them compiled (templates/launch.py):
-# the four configs' first calls of each op took 11.5-12 s in all against 22-25 s one after another
-# (one H200, empty Triton cache). Off: each config compiles at its own first call.
+# kernels under the other GEMM configs compiled on a thread pool beside its own (up to 8 threads,
+# the process's share of its cores), so that the other configs' first calls find them compiled
+# (templates/launch.py): the four configs' first calls of each op took 11.5-12 s in all against
+# 22-25 s one after another (one H200, empty Triton cache). Off: each config compiles at its own
+# first call.
 compile_ahead: bool = Config(default=True, env_name_default="OVERLAP_PASS_COMPILE_AHEAD")
 
 # Polls before a wait on a peer gives up (barrier, chunk flags). It then records which rank or
