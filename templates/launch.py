@@ -106,7 +106,7 @@ class DirectKernel:
 
         self._pending[key] = future = _pool().submit(compile_kernel)
         started = _AHEAD.get()
-        if isinstance(started, list):
+        if started is not None:
             started.append(future)
 
     def __getitem__(self, grid):

@@ -13,6 +13,7 @@ printed beside each time.
 """
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -43,20 +44,21 @@ def _first_calls(ahead: bool, world: int, rows: int, k: int, n: int) -> list[tup
     def error(got, want) -> float:
         return ((got.float() - want).norm() / want.norm()).item()
 
+    # per op: its variants, one rank's call of a variant, and a call's worst error over the ranks
+    ops = [
+        ("all_gather_matmul", agm.variants(1), lambda v, r, g: v(shards[r], [weight], [None], 1, world, g),
+         lambda results: max(error(outs[0], gathered_ref) for _, outs in results)),
+        ("matmul_reduce_scatter", mrs.variants(1), lambda v, r, g: v([inputs[r]], [back], None, "sum", 1, world, g),
+         lambda results: max(error(out, scattered_ref[r]) for r, out in enumerate(results))),
+    ]  # fmt: skip
     found = []
     with compiling_ahead(ahead):
-        for name, variant in agm.variants(1).items():
-            if name.startswith("fused"):
-                start = time.perf_counter()
-                results = sim.run(prepare=sim.poison, call=lambda r, g: variant(shards[r], [weight], [None], 1, world, g))
-                took = time.perf_counter() - start
-                found.append((f"all_gather_matmul {name}", took, max(error(o[0], gathered_ref) for _, o in results)))
-        for name, variant in mrs.variants(1).items():
-            if name.startswith("fused"):
-                start = time.perf_counter()
-                outs = sim.run(prepare=sim.poison, call=lambda r, g: variant([inputs[r]], [back], None, "sum", 1, world, g))
-                took = time.perf_counter() - start
-                found.append((f"matmul_reduce_scatter {name}", took, max(error(o, scattered_ref[r]) for r, o in enumerate(outs))))
+        for op, variants, call, worst in ops:
+            for name, variant in variants.items():
+                if name.startswith("fused"):
+                    start = time.perf_counter()
+                    results = sim.run(prepare=sim.poison, call=functools.partial(call, variant))
+                    found.append((f"{op} {name}", time.perf_counter() - start, worst(results)))
     return found
 
 
