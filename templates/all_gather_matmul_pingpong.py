@@ -45,7 +45,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .all_gather_matmul import own_rows
 from .gemm import FLOAT8, sm_count, tma_operand
 from .gluon_hopper import async_tma_load
-from .launch import TOKEN_COUNTS
+from .launch import TOKEN_COUNTS, DirectKernel, compiles_other_configs
 
 TILE = 128  # a warpgroup's tile is TILE x TILE, in TILE-deep K blocks (128-byte float8 rows)
 BLOCK_M = BLOCK_N = BLOCK_K = gl.constexpr(TILE)  # (what the kernels read)
@@ -382,6 +382,9 @@ def all_gather_matmul_pingpong_kernel(
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])  # fmt: skip
 
 
+_KERNEL = DirectKernel(all_gather_matmul_pingpong_kernel)
+
+
 def usable(device: torch.device) -> bool:
     """Hopper (sm_90): wgmma and setmaxnreg as this kernel uses them."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
@@ -403,6 +406,7 @@ def fits(a_gathered: torch.Tensor, a_local: torch.Tensor, mat2s, outs) -> bool:
     return fits_float8(a_gathered, mat2s) and tma_operand(a_local) and all(o.stride(-1) == 1 for o in outs)
 
 
+@compiles_other_configs(CONFIGS)
 def all_gather_matmul_pingpong(
     a_gathered, mat2s, biases, outs, flags, epoch, *, rank, world_size, inner, scales, config, timeouts,
     spin_limit=1 << 30, a_local=None, num_programs=None,
@@ -431,7 +435,7 @@ def all_gather_matmul_pingpong(
         b_descs += b_descs[:1] * (MAX_B - len(group))
         ns = tuple(mat2.shape[1] for mat2, _, _, _ in group)
         tiles = world_size * outer * triton.cdiv(inner, TILE) * sum(triton.cdiv(n, TILE) for n in ns)
-        all_gather_matmul_pingpong_kernel[(min(programs, tiles),)](
+        _KERNEL[(min(programs, tiles),)](
             a_desc, a_local_desc, *b_descs, tuple(out for _, _, out, _ in group),
             tuple(out.stride(0) for _, _, out, _ in group),
             tuple(out if bias is None else bias for _, bias, out, _ in group), scales.a, a_local_scale,

@@ -62,8 +62,8 @@ def specialization(args) -> tuple:
             key.append((arg.dtype, arg.data_ptr() % 16 == 0))
         elif kind is tuple:  # specialized element by element
             key.append(specialization(arg))
-        elif hasattr(arg, "block_shape"):  # a host tensor descriptor
-            key.append((arg.base.dtype, tuple(arg.block_shape), getattr(arg, "padding", None)))
+        elif hasattr(arg, "block_shape"):  # a host tensor descriptor (Gluon's has a layout)
+            key.append((arg.base.dtype, tuple(arg.block_shape), getattr(arg, "padding", None), getattr(arg, "layout", None)))
         elif isinstance(arg, int):  # an int subclass (numpy's, sympy's)
             key.append(specialization((int(arg),))[0])
         else:  # floats: not specialized by value

@@ -58,7 +58,7 @@ from .all_gather_matmul_pingpong import PingpongConfig as PingpongConfig
 from .all_gather_matmul_pingpong import usable as usable
 from .gemm import sm_count
 from .gluon_hopper import thread_barrier
-from .launch import TOKEN_COUNTS
+from .launch import TOKEN_COUNTS, DirectKernel, compiles_other_configs
 from .matmul_reduce_scatter import check_protocol_args
 
 MAX_TERMS = MAX_B  # matmuls one launch sums (the loader's descriptors): Q, K, V's input gradient
@@ -203,6 +203,10 @@ def matmul_reduce_scatter_pingpong_kernel(
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])  # fmt: skip
 
 
+_KERNEL = DirectKernel(matmul_reduce_scatter_pingpong_kernel)
+
+
+@compiles_other_configs(CONFIGS)
 def matmul_reduce_scatter_pingpong(
     a, mat2, bias, dest_ptrs, flag_ptrs, counters, epoch, *, rank, world_size, config, scales, out_dtype,
     fast_accum, inner=None, num_programs=None, terms=(),
@@ -236,7 +240,7 @@ def matmul_reduce_scatter_pingpong(
     b_descs = [_weight_descriptor(mat2_t) for _, mat2_t, _ in operands]
     padding = MAX_TERMS - len(operands)  # the kernel's unused descriptors repeat the first
     a_scales, b_scales = (tuple(pair[i] for _, _, pair in operands) for i in (0, 1))
-    matmul_reduce_scatter_pingpong_kernel[(min(num_programs or sm_count(a.device), tiles),)](
+    _KERNEL[(min(num_programs or sm_count(a.device), tiles),)](
         *a_descs, *a_descs[:1] * padding, *b_descs, *b_descs[:1] * padding, dest_ptrs, flag_ptrs, counters, epoch,
         bias if bias is not None else a_scales[0], a_scales, b_scales, outer, inner, n,
         tuple(a_t.shape[1] for a_t, _, _ in operands), rank, world_size,

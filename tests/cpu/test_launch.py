@@ -15,6 +15,8 @@ import triton.language as tl
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.nvidia.compiler import CUDABackend
 from triton.runtime.jit import JITFunction
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from overlap_pass.templates import launch
@@ -36,8 +38,12 @@ def _arguments():
         TensorDescriptor.from_tensor(bf16, [32, 16]),
         TensorDescriptor.from_tensor(fp16, [16, 16]),
     ]
+    # Gluon's descriptors carry a shared-memory layout, which Triton compiles apart
+    gluon_descriptors = [
+        GluonDescriptor.from_tensor(bf16, [16, 16], gl.NVMMASharedLayout(swizzle, 16, 2)) for swizzle in (32, 64)
+    ]
     tuples = [(bf16, 16), (bf16[1:], 16), (bf16, 3), (descriptors[0], descriptors[3]), (descriptors[0], descriptors[1])]
-    return ints + tensors + descriptors + tuples + [True, False, 0.5, 2.0, None]
+    return ints + tensors + descriptors + gluon_descriptors + tuples + [True, False, 0.5, 2.0, None]
 
 
 def test_keys_separate_what_triton_compiles_apart():
