@@ -157,8 +157,8 @@ measure_over_calls: bool = Config(default=False, env_name_default="OVERLAP_PASS_
 # kernels under the other GEMM configs compiled on a thread pool beside its own (up to 8 threads,
 # the process's share of its cores), so that the other configs' first calls find them compiled
 # (templates/launch.py): both ops' four configs' first calls took 8.8-9.5 s in all against
-# 19.7-20.1 s one after another (one H200, empty Triton cache, tools/first_calls.py). Off: each
-# config compiles at its own first call.
+# 19.7-20.1 s one after another, the float8 ops' five 22.9-23.0 s against 34.2-38.2 (one H200,
+# empty Triton cache, tools/first_calls.py). Off: each config compiles at its own first call.
 compile_ahead: bool = Config(default=True, env_name_default="OVERLAP_PASS_COMPILE_AHEAD")
 
 # Polls before a wait on a peer gives up (barrier, chunk flags). It then records which rank or
