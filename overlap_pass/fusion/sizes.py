@@ -76,13 +76,19 @@ def hint(size, fallback: int = 4096) -> int:
     if is_static(size):
         return int(size)
     if _JUDGED:
-        expr = size.node.expr.xreplace(_JUDGED)
+        expr = substituted(size.node.expr, _JUDGED)
         if not expr.is_number:
-            expr = expr.xreplace(traced_values(size.node.shape_env))
+            expr = substituted(expr, traced_values(size.node.shape_env))
         if expr.is_number:
             return int(expr)
     value = getattr(size.node, "hint", None)
     return int(value) if value is not None else fallback
+
+
+def substituted(expr: sympy.Expr, values: dict) -> sympy.Expr:
+    """``expr`` with ``values`` (symbol -> value) put in, as a sympy expression: xreplace hands
+    back a value as it is given (an int) where it replaces the whole of ``expr``, a bare symbol."""
+    return sympy.sympify(expr.xreplace(values))
 
 
 def traced_values(shape_env) -> dict:

@@ -68,7 +68,7 @@ from ..fusion.patterns import (
     meta_val,
 )
 from ..fusion.rewrite import call, erase_dead, reshape
-from ..fusion.sizes import arith, divisible, hint, is_static, judged_at, same, same_shape, size_arg, traced_values
+from ..fusion.sizes import arith, divisible, hint, is_static, judged_at, same, same_shape, size_arg, substituted, traced_values
 from .. import size_ranges
 from . import rows
 
@@ -501,7 +501,7 @@ def _split_from(region: Region, order: dict[Node, int]) -> int | None:
     expr = region.tokens.node.expr
     traced = traced_values(region.tokens.node.shape_env)
     symbol = max(expr.free_symbols, key=lambda s: traced.get(s, 0))
-    per_symbol = (expr / symbol).xreplace(traced)
+    per_symbol = substituted(expr / symbol, traced)
     if not per_symbol.is_number or per_symbol <= 0 or symbol in (expr / symbol).free_symbols:
         return None
 

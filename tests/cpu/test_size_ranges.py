@@ -6,6 +6,7 @@ from torch._dynamo.source import ConstantSource
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from overlap_pass import config, size_ranges
+from overlap_pass.fusion import sizes
 
 
 def _token_count(traced: int):
@@ -63,3 +64,21 @@ def test_a_range_whose_compile_fails_runs_the_traced_graph(strict):
             return
         fn = size_ranges.compile_per_range(compile_with, [count])
     assert fn(4096) == "whole" and fn(64) == "whole"
+
+
+def test_a_bare_token_count_is_read_at_the_count_it_is_judged_at():
+    """A size that is the token count itself (a [1, tokens, 1] statistic's numel, a batch of
+    one) read by a cost model judging other counts (sizes.judged_at): xreplace hands such a
+    size back as the int put in, not as a sympy number (once, every all-reduce split of a
+    symbolic plain-TP training forward failed to plan on CUDA)."""
+    symbol, count = _token_count(80)
+    with sizes.judged_at({symbol: 130}):
+        assert (sizes.hint(count), sizes.hint(count * 3)) == (130, 390)
+    assert sizes.hint(count) == 80
+
+
+def test_traced_values_put_in_as_ints_give_a_sympy_expression():
+    """torch 2.11's shape environment may keep a symbol's traced value as an int."""
+    symbol, _ = _token_count(80)
+    assert sizes.substituted(symbol, {symbol: 80}).is_number
+    assert sizes.substituted(2 * symbol, {symbol: 80}) == 160
