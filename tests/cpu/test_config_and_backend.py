@@ -106,6 +106,29 @@ def test_plain_graph_for_new_counts_keeps_user_passes_and_drops_overlaps():
         assert not new_counts.applies(on_cuda, patches)
 
 
+def test_graphs_on_symbolic_token_counts_compile_without_guards_on_them(monkeypatch):
+    """Inductor's mix-order reductions check sizes by guarding on a symbolic token count (each
+    count outside the traced one's window recompiled the frame on CUDA): backend="overlap"
+    compiles graphs on symbolic counts, and their plain copy for new counts, without those
+    checks; static graphs and a user's own setting keep theirs."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    import torch._inductor.compile_fx as compile_fx_module
+
+    setting = "triton.mix_order_reduction_non_strict_mode"
+    seen = []
+    monkeypatch.setattr(compile_fx_module, "compile_fx", lambda gm, inputs, config_patches: seen.append(config_patches))
+    env = ShapeEnv()
+    tokens = env.create_symintnode(env.create_symbol(80, ConstantSource("tokens")), hint=80)
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    overlap_pass.overlap_backend(gm, [tokens])
+    overlap_pass.overlap_backend(gm, [torch.ones(2)])
+    overlap_pass.overlap_backend(gm, [tokens], options={setting: False})
+    assert [patches.get(setting) for patches in seen] == [True, None, False]
+    assert new_counts.plain_patches(seen[0])[setting] is True
+
+
 def test_install_is_idempotent():
     before = torch._inductor.config.post_grad_custom_pre_pass
     graph_pass.install()
