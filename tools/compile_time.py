@@ -1,0 +1,137 @@
+"""How long torch.compile takes under backend="overlap" against plain Inductor, and what a call
+at a new token count costs: the tensor-parallel block of tools/tp_models.py (sequence parallel
+or plain TP), forward and backward, on a fake process group of 2 ranks (nothing is
+communicated: compile time only). Each row is a process of its own with empty Inductor and
+Triton caches, as a first run on a machine.
+
+    python3 -m tools.compile_time                   # both compilers, both layouts, static and symbolic
+    python3 -m tools.compile_time --layouts plain --shapes symbolic
+
+Each run calls the compiled block at 4096 tokens (the first call: the compile), again at 4096,
+then at 2048: with ``symbolic``, the input's token dim is marked dynamic before the first call,
+so the call at 2048 compiles nothing unless a guard on the count fails (Dynamo then compiles
+the frame again: "frames" counts them); ``static`` recompiles there. "pass" is the time inside
+overlap's graph passes. Hardware: one GPU (Llama 3 8B widths, bf16), else the CPU (small
+widths; there torch 2.13's AOTAutograd fails the plain-TP block's training on symbolic sizes,
+plain Inductor's compile alike, and the row says so).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+BACKENDS = ("inductor", "overlap")
+LAYOUTS = ("sp", "plain")
+SHAPES = ("static", "symbolic")
+FIRST, OTHER = 4096, 2048  # tokens of the first calls and of the call at another count
+
+
+def _run(backend: str, layout: str, symbolic: bool) -> dict:
+    """One row, in this process (whose caches the parent made empty)."""
+    import torch
+    import torch.distributed as dist
+    from torch._dynamo.utils import counters
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from overlap_pass import graph_pass, regather
+    from tools import tp_models
+
+    in_passes = [0.0]
+    for cls in (graph_pass.OverlapPass, regather.RegatherPass):
+        cls.__call__ = _timed(cls.__call__, in_passes)
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dim, heads, hidden, kv_heads = (4096, 32, 14336, 8) if device == "cuda" else (64, 4, 128, 2)
+    torch.manual_seed(0)
+    block = tp_models.TransformerBlock(dim, heads, hidden, kv_heads=kv_heads).to(device).bfloat16()
+    parallelize = tp_models.parallelize_block if layout == "sp" else tp_models.parallelize_block_plain
+    compiled = torch.compile(parallelize(block, init_device_mesh(device, (2,))), backend=backend, dynamic=None if symbolic else False)
+
+    def call(tokens: int, first: bool) -> float:
+        rows = tokens // 2 if layout == "sp" else tokens  # a rank's shard of the sequence, or all of it
+        x = torch.randn(1, rows, dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+        if symbolic and first:
+            torch._dynamo.mark_dynamic(x, 1)
+        start = time.perf_counter()
+        compiled(x).float().sum().backward()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    row = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__}
+    try:
+        row["first s"] = call(FIRST, True)
+        row["same count s"] = call(FIRST, False)
+        row["other count s"] = call(OTHER, False)
+    except Exception as error:  # (the CPU's plain-TP training on symbolic sizes, see above)
+        lines = [line for line in str(error).splitlines() if line.strip()]  # (past a backend's "raised:")
+        row["failed"] = " ".join(lines[:2])[:160]
+    row["pass s"] = in_passes[0]
+    row["frames"] = counters["stats"]["unique_graphs"]
+    dist.destroy_process_group()
+    return row
+
+
+def _timed(method, spent: list):
+    def call(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - start
+
+    return call
+
+
+def _child(backend: str, layout: str, shapes: str) -> dict:
+    with tempfile.TemporaryDirectory() as caches:
+        env = {
+            **os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
+            "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
+        }  # fmt: skip
+        command = [sys.executable, "-m", "tools.compile_time", "--child", backend, layout, shapes]
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode or not lines:
+        return {"failed": (done.stderr.strip().splitlines() or ["no output"])[-1][:160]}
+    return json.loads(lines[-1])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--out", help="write the rows here as JSON")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        backend, layout, shapes = args.child
+        print(json.dumps(_run(backend, layout, shapes == "symbolic")))
+        return 0
+    rows = []
+    print("| compiler | layout | token counts | first call s | same count s | other count s | in overlap's passes s | frames |")
+    print("|---|---|---|---|---|---|---|---|")
+    for layout in args.layouts.split(","):
+        for shapes in args.shapes.split(","):
+            for backend in args.backends.split(","):
+                row = {"compiler": backend, "layout": layout, "token counts": shapes, **_child(backend, layout, shapes)}
+                rows.append(row)
+                cells = [f"{row[k]:.2f}" if k in row else "-" for k in ("first s", "same count s", "other count s", "pass s")]
+                tail = f" ({row['failed']})" if "failed" in row else ""
+                print(f"| {backend} | {layout} | {shapes} | {' | '.join(cells)} | {row.get('frames', '-')}{tail} |", flush=True)
+    if rows:
+        print(f"device: {rows[0].get('device', '?')}, torch {rows[0].get('torch', '?')}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
