@@ -68,7 +68,8 @@ def plain_patches(patches: dict) -> dict:
     """``patches`` (overlap's Inductor settings) with overlap's graph passes taken out of
     their slots, and shape padding as the user has it (overlap turns it off so that every rank
     fuses alike; a graph without overlap's ops may pad its matmuls differently on each rank):
-    the graph plain Inductor compiles."""
+    the graph plain Inductor compiles, but for its mix-order reductions' size checks, off here
+    as in overlap's graph (backend.NO_GUARDS_ON_TOKEN_COUNTS: they would guard on the count)."""
     from .backend import SAME_GRAPH_ON_EVERY_RANK
     from .graph_pass import ChainedGraphPass, OverlapPass
     from .regather import RegatherPass
