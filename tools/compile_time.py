@@ -50,7 +50,8 @@ def _run(backend: str, layout: str, symbolic: bool) -> dict:
     torch.manual_seed(0)
     block = tp_models.TransformerBlock(dim, heads, hidden, kv_heads=kv_heads).to(device).bfloat16()
     parallelize = tp_models.parallelize_block if layout == "sp" else tp_models.parallelize_block_plain
-    compiled = torch.compile(parallelize(block, init_device_mesh(device, (2,))), backend=backend, dynamic=None if symbolic else False)
+    model = parallelize(block, init_device_mesh(device, (2,)))
+    compiled = torch.compile(model, backend=backend, dynamic=None if symbolic else False)
 
     def call(tokens: int, first: bool) -> float:
         rows = tokens // 2 if layout == "sp" else tokens  # a rank's shard of the sequence, or all of it
@@ -115,16 +116,18 @@ def main(argv=None) -> int:
         print(json.dumps(_run(backend, layout, shapes == "symbolic")))
         return 0
     rows = []
-    print("| compiler | layout | token counts | first call s | same count s | other count s | in overlap's passes s | frames |")
-    print("|---|---|---|---|---|---|---|---|")
+    timed = ("first s", "same count s", "other count s", "pass s")
+    print("| compiler | layout | token counts | first call s | same count s | other count s | in overlap's passes s |"
+          " frames |\n|---|---|---|---|---|---|---|---|")
     for layout in args.layouts.split(","):
         for shapes in args.shapes.split(","):
             for backend in args.backends.split(","):
-                row = {"compiler": backend, "layout": layout, "token counts": shapes, **_child(backend, layout, shapes)}
+                row = {"compiler": backend, "layout": layout, "token counts": shapes}
+                row.update(_child(backend, layout, shapes))
                 rows.append(row)
-                cells = [f"{row[k]:.2f}" if k in row else "-" for k in ("first s", "same count s", "other count s", "pass s")]
+                cells = " | ".join(f"{row[k]:.2f}" if k in row else "-" for k in timed)
                 tail = f" ({row['failed']})" if "failed" in row else ""
-                print(f"| {backend} | {layout} | {shapes} | {' | '.join(cells)} | {row.get('frames', '-')}{tail} |", flush=True)
+                print(f"| {backend} | {layout} | {shapes} | {cells} | {row.get('frames', '-')}{tail} |", flush=True)
     if rows:
         print(f"device: {rows[0].get('device', '?')}, torch {rows[0].get('torch', '?')}")
     if args.out:

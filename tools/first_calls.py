@@ -75,10 +75,12 @@ def _float8_ops(world: int, rows: int, k: int, n: int, gen) -> list:
     ).chunk(world, dim=1)
 
     def gather(v, r, g):
-        return v(shards[r], shard_scales[r], [weight], [weight_scale], [None], 1, world, g, torch.bfloat16, True, False, [])
+        scale = shard_scales[r]
+        return v(shards[r], scale, [weight], [weight_scale], [None], 1, world, g, torch.bfloat16, True, False, [])
 
     def scatter(v, r, g):
-        return v([inputs[r]], [input_scales[r]], [back], [back_scale], None, "sum", 1, world, g, torch.bfloat16, None, True)
+        scale = input_scales[r]
+        return v([inputs[r]], [scale], [back], [back_scale], None, "sum", 1, world, g, torch.bfloat16, None, True)
 
     return [
         (scaled.AG_KIND, scaled.variants(scaled.AG_KIND), gather,
@@ -143,7 +145,8 @@ def main(argv=None) -> int:
     for _ in range(args.runs):
         for ahead in (False, True):
             runs[ahead].append(_run_child(ahead, args))
-    print(f"first calls, seconds (runs side by side), W={args.world}, {args.rows} x {args.k} x {args.n} {'float8' if args.float8 else 'bf16'}")
+    dtype = "float8" if args.float8 else "bf16"
+    print(f"first calls, seconds (runs side by side), W={args.world}, {args.rows} x {args.k} x {args.n} {dtype}")
     print(f"{'op and variant':48s} {'one after another':>20s} {'compiling ahead':>20s}  max error")
     for i, (name, _, _) in enumerate(runs[False][0]):
         cells = [" / ".join(f"{run[i][1]:.2f}" for run in runs[ahead]) for ahead in (False, True)]

@@ -68,7 +68,9 @@ from ..fusion.patterns import (
     meta_val,
 )
 from ..fusion.rewrite import call, erase_dead, reshape
-from ..fusion.sizes import arith, divisible, hint, is_static, judged_at, same, same_shape, size_arg, substituted, traced_values
+from ..fusion.sizes import (
+    arith, divisible, hint, is_static, judged_at, same, same_shape, size_arg, substituted, traced_values,
+)
 from .. import size_ranges
 from . import rows
 
