@@ -95,7 +95,8 @@ def functional_at_lengths(lengths: list[int], gather_dim: int, mark: bool, plain
     """sp_mlp trained at each of ``lengths`` tokens a rank (along ``gather_dim`` of a
     [tokens, 16] or [2, tokens, 16] shard); ``mark``: the token dim marked dynamic before the
     first call. ``plain_first``: config.fused_from_call, with a symbolic graph's new counts on
-    plain Inductor's graph as on CUDA (new_counts.py). Returns the op counts of each call."""
+    plain Inductor's graph as on CUDA (new_counts.py). Returns the op counts of each call and
+    how many graphs Dynamo compiled (a guard on a token count would add one at a new count)."""
     if plain_first:
         with contextlib.ExitStack() as stack:
             stack.enter_context(config.patch(fused_from_call=plain_first))
@@ -108,6 +109,7 @@ def functional_at_lengths(lengths: list[int], gather_dim: int, mark: bool, plain
     w_up, w_down = torch.randn(24, 16), torch.randn(16, 24)
     compiled = torch.compile(sp_mlp, backend="overlap")
     counts = []
+    graphs_before = counters["stats"]["unique_graphs"]
     for length in lengths:
         shape = (length, 16) if gather_dim == 0 else (2, length, 16)
         x = torch.randn(shape)
@@ -128,7 +130,7 @@ def functional_at_lengths(lengths: list[int], gather_dim: int, mark: bool, plain
                 step()
         for got, want in zip(runs[1], runs[0]):
             torch.testing.assert_close(got, want, **TOL)
-    return counts
+    return counts, counters["stats"]["unique_graphs"] - graphs_before
 
 
 @_decided

@@ -25,10 +25,12 @@ def _every_call_fused(counts: list[int], per_call: int) -> None:
 @pytest.mark.parametrize("mark", [False, True], ids=["automatic", "mark_dynamic"])
 def test_functional_collectives_at_changing_lengths(gloo_world, world_size, gather_dim, mark):
     results = gloo_world(world_size).run(cases.functional_at_lengths, LENGTHS, gather_dim, mark)
-    decisions, counts = results[0]
+    decisions, (counts, graphs) = results[0]
     assert all(r == results[0] for r in results[1:]), "ranks decided or ran differently"
     # every graph compiled (static first, then symbolic, forward and backward) fused all four
     assert decisions and all(done for _, done, _ in decisions), decisions
+    # and no count after the symbolic graph's compiled another: nothing guards on the count
+    assert graphs == (1 if mark else 2), graphs
     # forward: gather -> up, down -> scatter; backward: the output grad's gather (input and
     # weight grads of down), up's input grad -> scatter
     _every_call_fused(counts, 4)
@@ -40,11 +42,12 @@ def test_new_counts_run_plain_inductor_first(gloo_world):
     to eager's; with fused_from_call = 1, every call overlap's."""
     lengths = [4, 4, 4, 6, 4, 6, 6, 10]
     results = gloo_world(2).run(cases.functional_at_lengths, lengths, 0, True, 3)
-    decisions, counts = results[0]
+    decisions, (counts, graphs) = results[0]
     assert all(r == results[0] for r in results[1:]), "ranks decided or ran differently"
     assert decisions and all(done for _, done, _ in decisions), decisions
     assert counts == [0, 0, 4, 0, 4, 0, 4, 0], f"overlap op calls at {lengths} tokens a rank: {counts}"
-    _, counts = gloo_world(2).run(cases.functional_at_lengths, lengths[:4], 0, True, 1)[0]
+    assert graphs == 1, graphs
+    _, (counts, _) = gloo_world(2).run(cases.functional_at_lengths, lengths[:4], 0, True, 1)[0]
     assert counts == [4] * 4, counts
 
 
