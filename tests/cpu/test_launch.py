@@ -40,7 +40,7 @@ def _arguments():
     ]
     # Gluon's descriptors carry a shared-memory layout, which Triton compiles apart
     gluon_descriptors = [
-        GluonDescriptor.from_tensor(bf16, [16, 16], gl.NVMMASharedLayout(swizzle, 16, 2)) for swizzle in (32, 64)
+        GluonDescriptor.from_tensor(bf16, [16, 32], gl.NVMMASharedLayout(swizzle, 16, 2)) for swizzle in (32, 64)
     ]
     tuples = [(bf16, 16), (bf16[1:], 16), (bf16, 3), (descriptors[0], descriptors[3]), (descriptors[0], descriptors[1])]
     return ints + tensors + descriptors + gluon_descriptors + tuples + [True, False, 0.5, 2.0, None]
