@@ -77,7 +77,7 @@ def _store_partial(
     partial = acc.to(dtype)
     dest = tl.multiple_of(tl.load(dest_ptrs_ptr + chunk).to(tl.pointer_type(dtype)), 16)
     rows = dest_rows.to(tl.int64)
-    keep = m_mask & store
+    keep = tl.where(store, m_mask, False)
     tl.store(dest + rows[:, None] * N + offs_n[None, :], partial, mask=keep[:, None] & n_mask[None, :])
     return partial
 
@@ -96,6 +96,8 @@ def _reduce_own(
     wait_flag_in_pipeline (PIPELINED_WAIT), which keeps a flattened tile loop pipelined and the
     loads behind the wait."""
     n_mask = offs_n < N
+    # (a row mask and a scalar condition through tl.where, here and in _store_partial: PTX as
+    # with ``&``, which triton 3.9's interpreter types as no mask)
     recv = tl.multiple_of(tl.load(dest_ptrs_ptr + rank).to(tl.pointer_type(dtype)), 16)
     total = partial.to(tl.float32)
     for peer in tl.static_range(WORLD):
@@ -107,12 +109,12 @@ def _reduce_own(
                 wait_flag(flags_ptr, timeouts_ptr, peer, epoch, SPIN_LIMIT)
             row0 = first_own
         rows = (peer * rows_per_chunk + row0 + offs_m).to(tl.int64)
-        load_mask = (m_mask & needed)[:, None] & n_mask[None, :]
+        load_mask = tl.where(needed, m_mask, False)[:, None] & n_mask[None, :]
         total += tl.load(recv + rows[:, None] * N + offs_n[None, :], mask=load_mask, other=0.0).to(tl.float32)
     out_rows = (first_own + offs_m).to(tl.int64)
     tl.store(
         out_ptr + out_rows[:, None] * N + offs_n[None, :], (total * scale).to(out_ptr.dtype.element_ty),
-        mask=(m_mask & own)[:, None] & n_mask[None, :],
+        mask=tl.where(own, m_mask, False)[:, None] & n_mask[None, :],
     )
 
 
