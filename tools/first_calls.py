@@ -75,12 +75,12 @@ def _float8_ops(world: int, rows: int, k: int, n: int, gen) -> list:
     ).chunk(world, dim=1)
 
     def gather(v, r, g):
-        scale = shard_scales[r]
-        return v(shards[r], scale, [weight], [weight_scale], [None], 1, world, g, torch.bfloat16, True, False, [])
+        rows_scale = shard_scales[r]
+        return v(shards[r], rows_scale, [weight], [weight_scale], [None], 1, world, g, torch.bfloat16, True, False, [])
 
     def scatter(v, r, g):
-        scale = input_scales[r]
-        return v([inputs[r]], [scale], [back], [back_scale], None, "sum", 1, world, g, torch.bfloat16, None, True)
+        rows_scale = input_scales[r]
+        return v([inputs[r]], [rows_scale], [back], [back_scale], None, "sum", 1, world, g, torch.bfloat16, None, True)
 
     return [
         (scaled.AG_KIND, scaled.variants(scaled.AG_KIND), gather,

@@ -29,7 +29,7 @@ def test_functional_collectives_at_changing_lengths(gloo_world, world_size, gath
     assert all(r == results[0] for r in results[1:]), "ranks decided or ran differently"
     # every graph compiled (static first, then symbolic, forward and backward) fused all four
     assert decisions and all(done for _, done, _ in decisions), decisions
-    # and no count after the symbolic graph's compiled another: nothing guards on the count
+    # and no count met after the symbolic graph compiled another graph: nothing guards on the count
     assert graphs == (1 if mark else 2), graphs
     # forward: gather -> up, down -> scatter; backward: the output grad's gather (input and
     # weight grads of down), up's input grad -> scatter

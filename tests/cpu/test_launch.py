@@ -14,9 +14,9 @@ import torch
 import triton.language as tl
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.nvidia.compiler import CUDABackend
-from triton.runtime.jit import JITFunction
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from overlap_pass.templates import launch

@@ -78,7 +78,7 @@ def test_a_bare_token_count_is_read_at_the_count_it_is_judged_at():
 
 
 def test_traced_values_put_in_as_ints_give_a_sympy_expression():
-    """torch 2.11's shape environment may keep a symbol's traced value as an int."""
+    """Values put in as ints (judged_at's are) give a sympy expression, the bare symbol too."""
     symbol, _ = _token_count(80)
     assert sizes.substituted(symbol, {symbol: 80}).is_number
     assert sizes.substituted(2 * symbol, {symbol: 80}) == 160
