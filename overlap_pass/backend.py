@@ -80,18 +80,9 @@ def overlap_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options
 
 
 def _known_settings(settings: dict) -> dict:
-    """The Inductor ``settings`` this torch has (a dotted name: a setting of a sub-config)."""
-    from torch._inductor import config as inductor_config
-
-    def known(name: str) -> bool:
-        holder = inductor_config
-        for part in name.split("."):
-            if not hasattr(holder, part):
-                return False
-            holder = getattr(holder, part)
-        return True
-
-    return {name: value for name, value in settings.items() if known(name)}
+    """The Inductor ``settings`` this torch has (dotted names, as config patches take them)."""
+    known = torch._inductor.config.get_config_copy()
+    return {name: value for name, value in settings.items() if name in known}
 
 
 def _symbolic_shape(x) -> bool:
