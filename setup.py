@@ -25,7 +25,7 @@ setup(
     # installs the right build first.
     install_requires=["sympy"],
     # numpy < 2.3: triton 3.6's interpreter (the CPU kernel tests) breaks with numpy 2.4.
-    # torchtitan: the trainer whose Llama 3 the tests and tools/bench_torchtitan run (Python
+    # torchtitan: the trainer whose Llama 3 the tests and benchmarks/bench_torchtitan run (Python
     # 3.11+; it keeps an installed torch 2.11 or later).
     extras_require={
         "test": ["pytest", "expecttest", "numpy<2.3"],

@@ -5,5 +5,5 @@
 # results/block_mlp_w4/.
 source "$(dirname "$0")/_common.sh"
 compilers=inductor,inductor_micro_pipeline_tp,overlap,no_communication
-torchrun --nproc-per-node 4 -m tools.bench_model --model block --compilers $compilers --out "$OUT/block_w4.json"
-torchrun --nproc-per-node 4 -m tools.bench_model --model mlp --compilers $compilers --out "$OUT/mlp_w4.json"
+torchrun --nproc-per-node 4 -m benchmarks.bench_model --model block --compilers $compilers --out "$OUT/block_w4.json"
+torchrun --nproc-per-node 4 -m benchmarks.bench_model --model mlp --compilers $compilers --out "$OUT/mlp_w4.json"

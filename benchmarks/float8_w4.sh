@@ -5,6 +5,6 @@
 # each. Results: results/float8_w4/.
 source "$(dirname "$0")/_common.sh"
 for recipe in rowwise tensorwise; do
-    torchrun --nproc-per-node 4 -m tools.bench_model --float8 $recipe --settle 2 --sizes llama3-8b \
+    torchrun --nproc-per-node 4 -m benchmarks.bench_model --float8 $recipe --settle 2 --sizes llama3-8b \
         --compilers inductor,overlap_nccl_all_reduces,overlap --rounds 3 --calls 10 --out "$OUT/float8_${recipe}_8b_w4.json"
 done

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # docs/benchmarks.md, "The floor at any world size, on one GPU": the models with every collective
-# replaced by a local op of its shape (tools/no_comm.py), timed at world size W on one GPU (rank 0
+# replaced by a local op of its shape (benchmarks/no_comm.py), timed at world size W on one GPU (rank 0
 # of a fake process group: W's shapes, none of its traffic). Measured on one H200; under 3 minutes each.
 # Results: results/floors_one_gpu/.
 source "$(dirname "$0")/_common.sh"
-floor="python3 -m tools.bench_model"
+floor="python3 -m benchmarks.bench_model"
 $floor --fake-world 2 --model block --sizes llama3-8b --out "$OUT/floor_block8b_fake_w2.json"
 for W in 4 8; do
     $floor --fake-world $W --model block --out "$OUT/floor_block_fake_w$W.json"

@@ -4,7 +4,7 @@
 # replays. Measured on one H100 (the Gluon kernels need Hopper); under 5 minutes each.
 # Results: results/gemm_one_gpu/.
 source "$(dirname "$0")/_common.sh"
-gemm="python3 -m tools.bench_gemm --graphs --rounds 10"
+gemm="python3 -m benchmarks.bench_gemm --graphs --rounds 10"
 $gemm --split --out "$OUT/bf16_split_graphs.json"
 $gemm --float8 rowwise --op all_gather_matmul --split --out "$OUT/fp8_rowwise_ag_split_graphs.json"
 $gemm --float8 rowwise --op matmul_reduce_scatter --out "$OUT/fp8_rowwise_rs_graphs.json"

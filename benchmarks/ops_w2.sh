@@ -3,6 +3,6 @@
 # CUDA graphs, against mm alone, NCCL + cuBLAS and PyTorch's async TP. Measured on 2×H200
 # (NVLink); about 6 minutes. Results: results/ops_w2/.
 source "$(dirname "$0")/_common.sh"
-ops="torchrun --nproc-per-node 2 -m tools.bench_ops --graph --rounds 5"
+ops="torchrun --nproc-per-node 2 -m benchmarks.bench_ops --graph --rounds 5"
 $ops --op all_gather_matmul --out "$OUT/ops_ag_w2.json"
 $ops --op matmul_reduce_scatter --out "$OUT/ops_rs_w2.json"

@@ -7,11 +7,11 @@
 # 2×H200 (plain TP) and two GPUs of a 4×H100 host (float8), NVLink; under 5 minutes each.
 # Results: results/plain_tp_float8_w2/.
 source "$(dirname "$0")/_common.sh"
-torchrun --nproc-per-node 2 -m tools.bench_model --layout plain --batch 1 --sizes llama3-8b \
+torchrun --nproc-per-node 2 -m benchmarks.bench_model --layout plain --batch 1 --sizes llama3-8b \
     --compilers inductor,inductor_micro_pipeline_tp,overlap_dispatcher,overlap,no_communication --out "$OUT/plain_8b_b1_w2.json"
-torchrun --nproc-per-node 2 -m tools.bench_model --layout plain --batch 4 --tokens 32768 --sizes llama3-8b \
+torchrun --nproc-per-node 2 -m benchmarks.bench_model --layout plain --batch 4 --tokens 32768 --sizes llama3-8b \
     --compilers inductor,overlap_dispatcher,overlap,no_communication --rounds 3 --calls 10 --out "$OUT/plain_8b_b4_w2.json"
 for recipe in rowwise tensorwise; do
-    torchrun --nproc-per-node 2 -m tools.bench_model --float8 $recipe --settle 2 --sizes llama3-8b \
+    torchrun --nproc-per-node 2 -m benchmarks.bench_model --float8 $recipe --settle 2 --sizes llama3-8b \
         --compilers inductor,overlap_nccl_all_reduces,overlap --rounds 3 --calls 10 --out "$OUT/float8_${recipe}_8b_w2.json"
 done

@@ -4,6 +4,6 @@
 # Measured on 2×H200, 2×H100 and 4×H200; under 10 minutes each. Results: printed (random_lengths), and
 # $OUT/prefill_w4.json (bench_prefill).
 source "$(dirname "$0")/_common.sh"
-CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node 2 -m tools.random_lengths --size small --calls 1000 --no-inductor
-CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node 2 -m tools.random_lengths --calls 60 --repeat 2
-torchrun --nproc-per-node 4 -m tools.bench_prefill --lengths 1001,2048,4095,8192 --decode-batch 8 --rounds 6 --out "$OUT/prefill_w4.json"
+CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node 2 -m benchmarks.random_lengths --size small --calls 1000 --no-inductor
+CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node 2 -m benchmarks.random_lengths --calls 60 --repeat 2
+torchrun --nproc-per-node 4 -m benchmarks.bench_prefill --lengths 1001,2048,4095,8192 --decode-batch 8 --rounds 6 --out "$OUT/prefill_w4.json"

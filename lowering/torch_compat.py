@@ -76,27 +76,27 @@ PRIVATE_NAMES = (
     # torch's async TP, which the benchmarks run beside ours
     PrivateName(
         "torch.ops.symm_mem.fused_all_gather_matmul", "op", ("A", "Bs", "gather_dim", "group_name"),
-        callers="tools/bench_ops.py, tools/titan_llama3.py",
+        callers="benchmarks/bench_ops.py, benchmarks/titan_llama3.py",
     ),  # fmt: skip
     PrivateName(
         "torch.ops.symm_mem.fused_matmul_reduce_scatter", "op", ("A", "B", "reduce_op", "scatter_dim", "group_name"),
-        callers="tools/bench_ops.py, tools/titan_llama3.py",
+        callers="benchmarks/bench_ops.py, benchmarks/titan_llama3.py",
     ),  # fmt: skip
     PrivateName(
         "torch.ops.symm_mem.fused_all_gather_scaled_matmul", "op",
         ("A", "Bs", "A_scale", "B_scales", "gather_dim", "group_name", "biases", "result_scales", "out_dtypes",
          "use_fast_accum"),
-        callers="tools/bench_ops.py",
+        callers="benchmarks/bench_ops.py",
     ),  # fmt: skip
     PrivateName(
         "torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter", "op",
         ("A", "B", "A_scale", "B_scale", "reduce_op", "orig_scatter_dim", "scatter_dim_after_maybe_reshape",
          "group_name", "output_shape"),
-        ("out_dtype", "use_fast_accum"), callers="tools/bench_ops.py",
+        ("out_dtype", "use_fast_accum"), callers="benchmarks/bench_ops.py",
     ),  # fmt: skip
     PrivateName(
         f"{_SYMM}.enable_symm_mem_for_group", "function", ("group_name",),
-        callers="tools/bench_ops.py, bench_model.py, bench_torchtitan.py", required=False,
+        callers="benchmarks/bench_ops.py, bench_model.py, bench_torchtitan.py", required=False,
     ),  # fmt: skip
     # the functional collectives Inductor's graphs call, which the NCCL + cuBLAS variants call too
     PrivateName(

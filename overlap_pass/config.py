@@ -70,7 +70,7 @@ small_all_reduce_bytes: int = int(os.environ.get("OVERLAP_PASS_SMALL_ALL_REDUCE_
 
 # A plain-TP split (all_reduce_split.py) counts a collective as fused only where it moves at
 # least this many bytes a rank; a smaller one counts as plain: the op call a split adds costs
-# the host 20-50 us (tools/host_cost.py), and where the host sets the pace a smaller collective
+# the host 20-50 us (benchmarks/host_cost.py), and where the host sets the pace a smaller collective
 # buys nothing. A graph on symbolic token counts is compiled (backend="overlap") once per range of
 # counts its regions split in (size_ranges.py); elsewhere judged at its traced value. 0: every
 # fusable one counts.
@@ -158,7 +158,7 @@ measure_over_calls: bool = Config(default=False, env_name_default="OVERLAP_PASS_
 # the process's share of its cores), so that the other configs' first calls find them compiled
 # (templates/launch.py): both ops' four configs' first calls took 8.8-9.5 s in all against
 # 19.7-20.1 s one after another, the float8 ops' five 22.9-23.0 s against 34.2-38.2 (one H200,
-# empty Triton cache, tools/first_calls.py). Off: each config compiles at its own first call.
+# empty Triton cache, benchmarks/first_calls.py). Off: each config compiles at its own first call.
 compile_ahead: bool = Config(default=True, env_name_default="OVERLAP_PASS_COMPILE_AHEAD")
 
 # Polls before a wait on a peer gives up (barrier, chunk flags). It then records which rank or

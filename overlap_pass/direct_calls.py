@@ -3,7 +3,7 @@
 Inductor's Python wrapper calls a custom op as ``torch.ops.overlap.<op>.default(...)``: the
 dispatcher boxes every argument, passes the autograd and other dispatch keys (the ops have no
 kernel there) and hands the arguments back to Python for ops.py's CUDA kernel. On the 2xH200
-hosts that cost 7-25 µs a call (tools/host_cost.py), about what the per-call CUDA graph's replay
+hosts that cost 7-25 µs a call (benchmarks/host_cost.py), about what the per-call CUDA graph's replay
 the call ends in costs. So each op's lowering here makes the wrapper of a graph whose op runs on
 CUDA import this module and call the kernel through it:
 

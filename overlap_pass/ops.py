@@ -465,7 +465,7 @@ _CUDA_KERNELS: dict = {}
 
 def look_up_entry_points_again() -> None:
     """The CUDA kernels' next calls look their entry points up in lowering/dispatch.py anew:
-    for a tool that wraps them there (tools/measure.py counts the op calls)."""
+    for a tool that wraps them there (benchmarks/measure.py counts the op calls)."""
     _CUDA_KERNELS.clear()
 
 

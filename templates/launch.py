@@ -17,7 +17,7 @@ Compiling ahead: a variant's first call compiles its kernels (the persistent GEM
 2.1 s each for sm_90a), and a shape's first measurement (choose.py) calls every variant, one
 after another. Triton compiles mostly outside the GIL, so threads take them at once: both ops'
 four configs' first calls took 19.7-20.1 s one after another and 8.8-9.5 s compiled ahead (one
-H200, 16 cores, 2026-11-29, tools/first_calls.py); the float8 ops' five (three Triton, two
+H200, 16 cores, 2026-11-29, benchmarks/first_calls.py); the float8 ops' five (three Triton, two
 Gluon) 34.2-38.2 s and 22.9-23.0 s (docs/ops.md). Inside ``compiling_ahead()``, a template
 decorated ``compiles_other_configs`` hands, before its call's first compile, what the same call
 would launch under each other config of its family to a thread pool (``compile_only``: the

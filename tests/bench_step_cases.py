@@ -1,12 +1,12 @@
-"""tools/bench_step.py's two training steps at toy sizes, on whatever ranks run them: eager, then
+"""benchmarks/bench_step.py's two training steps at toy sizes, on whatever ranks run them: eager, then
 backend="overlap", each from the same weights, two steps each (the tool's own recipes)."""
 
 import torch
 import torch.distributed as dist
 
 from overlap_pass.regions import all_reduce_split
-from tools import bench_prefill, bench_step
-from tools.titan_llama3 import FLAVORS, LayerArgs
+from benchmarks import bench_prefill, bench_step
+from benchmarks.titan_llama3 import FLAVORS, LayerArgs
 
 
 def _toy_args():

@@ -28,7 +28,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from tools.tp_models import TransformerBlock
+from benchmarks.tp_models import TransformerBlock
 
 FORMS = ("bmm", "einsum", "nemo")
 NEMO_STYLES = "nemo_automodel.components.distributed.parallel_styles"
@@ -82,7 +82,7 @@ def _styles(form: str) -> tuple[type, type]:
 
 
 def parallelize_block(block: TransformerBlock, mesh, form: str) -> TransformerBlock:
-    """Megatron TP + sequence parallel as tools/tp_models.py's plan (the block takes and returns
+    """Megatron TP + sequence parallel as benchmarks/tp_models.py's plan (the block takes and returns
     [batch, seq / W, dim]), each linear in ``form``."""
     colwise, rowwise = _styles(form)
     gathered = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))

@@ -16,8 +16,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from overlap_pass import config
 from overlap_pass.regions import all_reduce_split
 from tests.direct_call_counts import counted_direct_calls
-from tools.measure import relative_error
-from tools.tp_models import TransformerBlock, parallelize_block, parallelize_block_plain
+from benchmarks.measure import relative_error
+from benchmarks.tp_models import TransformerBlock, parallelize_block, parallelize_block_plain
 
 
 def _local(t):

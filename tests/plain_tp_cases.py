@@ -11,7 +11,7 @@ AGM, MRS, SPLIT = "all_gather_matmul", "matmul_reduce_scatter", "all_reduce_spli
 
 
 def block_decisions() -> list:
-    """The candidates of tools.tp_models' block under parallelize_block_plain, forward and
+    """The candidates of benchmarks.tp_models' block under parallelize_block_plain, forward and
     backward, as (kind, rewritten, reason), sorted. Forward: 2 all-reduces split -> 2 fused
     reduce-scatters, the FFN's gather fused, 2 saved activations riding in it, the block output
     gathered plainly. Backward: 5 all-reduces (Q, K, V, gate, up input grads) -> 2 fused

@@ -1,4 +1,4 @@
-"""Per-rank bodies of tests/cpu/test_titan_mirror_gloo.py: tools/titan_llama3.py's mirror against
+"""Per-rank bodies of tests/cpu/test_titan_mirror_gloo.py: benchmarks/titan_llama3.py's mirror against
 torchtitan 0.3.0's own Llama 3 blocks (same weights, same sharded hidden state), and the mirror
 compiled with backend="overlap" against itself in eager.
 
@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from overlap_pass import config
 from tests import torchtitan_cases as titan
-from tools.titan_llama3 import (
+from benchmarks.titan_llama3 import (
     LayerArgs,
     TitanLayers,
     compile_titan,

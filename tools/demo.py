@@ -37,7 +37,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from tools.measure import relative_error, slowest  # noqa: E402
+from benchmarks.measure import relative_error, slowest  # noqa: E402
 
 
 def _free_port() -> int:
@@ -77,7 +77,7 @@ def _rank_main(rank: int, args, port: int, dump_dir: str) -> None:
 
     import overlap_pass
     from tools import inspect_dump
-    from tools.tp_models import TransformerBlock, parallelize_block
+    from benchmarks.tp_models import TransformerBlock, parallelize_block
 
     use_cuda = args.device == "cuda"
     device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")

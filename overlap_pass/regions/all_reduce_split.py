@@ -93,7 +93,7 @@ LATENCY_BYTES = 1 << 20
 @contextlib.contextmanager
 def sizes_ignored(ignored: bool = True):
     """Regions judged as if a collective cost its bytes alone, with no latency and no minimum
-    size for a fused one (``ignored``): how tests and tools/fuzz_models.py split the tiny
+    size for a fused one (``ignored``): how tests and tests/fuzz_models.py split the tiny
     shapes they run."""
     global LATENCY_BYTES
     if not ignored:

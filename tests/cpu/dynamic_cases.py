@@ -20,8 +20,8 @@ from torch._dynamo.utils import counters
 from overlap_pass import config, new_counts, ops
 from overlap_pass.regions import all_reduce_split
 
-from tools.fuzz_models import _CopyToTP, _ReduceFromTP
-from tools.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
+from tests.fuzz_models import _CopyToTP, _ReduceFromTP
+from benchmarks.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
 
 from .numerics_cases import TOL, _group_name, _local, _mesh, run_decided
 
@@ -196,7 +196,7 @@ def plain_tp_at_lengths(
     sequences (or batch[i] at the i-th call); the all-reduce split forced at these sizes, as in
     numerics_cases.plain_tp_block, or (``split_from``) paying from that many tokens on
     (config.split_min_bytes); under config ``patches``. Returns the op counts of each call."""
-    from tools.tp_models import parallelize_block_plain
+    from benchmarks.tp_models import parallelize_block_plain
 
     torch.manual_seed(0)
     world = dist.get_world_size()

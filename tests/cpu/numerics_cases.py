@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from overlap_pass import config
 from overlap_pass.regions import all_reduce_split
-from tools.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_block_plain, parallelize_mlp
+from benchmarks.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_block_plain, parallelize_mlp
 
 TOL = dict(atol=2e-5, rtol=2e-5)
 

@@ -1,4 +1,4 @@
-"""tools/bench_step.py's training steps on 4 gloo ranks, at toy sizes: torchtitan's Llama 3
+"""benchmarks/bench_step.py's training steps on 4 gloo ranks, at toy sizes: torchtitan's Llama 3
 under FSDP2 2 x TP 2 (every TP collective of its blocks rewritten) and Hugging Face's Llama with
 its tp_plan (its all-reduces split and fused); overlap's losses over two steps (the second after
 an AdamW step) equal eager's. What the GPU benchmark times is what these ranks compute."""

@@ -1,7 +1,7 @@
-"""tools/bench_step.py's tables from a report: the step table (with the op calls' paths while
+"""benchmarks/bench_step.py's tables from a report: the step table (with the op calls' paths while
 timed) and where each compiler's GPU time went."""
 
-from tools import bench_step
+from benchmarks import bench_step
 
 
 def _report():

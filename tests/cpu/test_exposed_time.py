@@ -1,10 +1,10 @@
-"""tools/exposed_time.py's account of a GPU timeline, on synthetic chrome traces: what each
+"""benchmarks/exposed_time.py's account of a GPU timeline, on synthetic chrome traces: what each
 activity counts as, the part of a collective no computation covers, and the passes of each
 profiled step told apart by their marks."""
 
 import pytest
 
-from tools import exposed_time as et
+from benchmarks import exposed_time as et
 
 
 def _kernel(name, ts, dur, cat="kernel"):

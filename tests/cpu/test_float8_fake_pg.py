@@ -8,7 +8,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from overlap_pass.regions import all_reduce_split, passengers
-from tools.tp_models import TransformerBlock, parallelize_block
+from benchmarks.tp_models import TransformerBlock, parallelize_block
 
 from .fake_world import compile_and_dump, fake_world
 from .test_plain_tp_fake_pg import collectives

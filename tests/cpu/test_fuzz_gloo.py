@@ -1,8 +1,8 @@
-"""Randomized tensor-parallel blocks (tools/fuzz.py) on fixed seeds, on real gloo ranks: each
+"""Randomized tensor-parallel blocks (tests/fuzz.py) on fixed seeds, on real gloo ranks: each
 compiled with backend="overlap", forward and backward equal to eager, every candidate of
 decisions.json rewritten or skipped with a reason, the same decisions on every rank.
 
-A failing seed reruns alone with ``python3 -m tools.fuzz --seed S --cases 1``.
+A failing seed reruns alone with ``python3 -m tests.fuzz --seed S --cases 1``.
 """
 
 import collections
@@ -10,8 +10,8 @@ import collections
 import pytest
 import torch
 
-from tools.fuzz import failure_text, problems
-from tools.fuzz_models import LAYOUTS, WORLDS, draw, run_case
+from tests.fuzz import failure_text, problems
+from tests.fuzz_models import LAYOUTS, WORLDS, draw, run_case
 
 # Every layout once and W = 2, 3 and 4, in as few cases as that takes (each compiles a block's
 # forward and backward on W ranks); among them bf16 autocast, checkpointing of the whole block

@@ -8,7 +8,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from overlap_pass import config
 from overlap_pass.fusion import patterns
-from tools.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
+from benchmarks.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
 
 from .fake_world import Dump, compile_and_dump, fake_world, rewritten
 

@@ -1,4 +1,4 @@
-"""The fused TMA kernels compiled for Hopper on the CPU (tools/kernel_ir.py): every variant the
+"""The fused TMA kernels compiled for Hopper on the CPU (tests/kernel_ir.py): every variant the
 ops launch keeps what its speed rests on, which no CPU test of results can see and a GPU shows
 only as time. Each of these regressed silently once (on an H100: 5 to 70% slower):
 - the tile loop flattened into the K loop (an atomic under a branch of the body broke it);
@@ -16,7 +16,7 @@ import sys
 import pytest
 import triton.backends
 
-from tools import kernel_ir
+from tests import kernel_ir
 
 pytestmark = pytest.mark.skipif("nvidia" not in triton.backends.backends, reason="triton without its CUDA backend")
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif("nvidia" not in triton.backends.backends, reason
 def compiled():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
-        [sys.executable, "-m", "tools.kernel_ir", "--json"], env=env, capture_output=True, text=True, timeout=900,
+        [sys.executable, "-m", "tests.kernel_ir", "--json"], env=env, capture_output=True, text=True, timeout=900,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -42,11 +42,11 @@ def test_kernel_keeps_its_pipeline(compiled, what):
 
 
 def _gluon_rows(flag: str) -> list[dict]:
-    """tools.kernel_ir's JSON for the Gluon kernels, from a process of its own (not under
+    """tests.kernel_ir's JSON for the Gluon kernels, from a process of its own (not under
     TRITON_INTERPRET=1, which makes kernels uncompilable)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
-        [sys.executable, "-m", "tools.kernel_ir", flag], env=env, capture_output=True, text=True,
+        [sys.executable, "-m", "tests.kernel_ir", flag], env=env, capture_output=True, text=True,
         timeout=900, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

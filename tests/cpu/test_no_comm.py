@@ -1,11 +1,11 @@
-"""tools/no_comm.py, the benchmarks' no-communication floor: every collective of the forward and
+"""benchmarks/no_comm.py, the benchmarks' no-communication floor: every collective of the forward and
 backward graphs becomes a local op of its shape, and the step computes what those ops say."""
 
 import torch
 import torch.distributed._functional_collectives as funcol
 
 from tests.cpu.fake_world import fake_world
-from tools.no_comm import NoCommunication, drop_communication
+from benchmarks.no_comm import NoCommunication, drop_communication
 
 
 class _Recording(NoCommunication):
@@ -46,11 +46,11 @@ def test_every_collective_becomes_local():
 
 
 def test_the_benchmarked_block_keeps_no_collective():
-    """The DTensor block tools/bench_model.py times: 4 collectives forward, 4 backward, all
+    """The DTensor block benchmarks/bench_model.py times: 4 collectives forward, 4 backward, all
     replaced."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from tools.tp_models import TransformerBlock, parallelize_block
+    from benchmarks.tp_models import TransformerBlock, parallelize_block
 
     recording = _Recording()
     with fake_world(4):

@@ -146,12 +146,12 @@ def test_cuda_kernels_run_below_autograd(monkeypatch):
 
 
 def test_the_tools_count_op_calls_the_kernels_made(monkeypatch):
-    """tools/measure.py's counter wraps dispatch's entry points; a CUDA kernel that looked its
+    """benchmarks/measure.py's counter wraps dispatch's entry points; a CUDA kernel that looked its
     entry point up before the counter opened still goes through the wrapper while it is open,
     and through the real one after it closes."""
     from overlap_pass import ops
     from overlap_pass.lowering import dispatch
-    from tools.measure import overlap_op_calls
+    from benchmarks.measure import overlap_op_calls
 
     calls = []
     monkeypatch.setattr(ops, "_CUDA_KERNELS", {})

@@ -94,9 +94,9 @@ def test_a_permuted_gather_is_rewritten_and_computes_the_same(gloo_world, name, 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_a_block_with_moved_reduce_scatters_fuses_its_backward_gathers(tmp_path, world_size):
     """The randomized checker's functional sequence-parallel block with the moved-dim
-    reduce-scatter (tools/fuzz_models.py): every collective of its forward and backward is
+    reduce-scatter (tests/fuzz_models.py): every collective of its forward and backward is
     rewritten, the backward's gathers after their permute moved."""
-    from tools import fuzz_models
+    from tests import fuzz_models
 
     case = {**fuzz_models.draw(1203), "world": world_size, "checkpoint": None, "second_reader": False}
     case.update(heads=2 * world_size, kv_heads=world_size, hidden=4 * world_size, seq=2 * world_size)

@@ -17,7 +17,7 @@ from tests.plain_tp_cases import (
     row_then_column,
 )
 from tools import inspect_dump
-from tools.tp_models import TransformerBlock, parallelize_block_plain
+from benchmarks.tp_models import TransformerBlock, parallelize_block_plain
 
 from .fake_world import compile_and_dump, fake_world
 

@@ -20,7 +20,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from overlap_pass import config
 from overlap_pass.regions import tail_matmuls
-from tools.tp_models import TransformerBlock, parallelize_block
+from benchmarks.tp_models import TransformerBlock, parallelize_block
 
 from .numerics_cases import _local
 

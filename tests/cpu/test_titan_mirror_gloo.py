@@ -1,4 +1,4 @@
-"""tools/titan_llama3.py's Llama 3 mirror against torchtitan 0.3.0's own blocks on 2 gloo ranks,
+"""benchmarks/titan_llama3.py's Llama 3 mirror against torchtitan 0.3.0's own blocks on 2 gloo ranks,
 batch 1 and 4: with the same weights and the same sharded hidden state, the output, the input's
 gradient and every weight's gradient agree at fp32 tolerance, under torchtitan's default TP plan
 (partial_dtensor) and its dist_gemm modules (spmd_types, symm_mem ops on CPU reference kernels).

@@ -9,7 +9,7 @@ import torch
 
 from overlap_pass import config
 from tests.cpu.fake_world import fake_world
-from tools.tp_models import TransformerBlock, parallelize_block
+from benchmarks.tp_models import TransformerBlock, parallelize_block
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 torchao_float8 = pytest.importorskip("torchao.float8")

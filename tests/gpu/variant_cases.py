@@ -1,6 +1,6 @@
 """Every CUDA variant of every op, a problem of each op at any size, and one call of a variant
 checked against fp32 references computed from every rank's operands: what the quick tier
-(test_quick_gpu.py), the fault tests (test_faults_gpu.py) and tools/soak.py run, on ranks
+(test_quick_gpu.py), the fault tests (test_faults_gpu.py) and tests/soak.py run, on ranks
 simulated on one GPU (tests/sim_world.py) or on NCCL ranks (on_ranks).
 
 Variants come in families: the fused variants of one kernel differ only in their block config

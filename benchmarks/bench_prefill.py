@@ -1,10 +1,10 @@
 """Hugging Face Llama with its own tensor-parallel plan (``tp_plan``: plain TP, an all-reduce after
 each row-parallel linear): prefill at prompt lengths that change from call to call, and
 decode-shaped calls, each backend compiling the model once; plain Inductor against
-backend="overlap" (and overlap under config patches, --backends: tools/bench_model.py's
+backend="overlap" (and overlap under config patches, --backends: benchmarks/bench_model.py's
 EXTRA_COMPILERS), in one process on the same inputs.
 
-    torchrun --nproc-per-node 4 -m tools.bench_prefill --lengths 128,1001,2048,4095,8192 --out prefill.json
+    torchrun --nproc-per-node 4 -m benchmarks.bench_prefill --lengths 128,1001,2048,4095,8192 --out prefill.json
 
 The model: LlamaConfig at Llama 3 8B widths (--size), --layers decoder layers, --vocab tokens,
 random weights saved by rank 0 and loaded on every rank with ``DistributedConfig(tp_size=W)``, as
@@ -17,7 +17,7 @@ the per-shape choice keeps NCCL + cuBLAS.
 
 Per length, each backend's first call is timed alone (a compile, or the symbolic graph's first
 call at that count, whose token bucket may be measured), and its logits are checked against the
-eager model's; then the backends' calls are timed interleaved (tools/measure.py): the slowest
+eager model's; then the backends' calls are timed interleaved (benchmarks/measure.py): the slowest
 rank's median over rounds of --calls calls, each round opened by --settle untimed calls. Printed
 last: a table, a row per length and overlap backend, with the overlap op calls of one of its
 prefills (0: nothing fused) and the host time to queue a call.
@@ -37,8 +37,8 @@ set_defaults()  # (before torch and overlap_pass read the environment)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from tools.bench_model import EXTRA_COMPILERS, _compile, _config_of  # noqa: E402
-from tools.measure import (  # noqa: E402
+from benchmarks.bench_model import EXTRA_COMPILERS, _compile, _config_of  # noqa: E402
+from benchmarks.measure import (  # noqa: E402
     OVERLAP_OPS, add_settle_argument, overlap_op_calls, relative_error, slowest, time_interleaved,
 )
 
@@ -123,7 +123,7 @@ def main() -> None:
     add_settle_argument(parser)
     parser.add_argument(
         "--backends", default="inductor,overlap",
-        help=f"inductor first, then any of {','.join(BACKENDS[1:])} (overlap with a config patch: tools/bench_model.py)",
+        help=f"inductor first, then any of {','.join(BACKENDS[1:])} (overlap with a config patch: benchmarks/bench_model.py)",
     )  # fmt: skip
     parser.add_argument("--out", default="bench_prefill.json")
     args = parser.parse_args()

@@ -3,7 +3,7 @@ same work (NCCL collective, wait, cuBLAS matmul) and PyTorch's async TP ops, and
 call spends its time, layer by layer; and overlap::all_reduce against NCCL's all-reduce and wait
 of the same small tensor (an amax per token row, as float8's).
 
-    torchrun --nproc-per-node 2 -m tools.host_cost --tokens 512 --dim 4096 --out host.json
+    torchrun --nproc-per-node 2 -m benchmarks.host_cost --tokens 512 --dim 4096 --out host.json
 
 A step is host-bound when queuing its work takes longer than the GPU takes to run it (small
 token counts, float8, many layers): then each microsecond of Python per op call is a
@@ -44,7 +44,7 @@ set_defaults()  # (before torch and overlap_pass read the environment)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from tools.measure import slowest  # noqa: E402
+from benchmarks.measure import slowest  # noqa: E402
 
 
 def _time(run, device, rounds: int, calls: int) -> tuple[float, float]:

@@ -1,9 +1,9 @@
 """How much of each collective's time no computation hides: per compiler, per pass (forward,
 backward) and per collective, from the GPU's own timeline (torch.profiler).
 
-    torchrun --nproc-per-node 4 -m tools.exposed_time --model block --size llama3-8b --out exposed.json
+    torchrun --nproc-per-node 4 -m benchmarks.exposed_time --model block --size llama3-8b --out exposed.json
 
-The model and its compilers are tools/bench_model.py's (``--model block|mlp``, ``--layout sp|plain``,
+The model and its compilers are benchmarks/bench_model.py's (``--model block|mlp``, ``--layout sp|plain``,
 Llama 3 sizes, 8192 tokens). After warm-up steps, ``--steps`` training steps are profiled with
 the GPU idle between the forward and the backward (a synchronize), so that every GPU activity of
 the trace falls in one pass by its start (the ranks in step too: a barrier). In each pass:
@@ -27,7 +27,7 @@ pass, the backward queued right behind the forward as training runs it (no idle 
 
 ``--host`` adds the host's side of each pass: how long queuing it took and the host ranges (torch
 ops, Inductor's compiled graphs, overlap's ops) that took the most of it, on any thread.
-``--float8 tensorwise|rowwise`` makes every linear a torchao Float8Linear, as tools/bench_model.py
+``--float8 tensorwise|rowwise`` makes every linear a torchao Float8Linear, as benchmarks/bench_model.py
 does.
 """
 
@@ -348,7 +348,7 @@ def main() -> None:
     import torch.distributed._symmetric_memory as symm_mem
     from torch.distributed.device_mesh import init_device_mesh
 
-    from tools.bench_model import SIZES, _compile, _config_of, _model
+    from benchmarks.bench_model import SIZES, _compile, _config_of, _model
 
     torch._dynamo.config.recompile_limit = 64
     local_rank = int(os.environ.get("LOCAL_RANK", 0))

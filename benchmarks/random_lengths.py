@@ -1,9 +1,9 @@
 """Shapes that change: one compiled TP/SP block called at random token counts, every call checked.
 
-    torchrun --nproc-per-node 2 -m tools.random_lengths --calls 1000
-    torchrun --nproc-per-node 2 -m tools.random_lengths --size small --calls 200 --repeat 2 --profile 20
+    torchrun --nproc-per-node 2 -m benchmarks.random_lengths --calls 1000
+    torchrun --nproc-per-node 2 -m benchmarks.random_lengths --size small --calls 200 --repeat 2 --profile 20
 
-The sequence-parallel transformer block (tools/tp_models, DTensor's ColwiseParallel and
+The sequence-parallel transformer block (benchmarks/tp_models, DTensor's ColwiseParallel and
 RowwiseParallel, Llama 3 8B widths by default) is compiled once with backend="overlap". Each call
 draws a sequence of --min-tokens to --max-tokens tokens (a multiple of W: each rank holds an
 equal shard, odd counts a rank included; --layout plain: plain TP, the whole sequence on every
@@ -46,13 +46,13 @@ set_defaults()  # (before torch and overlap_pass read the environment)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from tools.measure import OVERLAP_OPS, overlap_op_calls, relative_error, slowest  # noqa: E402
+from benchmarks.measure import OVERLAP_OPS, overlap_op_calls, relative_error, slowest  # noqa: E402
 
 # (dim, heads, K/V heads, hidden)
 SIZES = {"llama3-8b": (4096, 32, 8, 14336), "small": (1024, 8, 8, 3584)}
 TOLERANCE = 2e-2  # bf16, another summation order than eager's (as choose.py's check)
 def _block(size: str, layout: str, mesh):
-    from tools.tp_models import TransformerBlock, parallelize_block, parallelize_block_plain
+    from benchmarks.tp_models import TransformerBlock, parallelize_block, parallelize_block_plain
 
     dim, heads, kv_heads, hidden = SIZES[size]
     torch.manual_seed(0)  # the same full weights on every rank

@@ -1,7 +1,7 @@
 """A lower bound for the benchmarks, not a model: Inductor with every collective of the post-grad
 graphs replaced by a local op of the same output shape, so the compiled step does all its
 arithmetic and memory traffic and no communication. What overlap could reach if it hid every
-byte it moves; its results are wrong by design (tools/bench_model.py names it
+byte it moves; its results are wrong by design (benchmarks/bench_model.py names it
 ``no_communication`` and does not check its numerics).
 
 - all_gather_into_tensor(x) -> x repeated world-size times along dim 0 (the gathered tensor is

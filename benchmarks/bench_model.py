@@ -1,10 +1,10 @@
-"""Benchmark of a compiled tensor/sequence-parallel model (tools/tp_models, parallelized with
+"""Benchmark of a compiled tensor/sequence-parallel model (benchmarks/tp_models, parallelized with
 DTensor's ColwiseParallel / RowwiseParallel), forward and forward+backward, compiled three ways
 in one process on the same inputs: plain Inductor, Inductor with ``_micro_pipeline_tp``
 (PyTorch's async TP pass), and backend="overlap".
 
-    torchrun --nproc-per-node 4 -m tools.bench_model --model block --out block.json
-    python3 -m tools.bench_model --fake-world 8          # the floor alone at W=8, on one GPU
+    torchrun --nproc-per-node 4 -m benchmarks.bench_model --model block --out block.json
+    python3 -m benchmarks.bench_model --fake-world 8          # the floor alone at W=8, on one GPU
 
 Hardware: W CUDA GPUs of one host (NVLink), one process per GPU under torchrun; --fake-world W:
 one GPU, no torchrun.
@@ -19,7 +19,7 @@ in bf16, the backward's input gradients summed and reduce-scattered in fp32); el
 --float8 tensorwise|rowwise: every linear a torchao Float8Linear with that recipe.
 
 --compilers ...,no_communication adds the floor: plain Inductor with every collective replaced
-by a local op of its shape (tools/no_comm.py), the step with no communication at all; the table
+by a local op of its shape (benchmarks/no_comm.py), the step with no communication at all; the table
 then shows how much of plain Inductor's distance to it overlap closes. --fake-world W times the
 floor alone, in one process on one GPU, at world size W (rank 0 of a fake process group).
 
@@ -43,8 +43,8 @@ set_defaults()  # (before torch and overlap_pass read the environment)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from tools.measure import add_settle_argument, op_calls_since, relative_error, time_interleaved  # noqa: E402
-from tools.no_comm import NoCommunication  # noqa: E402
+from benchmarks.measure import add_settle_argument, op_calls_since, relative_error, time_interleaved  # noqa: E402
+from benchmarks.no_comm import NoCommunication  # noqa: E402
 
 # (dim, heads, K/V heads, hidden)
 SIZES = {"llama3-8b": (4096, 32, 8, 14336), "llama3-70b": (8192, 64, 8, 28672)}
@@ -68,7 +68,7 @@ EXTRA_COMPILERS = {
     "overlap_regather": {"regather_in_backward": True},
     "overlap_dispatcher": {"direct_op_calls": False},
 }
-# plain Inductor with every collective replaced by a local op of its shape (tools/no_comm.py):
+# plain Inductor with every collective replaced by a local op of its shape (benchmarks/no_comm.py):
 # the step without communication, the floor of any overlap. Its results are wrong by design.
 FLOOR = "no_communication"
 SP_PREFIX = "sp:"
@@ -102,7 +102,7 @@ def _compile(model, compiler, mode=None):
 def _model(kind, dim, heads, kv_heads, hidden, mesh, layout="sp", float8=None):
     """The model, its linears made torchao Float8Linears with the ``float8`` recipe if given,
     parallelized."""
-    from tools.tp_models import (
+    from benchmarks.tp_models import (
         MLP,
         TransformerBlock,
         parallelize_block,

@@ -1,10 +1,10 @@
-"""Randomized tensor-parallel blocks for tools/fuzz.py: draw a case from a seed, build it on a
+"""Randomized tensor-parallel blocks for tests/fuzz.py: draw a case from a seed, build it on a
 rank, run it compiled and eager, and return what differed and what the pass decided.
 
 A case is a flat JSON-able dict (``draw(seed, worlds)``); ``run_case(case)`` runs on every rank
 of a gloo RankPool of ``case["world"]`` ranks. Layouts (``case["layout"]``):
 
-- dtensor_sp: tools/tp_models.parallelize_block (DTensor styles, sequence parallel);
+- dtensor_sp: benchmarks/tp_models.parallelize_block (DTensor styles, sequence parallel);
 - dtensor_tp: parallelize_block_plain (replicated activations, all-reduces);
 - functional_sp / functional_tp: the same block written Megatron style with functional
   collectives (all_gather_tensor_autograd / reduce_scatter_tensor_autograd, or all_reduce in
@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from tools.tp_models import Bias, TransformerBlock, has_bias, parallelize_block, parallelize_block_plain
+from benchmarks.tp_models import Bias, TransformerBlock, has_bias, parallelize_block, parallelize_block_plain
 
 LAYOUTS = ("dtensor_sp", "dtensor_tp", "functional_sp", "functional_tp", "mixed_sp", "mixed_tp")
 LINEARS = ("q", "k", "v", "o", "gate", "up", "down")

@@ -5,12 +5,12 @@ backward, AdamW) under torchtitan's tensor + sequence parallel plan, alone or wi
 backend="overlap". Each compiler's step time (interleaved rounds, slowest rank, median), host
 time to queue a step, device memory, and its losses against eager's.
 
-    torchrun --nproc-per-node 4 -m tools.bench_step --tp 4 --out step_tp4.json
-    torchrun --nproc-per-node 4 -m tools.bench_step --tp 2 --out step_dp2_tp2.json   # FSDP2 x TP
-    torchrun --nproc-per-node 4 -m tools.bench_step --model hf --out step_hf.json    # Hugging Face
+    torchrun --nproc-per-node 4 -m benchmarks.bench_step --tp 4 --out step_tp4.json
+    torchrun --nproc-per-node 4 -m benchmarks.bench_step --tp 2 --out step_dp2_tp2.json   # FSDP2 x TP
+    torchrun --nproc-per-node 4 -m benchmarks.bench_step --model hf --out step_hf.json    # Hugging Face
 
 ``--model hf``: Hugging Face's LlamaForCausalLM at the same widths (random weights saved by rank 0
-and loaded with its own ``tp_plan``, as tools/bench_prefill.py does), plain TP (an all-reduce
+and loaded with its own ``tp_plan``, as benchmarks/bench_prefill.py does), plain TP (an all-reduce
 after each row-parallel linear, which overlap splits where that pays), the whole model compiled,
 its own loss, AdamW.
 
@@ -18,18 +18,18 @@ its own loss, AdamW.
 (forward with the loss, backward, optimizer; N back-to-back steps, unprofiled), then from N
 profiled steps (rank 0) idle time, exposed communication and kernel time per category (GEMMs,
 overlap's fused kernels, attention, Inductor's fused kernels, the optimizer, NCCL), as
-tools/exposed_time.py accounts it.
+benchmarks/exposed_time.py accounts it.
 
 Hardware: W CUDA GPUs of one host (NVLink), one process per GPU under torchrun. ``--tp`` ranks
 form each tensor-parallel group; W / tp is the FSDP2 (data parallel) degree, 1 meaning TP alone.
 
-The model: tools/titan_llama3.py's blocks (torchtitan 0.3.0's, which torch 2.11 cannot import),
+The model: benchmarks/titan_llama3.py's blocks (torchtitan 0.3.0's, which torch 2.11 cannot import),
 with torchtitan's plan for the rest (models/llama3/sharding.py): the embedding rowwise with its
 output Shard(1), the final norm sequence parallel, the output colwise from Shard(1) to
 Shard(-1) logits, the loss under loss_parallel; each block compiled on its own, as
 apply_compile does; FSDP2 (``fully_shard`` per block, then the model) on the data-parallel mesh
 dimension after compile, as torchtitan orders them. Parameters are bf16 throughout (no mixed
-precision policy). Attention runs Flash (Math as the fallback), as tools/bench_torchtitan.py
+precision policy). Attention runs Flash (Math as the fallback), as benchmarks/bench_torchtitan.py
 explains.
 
 Timing: each round opens with ``--settle`` untimed steps (default 2). A training process runs one
@@ -66,7 +66,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from tools.measure import add_settle_argument, op_calls_since, time_interleaved  # noqa: E402
+from benchmarks.measure import add_settle_argument, op_calls_since, time_interleaved  # noqa: E402
 
 COMPILERS = ("inductor", "async_tp", "overlap")
 LABELS = {"inductor": "plain Inductor", "async_tp": "async TP", "overlap": "overlap"}
@@ -74,13 +74,13 @@ MiB = 1 << 20
 
 
 class Llama(nn.Module):
-    """tok_embeddings -> layers (tools/titan_llama3.TitanLayers) -> norm -> output, as
+    """tok_embeddings -> layers (benchmarks/titan_llama3.TitanLayers) -> norm -> output, as
     torchtitan's Llama 3 names them."""
 
     def __init__(self, size, n_layers: int, seq: int, vocab: int, device) -> None:
         from torch.nn.attention import SDPBackend
 
-        from tools.titan_llama3 import FLAVORS, TitanLayers
+        from benchmarks.titan_llama3 import FLAVORS, TitanLayers
 
         super().__init__()
         args = FLAVORS[size] if isinstance(size, str) else size  # or a LayerArgs
@@ -111,7 +111,7 @@ def _parallelized(model: Llama, mesh, compiler: str | None) -> Llama:
         parallelize_module,
     )
 
-    from tools.titan_llama3 import compile_titan, parallelize_titan
+    from benchmarks.titan_llama3 import compile_titan, parallelize_titan
 
     tp_mesh = mesh["tp"]
     parallelize_titan(model.layers, tp_mesh)
@@ -187,7 +187,7 @@ def _titan_recipe(args, mesh, device):
 def _hf_recipe(args, device):
     """The same pair for Hugging Face's Llama loaded with its own tp_plan (plain TP: every rank
     holds every token), compiled whole; its loss is the model's own (labels shifted inside)."""
-    from tools.bench_prefill import load_model, saved_model
+    from benchmarks.bench_prefill import load_model, saved_model
 
     folder = saved_model(args.size, args.layers, args.vocab, args.seq + 1, device)
     gen = torch.Generator(device=device).manual_seed(1)  # the same tokens on every rank
@@ -219,7 +219,7 @@ def bench(args, build, step, device) -> dict:
     from torch._dynamo.utils import counters
 
     from overlap_pass.lowering import replay, symm
-    from tools.measure import slowest
+    from benchmarks.measure import slowest
 
     def losses(model, optimizer, count):
         return [_value(step(model, optimizer)) for _ in range(count)]
@@ -283,7 +283,7 @@ def _phase_times(step, steps: int, device) -> dict:
     """Per phase of ``steps`` back-to-back steps (the host free to run ahead, as when timed):
     its GPU time (between CUDA events queued as it starts) and its host time, µs, the median over
     steps of the slowest rank."""
-    from tools.measure import slowest
+    from benchmarks.measure import slowest
 
     stamps: list[tuple[str, float, torch.cuda.Event]] = []
 
@@ -309,10 +309,10 @@ def _phase_times(step, steps: int, device) -> dict:
 
 
 def _gpu_time(step, steps: int, device) -> dict:
-    """Where one step's GPU time goes (tools/exposed_time.py's account of the whole step, this
+    """Where one step's GPU time goes (benchmarks/exposed_time.py's account of the whole step, this
     rank's, the median over ``steps`` profiled steps): span, busy, exposed communication, kernel
     time per category, and the kernels that took the most time (of the first step)."""
-    from tools import exposed_time
+    from benchmarks import exposed_time
 
     def marked(mark):
         with mark("step"):

@@ -1,11 +1,11 @@
 """How long torch.compile takes under backend="overlap" against plain Inductor, and what a call
-at a new token count costs: the tensor-parallel block of tools/tp_models.py (sequence parallel
+at a new token count costs: the tensor-parallel block of benchmarks/tp_models.py (sequence parallel
 or plain TP), forward and backward, on a fake process group of 2 ranks (nothing is
 communicated: compile time only). Each row is a process of its own with empty Inductor and
 Triton caches, as a first run on a machine.
 
-    python3 -m tools.compile_time                   # both compilers, both layouts, static and symbolic
-    python3 -m tools.compile_time --layouts plain --shapes symbolic
+    python3 -m benchmarks.compile_time                   # both compilers, both layouts, static and symbolic
+    python3 -m benchmarks.compile_time --layouts plain --shapes symbolic
 
 Each run calls the compiled block at 4096 tokens (the first call: the compile), again at 4096,
 then at 2048: with ``symbolic``, the input's token dim is marked dynamic before the first call,
@@ -39,7 +39,7 @@ def _run(backend: str, layout: str, symbolic: bool) -> dict:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from overlap_pass import graph_pass, regather
-    from tools import tp_models
+    from benchmarks import tp_models
 
     in_passes = [0.0]
     for cls in (graph_pass.OverlapPass, regather.RegatherPass):
@@ -95,7 +95,7 @@ def _child(backend: str, layout: str, shapes: str) -> dict:
             **os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
             "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
         }  # fmt: skip
-        command = [sys.executable, "-m", "tools.compile_time", "--child", backend, layout, shapes]
+        command = [sys.executable, "-m", "benchmarks.compile_time", "--child", backend, layout, shapes]
         done = subprocess.run(command, env=env, capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:

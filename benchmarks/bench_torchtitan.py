@@ -9,14 +9,14 @@ process, interleaved, on the same inputs and weights:
   backward) under plain Inductor;
 - overlap: the stock model under backend="overlap".
 
-    torchrun --nproc-per-node 2 -m tools.bench_torchtitan --sizes llama3-8b --batches 1,2,4,8 \\
+    torchrun --nproc-per-node 2 -m benchmarks.bench_torchtitan --sizes llama3-8b --batches 1,2,4,8 \\
         --out titan.json --png titan.png
-    python3 -m tools.bench_torchtitan --render a.json,b.json --png titan.png   # tables again
+    python3 -m benchmarks.bench_torchtitan --render a.json,b.json --png titan.png   # tables again
 
 Hardware: W CUDA GPUs of one host (NVLink), one process per GPU under torchrun; --render runs
 anywhere.
 
-The layers are tools/titan_llama3.py's copy of torchtitan 0.3.0's block and plan: torchtitan
+The layers are benchmarks/titan_llama3.py's copy of torchtitan 0.3.0's block and plan: torchtitan
 itself needs a torch newer than 2.11 (tests/cpu check the copy against it).
 Each sequence has ``--seq`` tokens (8192), so batch b runs b x 8192 tokens; the hidden state
 enters the layers sharded along seq, [batch, seq / W, dim], as between torchtitan's blocks.
@@ -38,7 +38,7 @@ set_defaults()  # (before torch and overlap_pass read the environment)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from tools.measure import add_settle_argument, relative_error, time_interleaved  # noqa: E402
+from benchmarks.measure import add_settle_argument, relative_error, time_interleaved  # noqa: E402
 
 COMPILERS = ("inductor", "async_tp", "dist_gemm", "overlap")
 LABELS = {
@@ -48,7 +48,7 @@ LABELS = {
 
 
 def _compiled(model, compiler: str):
-    from tools.titan_llama3 import compile_titan
+    from benchmarks.titan_llama3 import compile_titan
 
     if compiler == "overlap":
         return compile_titan(model, backend="overlap")
@@ -61,11 +61,11 @@ def _models(size: str, seq: int, layers: int, mesh, device, compilers) -> tuple:
     """The eager stock model and {compiler: compiled model}, every one built from the same seed,
     so with the same weights. Attention runs Flash (Math as the fallback), not torchtitan's
     cuDNN-first order: torch 2.11's cuDNN attention returns wrong gradients to a later call of
-    the same shapes whose output gradient is laid out otherwise (tools/titan_llama3.py), which
+    the same shapes whose output gradient is laid out otherwise (benchmarks/titan_llama3.py), which
     the stock and dist_gemm models, and eager and compiled ones, are."""
     from torch.nn.attention import SDPBackend
 
-    from tools.titan_llama3 import TitanLayers, parallelize_titan
+    from benchmarks.titan_llama3 import TitanLayers, parallelize_titan
 
     def build(gemm_backend: str):
         torch.manual_seed(0)  # the same full weights on every rank and in every model
@@ -235,7 +235,7 @@ def main() -> None:
     meta = {
         "device": torch.cuda.get_device_name(), "world": dist.get_world_size(), "torch": torch.__version__,
         "triton": __import__("triton").__version__, "rounds": args.rounds, "calls": args.calls,
-        "model": "tools/titan_llama3.py (torchtitan 0.3.0's Llama 3 block and TP/SP plan)",
+        "model": "benchmarks/titan_llama3.py (torchtitan 0.3.0's Llama 3 block and TP/SP plan)",
     }  # fmt: skip
     rows = []
     for size in args.sizes.split(","):

@@ -5,7 +5,7 @@ process (tests/sim_world.py), every rank's result of every call checked against 
 reference computed from every rank's operands (tests/gpu/variant_cases.py: new random operands
 per call, outputs and workspaces poisoned before it).
 
-    python3 -m tools.soak --calls 1000 --world 2
+    python3 -m tests.soak --calls 1000 --world 2
 """
 
 import argparse
@@ -81,7 +81,7 @@ def _captures(count: int) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python3 -m tools.soak", description=DESCRIPTION, epilog=EPILOG,
+        prog="python3 -m tests.soak", description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     parser.add_argument("--calls", type=int, default=1000, help="calls to make (each on every rank; default 1000)")
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("tools.soak needs a CUDA GPU", file=sys.stderr)
+        print("tests.soak needs a CUDA GPU", file=sys.stderr)
         return 2
     from overlap_pass.lowering import replay, symm
 

@@ -6,9 +6,9 @@ lowering/choose.py makes them, from an empty Triton cache, with compiling ahead
 (config.compile_ahead: the other configs compiled on threads at the first one's compile) and
 without. Each run is a process of its own with a Triton cache of its own; the modes alternate.
 
-    python3 -m tools.first_calls                      # W=2, 8192 x 4096 x 7168, 2 runs a mode
-    python3 -m tools.first_calls --rows 2048 --runs 1
-    python3 -m tools.first_calls --float8 --rows 1024 --k 512 --n 768
+    python3 -m benchmarks.first_calls                      # W=2, 8192 x 4096 x 7168, 2 runs a mode
+    python3 -m benchmarks.first_calls --rows 2048 --runs 1
+    python3 -m benchmarks.first_calls --float8 --rows 1024 --k 512 --n 768
 
 Hardware: one CUDA GPU (Hopper for the TMA configs); the ranks are simulated in one process
 (tests/sim_world.py). Every call's outputs are checked against an fp32 reference; the error is
@@ -118,7 +118,7 @@ def _first_calls(ahead: bool, float8: bool, world: int, rows: int, k: int, n: in
 def _run_child(ahead: bool, args) -> list:
     """One run in a process of its own, with an empty Triton cache."""
     command = [
-        sys.executable, "-m", "tools.first_calls", "--child", "on" if ahead else "off", "--world", str(args.world),
+        sys.executable, "-m", "benchmarks.first_calls", "--child", "on" if ahead else "off", "--world", str(args.world),
         "--rows", str(args.rows), "--k", str(args.k), "--n", str(args.n), *(["--float8"] if args.float8 else []),
     ]  # fmt: skip
     with tempfile.TemporaryDirectory() as cache:

@@ -1,9 +1,9 @@
 """Benchmark of the overlap ops against NCCL + cuBLAS and PyTorch's async TP.
 
-    torchrun --nproc-per-node 4 -m tools.bench_ops --op all_gather_matmul --out ag.json [--png ag.png]
-    torchrun --nproc-per-node 4 -m tools.bench_ops --op matmul_reduce_scatter --out rs.json
-    torchrun --nproc-per-node 2 -m tools.bench_ops --op all_gather_matmul --float8 rowwise --out ag8.json
-    python3 -m tools.bench_ops --render ag.json     # the tables of an earlier run, on any machine
+    torchrun --nproc-per-node 4 -m benchmarks.bench_ops --op all_gather_matmul --out ag.json [--png ag.png]
+    torchrun --nproc-per-node 4 -m benchmarks.bench_ops --op matmul_reduce_scatter --out rs.json
+    torchrun --nproc-per-node 2 -m benchmarks.bench_ops --op all_gather_matmul --float8 rowwise --out ag8.json
+    python3 -m benchmarks.bench_ops --render ag.json     # the tables of an earlier run, on any machine
 
 Hardware: W CUDA GPUs of one host (NVLink), one process per GPU under torchrun.
 
@@ -36,7 +36,7 @@ set_defaults()  # (before torch and overlap_pass read the environment)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from tools.measure import relative_error, slowest  # noqa: E402
+from benchmarks.measure import relative_error, slowest  # noqa: E402
 
 # (name, M, K, N) per op and world size: Llama 3 8B's and 70B's projections and a wide shape
 SHAPES = {

@@ -3,10 +3,10 @@
 Hardware: one CUDA GPU (the TMA configs need Hopper or newer; the Gluon float8 kernels need
 Hopper, sm_90, and are left out elsewhere). No communication is timed.
 
-    python3 -m tools.bench_gemm --out gemm.json                     # bf16
-    python3 -m tools.bench_gemm --float8 rowwise --out gemm8.json   # float8, fast accumulation
-    python3 -m tools.bench_gemm --float8 rowwise --split --graphs    # Q, K, V apart; graph replays
-    python3 -m tools.bench_gemm --float8 rowwise --sums --graphs     # their input gradients' sums
+    python3 -m benchmarks.bench_gemm --out gemm.json                     # bf16
+    python3 -m benchmarks.bench_gemm --float8 rowwise --out gemm8.json   # float8, fast accumulation
+    python3 -m benchmarks.bench_gemm --float8 rowwise --split --graphs    # Q, K, V apart; graph replays
+    python3 -m benchmarks.bench_gemm --float8 rowwise --sums --graphs     # their input gradients' sums
 
 Per bench_ops shape at world size ``--world`` (its chunking; one GPU, no peers): the all-gather
 consumer with every chunk already arrived (all flags set, so it never waits) and the
@@ -17,7 +17,7 @@ torch.mm (bf16) or _scaled_mm (float8: e4m3, bf16 out, the same scales and accum
 ops' cuBLAS variants run it: scaled_ops.scaled_mm_rows). What a fused variant's GEMM costs
 before any communication: at W ranks it can beat NCCL + cuBLAS only if the collective it hides
 is longer than this GEMM's lag behind cuBLAS. A time is the median over interleaved rounds (in
-shuffled order) of the mean per call (tools/measure.time_interleaved). ``--split``: the
+shuffled order) of the mean per call (benchmarks/measure.time_interleaved). ``--split``: the
 all-gather shapes as the models' separate weights (bench_ops.WEIGHTS) in one consumer call,
 against cuBLAS on each weight; ``--graphs``: every runner timed as a CUDA graph replay, as the
 ops run inside compiled models; ``--sums``: instead, the backward's input gradients of those
@@ -38,8 +38,8 @@ from overlap_pass.templates import all_gather_matmul_pingpong as pingpong
 from overlap_pass.templates import gemm
 from overlap_pass.templates import matmul_reduce_scatter as producer
 from overlap_pass.templates import matmul_reduce_scatter_pingpong as producer_pingpong
-from tools.bench_ops import SHAPES, WEIGHTS, weight_columns
-from tools.measure import relative_error, time_interleaved
+from benchmarks.bench_ops import SHAPES, WEIGHTS, weight_columns
+from benchmarks.measure import relative_error, time_interleaved
 
 EPOCH = 1
 FP8 = torch.float8_e4m3fn

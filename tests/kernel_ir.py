@@ -1,10 +1,10 @@
 """The fused TMA kernels compiled for Hopper (sm_90a) without a GPU, and what their IR says.
 
-    python3 -m tools.kernel_ir            # a table: each kernel variant's pipelining, stores, smem,
+    python3 -m tests.kernel_ir            # a table: each kernel variant's pipelining, stores, smem,
                                           # registers and spills (ptxas)
-    python3 -m tools.kernel_ir --json     # the same as JSON, one object per variant
-    python3 -m tools.kernel_ir --pingpong # the Gluon float8 consumer's, as JSON
-    python3 -m tools.kernel_ir --pingpong-producer  # the Gluon float8 producer's, as JSON
+    python3 -m tests.kernel_ir --json     # the same as JSON, one object per variant
+    python3 -m tests.kernel_ir --pingpong # the Gluon float8 consumer's, as JSON
+    python3 -m tests.kernel_ir --pingpong-producer  # the Gluon float8 producer's, as JSON
 
 Hardware: any machine, GPU or not (Triton compiles for sm_90a without one). Not under
 TRITON_INTERPRET=1, which makes kernels uncompilable: the CPU test runs this apart.

@@ -1,11 +1,11 @@
 """Randomized-model checker: tensor-parallel blocks drawn from a seed, each compiled with
 backend="overlap" and run end to end on CPU processes (gloo), against eager.
 
-    python3 -m tools.fuzz --cases 50 --seed 0                # W drawn from 2, 3, 4
-    python3 -m tools.fuzz --seed 17 --cases 1 --world 2,3    # rerun one case
-    python3 -m tools.fuzz --replay '{"seed": 17, "world": 3, ...}'
+    python3 -m tests.fuzz --cases 50 --seed 0                # W drawn from 2, 3, 4
+    python3 -m tests.fuzz --seed 17 --cases 1 --world 2,3    # rerun one case
+    python3 -m tests.fuzz --replay '{"seed": 17, "world": 3, ...}'
 
-Case i of a run is drawn from random.Random(seed + i) (tools/fuzz_models.draw): model dim, heads
+Case i of a run is drawn from random.Random(seed + i) (tests/fuzz_models.draw): model dim, heads
 and KV heads (GQA), FFN size, bias per linear, batch, tokens, world size, layout (DTensor
 sequence parallel, DTensor plain TP, functional collectives Megatron style, DTensor and
 functional mixed), fp32 or bf16 autocast, activation checkpointing, and odd patterns (a residual
@@ -25,7 +25,7 @@ import re
 import sys
 import time
 
-from tools.fuzz_models import LAYOUTS, WORLDS, draw, run_case
+from tests.fuzz_models import LAYOUTS, WORLDS, draw, run_case
 
 # ---------------------------------------------------------------------------------------------
 # Checking one case's per-rank results
@@ -56,7 +56,7 @@ def reason_key(reason: str) -> str:
 
 def rerun_command(case: dict, worlds: tuple) -> str:
     world = "" if tuple(worlds) == WORLDS else f" --world {','.join(map(str, worlds))}"
-    return f"python3 -m tools.fuzz --seed {case['seed']} --cases 1{world}"
+    return f"python3 -m tests.fuzz --seed {case['seed']} --cases 1{world}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +175,7 @@ def failure_text(case: dict, found: list[str], worlds: tuple, torch_too: bool = 
         [
             f"  FAILED seed {case['seed']}{also}: {json.dumps(case)}",
             f"  rerun: {rerun_command(case, worlds)}",
-            f"     or: python3 -m tools.fuzz --replay '{json.dumps(case)}'",
+            f"     or: python3 -m tests.fuzz --replay '{json.dumps(case)}'",
         ]
         + ["  " + line for problem in found for line in problem.splitlines()]
     )
@@ -183,7 +183,7 @@ def failure_text(case: dict, found: list[str], worlds: tuple, torch_too: bool = 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python3 -m tools.fuzz",
+        prog="python3 -m tests.fuzz",
         description=(
             "Draws tensor-parallel transformer blocks from a seed (sizes, GQA, bias per linear, "
             "batch, tokens, world size, DTensor SP / DTensor plain TP / functional collectives / "
