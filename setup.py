@@ -10,6 +10,7 @@ setup(
     # overlap_pass.templates; nothing generic lands at the top of site-packages.
     packages=[
         "overlap_pass",
+        "overlap_pass.graph",
         "overlap_pass.normalize",
         "overlap_pass.regions",
         "overlap_pass.fusion",

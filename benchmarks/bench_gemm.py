@@ -31,7 +31,7 @@ import types
 import torch
 import triton
 
-from overlap_pass.scaled_ops import scaled_mm_rows
+from overlap_pass.ops.scaled_ops import scaled_mm_rows
 
 from overlap_pass.templates import all_gather_matmul as consumer
 from overlap_pass.templates import all_gather_matmul_pingpong as pingpong

@@ -52,7 +52,7 @@ def _float8_ops(world: int, rows: int, k: int, n: int, gen) -> list:
     rowwise forward): the Triton kernels' float8 configs and, on Hopper, the Gluon ones."""
     import torch
 
-    from overlap_pass import scaled_ops
+    from overlap_pass.ops import scaled_ops
     from overlap_pass.lowering import scaled
 
     fp8 = torch.float8_e4m3fn

@@ -75,10 +75,11 @@ def _resolved_run():
 def _layers(kind: str, args, device) -> dict:
     """overlap's call of the op ``kind`` at each layer (see the module's docstring), as
     functions of no arguments."""
-    from overlap_pass import config, direct_calls, ops
+    from overlap_pass import config, direct_calls
     from overlap_pass.lowering import dispatch, replay, symm
+    from overlap_pass.ops import registry
 
-    op, entry = ops.overload(kind), getattr(dispatch, kind)
+    op, entry = registry.overload(kind), getattr(dispatch, kind)
     for _ in range(3):  # measured (or cached), then captured, then replayed
         op(*args)
     run = _resolved_run()
@@ -155,15 +156,15 @@ def bench(args, device, group) -> list[dict]:
         partial = torch.mm(cols, weight_rs.t())
         return c10d.wait_tensor.default(c10d.reduce_scatter_tensor.default(partial, "sum", world, name))
 
-    from overlap_pass import all_reduce_op
-    from overlap_pass import ops as overlap_ops
+    from overlap_pass.ops import all_reduce_op
+    from overlap_pass.ops import matmul_ops as overlap_ops
 
-    empty_ag = _empty_op("all_gather_matmul", overlap_ops._SCHEMAS["all_gather_matmul"], (None, [torch.mm(shard, weight.t())]))
-    empty_rs = _empty_op("matmul_reduce_scatter", overlap_ops._SCHEMAS["matmul_reduce_scatter"], shard.clone())
-    empty_ar = _empty_op("all_reduce", all_reduce_op._SCHEMAS["all_reduce"], amax.clone())
-    bare_ag = _op_of("all_gather_matmul_bare", overlap_ops._SCHEMAS["all_gather_matmul"], dispatch.all_gather_matmul)
-    bare_rs = _op_of("matmul_reduce_scatter_bare", overlap_ops._SCHEMAS["matmul_reduce_scatter"], dispatch.matmul_reduce_scatter)
-    bare_ar = _op_of("all_reduce_bare", all_reduce_op._SCHEMAS["all_reduce"], dispatch.all_reduce)
+    empty_ag = _empty_op("all_gather_matmul", overlap_ops.SCHEMAS["all_gather_matmul"], (None, [torch.mm(shard, weight.t())]))
+    empty_rs = _empty_op("matmul_reduce_scatter", overlap_ops.SCHEMAS["matmul_reduce_scatter"], shard.clone())
+    empty_ar = _empty_op("all_reduce", all_reduce_op.SCHEMAS["all_reduce"], amax.clone())
+    bare_ag = _op_of("all_gather_matmul_bare", overlap_ops.SCHEMAS["all_gather_matmul"], dispatch.all_gather_matmul)
+    bare_rs = _op_of("matmul_reduce_scatter_bare", overlap_ops.SCHEMAS["matmul_reduce_scatter"], dispatch.matmul_reduce_scatter)
+    bare_ar = _op_of("all_reduce_bare", all_reduce_op.SCHEMAS["all_reduce"], dispatch.all_reduce)
     ops = {
         "all_gather -> matmul": {
             "torch dispatcher alone (an empty op of the schema)": lambda: empty_ag(*ag_args),

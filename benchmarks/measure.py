@@ -90,10 +90,10 @@ def op_calls_since(before: dict) -> dict:
 @contextlib.contextmanager
 def overlap_op_calls(also: tuple = ()):
     """While open, counts each overlap op call made on CUDA tensors (dispatch's entry points,
-    which ops.py's CUDA kernels look up again while it is open) and the dispatch functions named
+    which matmul_ops.py's CUDA kernels look up again while it is open) and the dispatch functions named
     in ``also``; the Counter yielded holds them by name, and under "host s" the host time spent
     in the ops."""
-    from overlap_pass import ops
+    from overlap_pass.ops import registry
     from overlap_pass.lowering import dispatch
 
     counts, real = collections.Counter(), {name: getattr(dispatch, name) for name in (*OVERLAP_OPS, *also)}
@@ -114,12 +114,12 @@ def overlap_op_calls(also: tuple = ()):
     try:
         for name in real:
             setattr(dispatch, name, counting(name))
-        ops.look_up_entry_points_again()  # (the ops' CUDA kernels keep what they looked up)
+        registry.look_up_entry_points_again()  # (the ops' CUDA kernels keep what they looked up)
         yield counts
     finally:
         for name, function in real.items():
             setattr(dispatch, name, function)
-        ops.look_up_entry_points_again()
+        registry.look_up_entry_points_again()
 
 
 if __name__ == "__main__":  # a module the tools import, not a tool: --help says what it is

@@ -14,7 +14,7 @@ is written in place, row for row, and the gathered tensor is the workspace itsel
 
 All take the op's arguments and return what the op returns: (gathered or None, outputs); the
 symmetric-memory ones write into ``outputs=allocate(...)`` when given (replay.py). The
-contractions over the gathered rows (weight gradients, ops.py) run per chunk as it arrives in
+contractions over the gathered rows (weight gradients, matmul_ops.py) run per chunk as it arrives in
 copy_engine_cublas where a chunk is one run of rows, accumulating in the output (cuBLAS beta =
 1: one rounding per chunk); otherwise, and in the fused variant, once after the last chunk,
 over the whole workspace; nccl_cublas runs them as one matmul each.
@@ -26,7 +26,9 @@ import math
 
 import torch
 
-from overlap_pass import config, ops, schedule
+from overlap_pass import config
+
+from overlap_pass.ops import matmul_ops, schedule
 from overlap_pass.templates import all_gather_matmul as consumer
 from overlap_pass.templates import gemm, signals
 
@@ -44,14 +46,14 @@ def allocate(
     tensor if asked for (else None), and one output per mat2, then one per contraction, then
     each passenger's gathered tensor. Made apart from the call so that a call replayed from a
     CUDA graph (replay.py) writes new ones."""
-    gathered_shape = ops._gathered_shape(shard, gather_dim, world_size)
+    gathered_shape = matmul_ops._gathered_shape(shard, gather_dim, world_size)
     k = shard.shape[-1]
     outs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]]) for m in mat2s]
     outs += [
         shard.new_empty((k, other.shape[-1]) if left else (other.shape[-1], k))
         for other, left in zip(contract_with, gathered_left)
     ]
-    outs += ops.gathered_passengers(passengers, gather_dim, world_size)
+    outs += matmul_ops.gathered_passengers(passengers, gather_dim, world_size)
     return (shard.new_empty(gathered_shape) if return_gathered else None), outs
 
 
@@ -273,7 +275,7 @@ def nccl_gather(shard: torch.Tensor, gather_dim: int, world_size: int, group_nam
     joined = collectives.all_gather(raw, world_size, group_name)
     stacked = joined.view(shard.dtype).view((world_size,) + tuple(shard.shape))
     if math.prod(shard.shape[:gather_dim]) == 1:  # ranks stacked: in order (RowLayout's outer)
-        return stacked.view(ops._gathered_shape(shard, gather_dim, world_size))
+        return stacked.view(matmul_ops._gathered_shape(shard, gather_dim, world_size))
     return torch.cat(stacked.unbind(0), dim=gather_dim)
 
 

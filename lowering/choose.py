@@ -55,7 +55,8 @@ import torch.distributed as dist
 from overlap_pass import config
 from overlap_pass.templates.launch import compiling_ahead
 
-from . import symm, torch_compat
+from overlap_pass import torch_compat
+from . import symm
 
 log = logging.getLogger("overlap_pass")
 

@@ -6,7 +6,7 @@ signature's first calls, the token counts no fused variant takes."""
 
 import torch
 
-from .torch_compat import functional_collectives
+from overlap_pass.torch_compat import functional_collectives
 
 
 def all_gather(shard: torch.Tensor, world_size: int, group_name: str) -> torch.Tensor:

@@ -8,13 +8,16 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from overlap_pass import all_reduce_op, config, new_counts, ops, scaled_ops
+from overlap_pass import config
 
+
+from overlap_pass.ops import all_reduce_op, matmul_ops, scaled_ops
 from . import all_gather_matmul as agm
 from . import all_reduce as ar
 from . import choose, scaled
 from . import matmul_reduce_scatter as mrs
-from . import replay, symm, torch_compat
+from overlap_pass import torch_compat
+from . import replay, symm
 
 
 @functools.cache
@@ -119,6 +122,11 @@ def _resolved(fast_key: tuple):
     return run
 
 
+# Whether a call signature's first calls run NCCL + cuBLAS (config.fused_from_call): not once a
+# graph that runs plain Inductor's code at a token count's first calls has been compiled in this
+# process (shapes/new_counts.py turns it off): that graph has done the waiting.
+first_calls_on_nccl = True
+
 # call signatures whose first calls ran NCCL + cuBLAS (config.fused_from_call), most recent last
 _WARMED: collections.OrderedDict[tuple, None] = collections.OrderedDict()
 
@@ -127,12 +135,12 @@ def _baseline_at_first_calls(fast_key: tuple, baseline, device):
     """The run of ``fast_key``'s first config.fused_from_call - 1 calls: NCCL + cuBLAS, which
     then hands the signature to _first_call's choice; None where its first calls are over, the
     implementation is forced, a graph warms its token counts up on plain Inductor instead
-    (new_counts.py), or CUDA graphs take the host out of the way (a capture records the call;
+    (first_calls_on_nccl), or CUDA graphs take the host out of the way (a capture records the call;
     graph trees warm a model up, to record its next call: the choice is made now). The same on
     every rank: each calls the op with the same signatures in the same order."""
     fused_from_call = config.fused_from_call  # (each config read costs the host microseconds)
     if (
-        fused_from_call <= 1 or config.implementation != "auto" or fast_key in _WARMED or not new_counts.ops_warm_up()
+        fused_from_call <= 1 or config.implementation != "auto" or fast_key in _WARMED or not first_calls_on_nccl
         or torch.cuda.is_current_stream_capturing() or choose.replays_graphs(device)
     ):  # fmt: skip
         return None
@@ -262,7 +270,7 @@ def _first_call(kind, fast_key, group_name, world_size, variants, shapes, dtype,
     pick made at another token count of its bucket that refuses this count (choose.refusals:
     the same on every rank) leaves this signature to NCCL + cuBLAS."""
     group = torch_compat.resolve_process_group(group_name)
-    ops.check(
+    matmul_ops.check(
         group.size() == world_size,
         lambda: f"group {group_name} has {group.size()} ranks, the op was given {world_size}",
     )
@@ -313,7 +321,7 @@ def all_gather_matmul(
             shard, mat2s, biases, gather_dim % shard.dim(), world_size, group_name, return_gathered,
             contract_with, gathered_left, passengers,
         )  # fmt: skip
-    dim = ops._check_all_gather_matmul(
+    dim = matmul_ops._check_all_gather_matmul(
         shard, mat2s, biases, gather_dim, world_size, contract_with, gathered_left, passengers
     )
     args = (
@@ -322,7 +330,7 @@ def all_gather_matmul(
     contractions = [(o.shape[-1], left) for o, left in zip(contract_with, gathered_left)]
     shapes = all_gather_matmul_shapes(shard.shape, mat2s, biases, dim, contractions, _row_bytes(passengers))
     variants = _ag_variants(len(mat2s))
-    reference = ops.all_gather_matmul_reference
+    reference = matmul_ops.all_gather_matmul_reference
     return _first_call(agm.KIND, fast_key, group_name, world_size, variants, shapes, shard.dtype, shard.device, args, reference)
 
 
@@ -339,20 +347,20 @@ def matmul_reduce_scatter(
     if run is not None:
         dim = scatter_dim % inputs[0].dim()
         return run(inputs, mat2s, bias, reduce_op, dim, world_size, group_name, out_dtype)
-    dim = ops._check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, out_dtype)
+    dim = matmul_ops._check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, out_dtype)
     args = (inputs, mat2s, bias, reduce_op, dim, world_size, group_name, out_dtype)
     shapes = matmul_reduce_scatter_shapes(
         [a.shape for a in inputs], mat2s, bias is not None, reduce_op, dim, out_dtype
     )
     variants = _rs_variants(len(inputs))
-    reference, dtype, device = ops.matmul_reduce_scatter_reference, inputs[0].dtype, inputs[0].device
+    reference, dtype, device = matmul_ops.matmul_reduce_scatter_reference, inputs[0].dtype, inputs[0].device
     return _first_call(mrs.KIND, fast_key, group_name, world_size, variants, shapes, dtype, device, args, reference)
 
 
 def matmul_reduce_scatter_tail(
     inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name, out_dtype, tail_of, tail_with
 ):  # fmt: skip
-    """The op with its tail matmuls (ops.py's ``.tail`` overload), chosen and replayed apart
+    """The op with its tail matmuls (matmul_ops.py's ``.tail`` overload), chosen and replayed apart
     from the op alone: the tail changes what each variant hides."""
     if out_dtype == inputs[0].dtype:
         out_dtype = None
@@ -365,8 +373,8 @@ def matmul_reduce_scatter_tail(
     if run is not None:
         dim = scatter_dim % inputs[0].dim()
         return run(inputs, mat2s, bias, reduce_op, dim, world_size, group_name, out_dtype, tail_of, tail_with)
-    dim = ops._check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, out_dtype)
-    ops.check_tail_matmuls(inputs, tail_of, tail_with)
+    dim = matmul_ops._check_matmul_reduce_scatter(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, out_dtype)
+    matmul_ops.check_tail_matmuls(inputs, tail_of, tail_with)
     args = (inputs, mat2s, bias, reduce_op, dim, world_size, group_name, out_dtype, tail_of, tail_with)
     shapes = matmul_reduce_scatter_shapes(
         [a.shape for a in inputs], mat2s, bias is not None, reduce_op, dim, out_dtype
@@ -375,7 +383,7 @@ def matmul_reduce_scatter_tail(
     # with the bucket alone and a neighbour's choice still applies
     shapes["tail"] = [[i, w.shape[-1]] for i, w in zip(tail_of, tail_with)]
     variants = _rs_tail_variants(len(inputs))
-    reference, dtype, device = ops.matmul_reduce_scatter_tail_reference, inputs[0].dtype, inputs[0].device
+    reference, dtype, device = matmul_ops.matmul_reduce_scatter_tail_reference, inputs[0].dtype, inputs[0].device
     return _first_call(mrs.TAIL_KIND, fast_key, group_name, world_size, variants, shapes, dtype, device, args, reference)
 
 
@@ -478,7 +486,7 @@ def all_reduce(inp, reduce_op, world_size, group_name):
     args = (inp, reduce_op, world_size, group_name)
     if run is not None:
         return run(*args)
-    ops.check(reduce_op in all_reduce_op.REDUCE_OPS, lambda: f"all_reduce: reduce_op {reduce_op!r}")
+    matmul_ops.check(reduce_op in all_reduce_op.REDUCE_OPS, lambda: f"all_reduce: reduce_op {reduce_op!r}")
     if inp.numel() * inp.element_size() > config.small_all_reduce_bytes:  # (a symbolic size, grown)
         if not torch.cuda.is_current_stream_capturing():
             _remember(fast_key, ar.nccl)

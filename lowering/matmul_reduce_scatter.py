@@ -47,7 +47,9 @@ import math
 
 import torch
 
-from overlap_pass import config, ops, schedule
+from overlap_pass import config
+
+from overlap_pass.ops import matmul_ops, schedule
 from overlap_pass.templates import gemm
 from overlap_pass.templates import matmul_reduce_scatter as producer
 
@@ -62,7 +64,7 @@ def _input_rows(inputs, scatter_dim, world_size):
     """The inputs as their [M, K_i] rows (a copy only for an input that is not contiguous), and
     their row layout (row_layout.py)."""
     flats = [a.contiguous().view(-1, a.shape[-1]) for a in inputs]
-    chunk_shape = ops._scattered_shape(list(inputs[0].shape), scatter_dim, world_size)
+    chunk_shape = matmul_ops._scattered_shape(list(inputs[0].shape), scatter_dim, world_size)
     return flats, RowLayout.of(chunk_shape, scatter_dim, world_size)
 
 
@@ -75,7 +77,7 @@ def allocate(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_name
 
 
 def _output_shape(inputs, mat2s, scatter_dim, world_size) -> list:
-    return ops._scattered_shape([*inputs[0].shape[:-1], mat2s[0].shape[1]], scatter_dim, world_size)
+    return matmul_ops._scattered_shape([*inputs[0].shape[:-1], mat2s[0].shape[1]], scatter_dim, world_size)
 
 
 def _tail_outputs(operands) -> list[torch.Tensor]:
@@ -85,7 +87,7 @@ def _tail_outputs(operands) -> list[torch.Tensor]:
 def allocate_tail(*args):
     """The ``.tail`` overload's outputs: the op's, and each tail matmul's [K_i, N_j]."""
     *op_args, tail_of, tail_with = args
-    return allocate(*op_args), _tail_outputs(ops.tail_operands(op_args[0], tail_of, tail_with))
+    return allocate(*op_args), _tail_outputs(matmul_ops.tail_operands(op_args[0], tail_of, tail_with))
 
 
 def run_tail(tail) -> None:
@@ -307,7 +309,7 @@ def _with_tail(variant, *args, outputs=None):
     """``outputs``: allocate_tail's, for a replayed call (the baseline, never replayed, makes
     its own)."""
     *op_args, tail_of, tail_with = args
-    operands = ops.tail_operands(op_args[0], tail_of, tail_with)
+    operands = matmul_ops.tail_operands(op_args[0], tail_of, tail_with)
     out, tail_outs = outputs or (None, _tail_outputs(operands))
     tail = [(a, b, o) for (a, b), o in zip(operands, tail_outs)]
     given = {} if out is None else {"outputs": out}

@@ -27,7 +27,8 @@ import torch
 
 from overlap_pass import config
 
-from . import choose, torch_compat
+from overlap_pass import torch_compat
+from . import choose
 from .symm import new_stream
 
 log = logging.getLogger("overlap_pass")

@@ -30,7 +30,9 @@ import functools
 
 import torch
 
-from overlap_pass import config, ops, scaled_ops, schedule
+from overlap_pass import config
+
+from overlap_pass.ops import matmul_ops, scaled_ops, schedule
 from overlap_pass.templates import all_gather_matmul as consumer
 from overlap_pass.templates import gemm
 
@@ -99,10 +101,10 @@ def allocate_gather(
     """The float8 all-gather's outputs, empty: the gathered shard if asked for (else None), one
     output per mat2, each passenger's gathered tensor. Made apart from the call, as
     agm.allocate, so that a call replayed from a CUDA graph (replay.py) writes new ones."""
-    gathered_shape = ops._gathered_shape(shard, gather_dim, world_size)
+    gathered_shape = matmul_ops._gathered_shape(shard, gather_dim, world_size)
     outs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]], dtype=out_dtype) for m in mat2s]
     gathered = shard.new_empty(gathered_shape) if return_gathered else None
-    return gathered, outs, ops.gathered_passengers(passengers, gather_dim, world_size)
+    return gathered, outs, matmul_ops.gathered_passengers(passengers, gather_dim, world_size)
 
 
 def _start_gather(
@@ -192,7 +194,7 @@ def allocate_scatter(
 
 def _scattered_output(inputs, n, scatter_dim, world_size, dtype) -> torch.Tensor:
     full = [*inputs[0].shape[:-1], n]
-    return inputs[0].new_empty(ops._scattered_shape(full, scatter_dim, world_size), dtype=dtype)
+    return inputs[0].new_empty(matmul_ops._scattered_shape(full, scatter_dim, world_size), dtype=dtype)
 
 
 def _reduce_scatter(inputs, flats, layout, n, scatter_dim, world_size, group_name, reduce_op, dtypes, produce, outputs):

@@ -49,7 +49,7 @@ from overlap_pass.templates import all_reduce as all_reduce_kernel
 from overlap_pass.templates import signals
 from overlap_pass.templates.all_gather_matmul import ChunkTimeout
 
-from . import torch_compat
+from overlap_pass import torch_compat
 
 log = logging.getLogger("overlap_pass")
 

@@ -7,6 +7,7 @@
 from . import config, ops
 from .backend import overlap_backend
 from .graph_pass import OverlapNotApplied, OverlapPass, install
+from .ops import registry  # noqa: F401  (registers the ops)
 
 __all__ = ["OverlapNotApplied", "OverlapPass", "config", "ops", "overlap_backend"]
 

@@ -14,6 +14,19 @@ import types
 
 from torch.utils._config_module import Config, install_config_module
 
+
+def _int_from_env(name: str, default: int) -> int:
+    """An integer knob's default, from the environment where ``name`` is set: Config's own
+    environment variables read "0" and "1" as booleans and anything else as a string."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"overlap_pass.config: {name}={value!r} is not an integer") from None
+
+
 # Apply the pass inside the default ``torch.compile(model)`` (backend="inductor") too.
 # backend="overlap" applies it whatever this says. Needs ``import overlap_pass`` first.
 enabled: bool = Config(default=False, env_name_default="OVERLAP_PASS_ENABLED")
@@ -52,8 +65,8 @@ gather_passengers: bool = Config(default=True, env_name_default="OVERLAP_PASS_GA
 
 # The weight gradients of a reduce-scatter op's linears (contractions of its inputs, the output
 # gradients, over the tokens) run inside the op, after its partials and before its sum, while
-# the last partials travel (regions/tail_matmuls.py). Off: measured, the GEMMs beside the
-# transfers slowed by about what it hid (docs/rewrites.md#tail-matmuls).
+# the last partials travel (regions/tail_matmuls.py). Off by default: the GEMMs beside the
+# transfers slow by about what it hides (docs/rewrites.md#tail-matmuls).
 tail_matmuls: bool = Config(default=False, env_name_default="OVERLAP_PASS_TAIL_MATMULS")
 
 # Small all-reduces that the graph's inputs alone determine (float8's amaxes of weights and of
@@ -66,15 +79,15 @@ merge_small_all_reduces: bool = Config(default=True, env_name_default="OVERLAP_P
 # measurement finds it faster (regions/small_all_reduces.py). A small all-reduce is all latency
 # and host steps. A symbolic size is judged at its traced value; a call over the limit at run
 # time goes to NCCL. 0: every all-reduce stays NCCL's.
-small_all_reduce_bytes: int = int(os.environ.get("OVERLAP_PASS_SMALL_ALL_REDUCE_BYTES", 256 << 10))
+small_all_reduce_bytes: int = Config(default=_int_from_env("OVERLAP_PASS_SMALL_ALL_REDUCE_BYTES", 256 << 10))
 
-# A plain-TP split (all_reduce_split.py) counts a collective as fused only where it moves at
-# least this many bytes a rank; a smaller one counts as plain: the op call a split adds costs
-# the host 20-50 us (benchmarks/host_cost.py), and where the host sets the pace a smaller collective
-# buys nothing. A graph on symbolic token counts is compiled (backend="overlap") once per range of
-# counts its regions split in (size_ranges.py); elsewhere judged at its traced value. 0: every
-# fusable one counts.
-split_min_bytes: int = int(os.environ.get("OVERLAP_PASS_SPLIT_MIN_BYTES", 16 << 20))
+# A plain-TP split (regions/) counts a collective as fused only where it moves at least this
+# many bytes a rank; a smaller one counts as plain: the op call a split adds costs the host
+# tens of microseconds (docs/benchmarks.md, host time of an op call), and where the host sets
+# the pace a smaller collective buys nothing. A graph on symbolic token counts is compiled
+# (backend="overlap") once per range of counts its regions split in (shapes/size_ranges.py);
+# elsewhere judged at its traced value. 0: every fusable one counts.
+split_min_bytes: int = Config(default=_int_from_env("OVERLAP_PASS_SPLIT_MIN_BYTES", 16 << 20))
 
 # Raise (OverlapNotApplied) instead of warning where a compiled graph holds tensor-parallel
 # collectives next to matmuls and the pass rewrites none of them: for CI and benchmarks, which
@@ -95,44 +108,44 @@ implementation: str = Config(default="auto", env_name_default="OVERLAP_PASS_IMPL
 op_graphs: bool = Config(default=True, env_name_default="OVERLAP_PASS_OP_GRAPHS")
 
 # Inductor's generated code calls the ops' CUDA kernels directly instead of through torch's
-# dispatcher (direct_calls.py): 7-25 µs less host time an op call (2xH200). Under a profiler
-# the calls go through the op still. Off: every call goes through torch.ops.overlap.
+# dispatcher (pipeline/direct_calls.py): less host time an op call (docs/benchmarks.md, host
+# time of an op call). Under a profiler the calls go through the op still. Off: every call goes
+# through torch.ops.overlap.
 direct_op_calls: bool = Config(default=True, env_name_default="OVERLAP_PASS_DIRECT_OP_CALLS")
 
 # Call signatures (shapes, strides, dtypes) whose resolved variant and per-call CUDA graphs are
 # kept, least recently used dropped first: a model whose token counts change from call to call
 # (dynamic shapes) keeps the graphs of its most recent shapes, not of every shape it met. A
 # dropped shape that comes back resolves again (its bucket's choice, tried once; no measurement).
-shapes_kept: int = int(os.environ.get("OVERLAP_PASS_SHAPES_KEPT", 64))
+shapes_kept: int = Config(default=_int_from_env("OVERLAP_PASS_SHAPES_KEPT", 64))
 
 # Most device memory, in MiB, that one symmetric-memory workspace (one per op kind, group and
 # device: the gathered rows of an all-gather, the partials of a reduce-scatter) may take; a call
 # that needs more runs NCCL + cuBLAS instead (the same on every rank: shapes are), logged once.
 # 0: no cap. lowering/symm.bytes_held() tells what the workspaces hold.
-workspace_limit_mib: int = int(os.environ.get("OVERLAP_PASS_WORKSPACE_LIMIT_MIB", 0))
+workspace_limit_mib: int = Config(default=_int_from_env("OVERLAP_PASS_WORKSPACE_LIMIT_MIB", 0))
 
 # Save each gathered activation's shard for the backward and gather it again there (under the
 # weight gradients' GEMMs), as Megatron-LM's sequence parallelism does, instead of saving the
-# gathered tensor: (W - 1) / W of that activation memory less (regather.py). Off by default:
-# at W=2 it saved 286 MiB of a 4-layer 8B step and cost up to 2.3% of the step's time
-# (docs/rewrites.md).
+# gathered tensor: (W - 1) / W of that activation memory less (regions/regather.py). Off by
+# default: it trades step time for that memory (docs/rewrites.md#gathered-again-in-the-backward).
 regather_in_backward: bool = Config(default=False, env_name_default="OVERLAP_PASS_REGATHER_IN_BACKWARD")
 
 # A call signature (its shapes: a token count) runs NCCL + cuBLAS at its first
 # fused_from_call - 1 calls and its chosen variant from then on. A symmetric-memory variant's
 # first two calls at a signature (eager, then capturing its per-call CUDA graph) cost the host
-# some 20 ms more than NCCL + cuBLAS's at the 8B block's counts (4xH100), and its replays save
-# about 1 ms a step there: a count that recurs fewer times never pays that back, and shapes that
-# change from call to call run what plain Inductor runs. A training step's fixed shapes are
-# fused from their 8th step. The choice's measurement waits for it too. 1: fused from the
-# first call. Forced implementations (config.implementation) run from the first call. Graphs on
-# symbolic counts under backend="overlap" wait on plain Inductor's graph instead (below).
-fused_from_call: int = int(os.environ.get("OVERLAP_PASS_FUSED_FROM_CALL", 8))
+# far more than NCCL + cuBLAS's, and its replays save a little a step: a count that recurs
+# fewer times never pays that back, and shapes that change from call to call run what plain
+# Inductor runs. A training step's fixed shapes are fused from their 8th step. The choice's
+# measurement waits for it too. 1: fused from the first call. Forced implementations
+# (config.implementation) run from the first call. Graphs on symbolic counts under
+# backend="overlap" wait on plain Inductor's graph instead (below).
+fused_from_call: int = Config(default=_int_from_env("OVERLAP_PASS_FUSED_FROM_CALL", 8))
 
 # backend="overlap" compiles a graph on symbolic token counts once more without the pass, and a
-# token count's first fused_from_call - 1 calls run that graph: plain Inductor's own, where
-# overlap's graph with its ops on NCCL + cuBLAS ran 0.70-0.93x plain Inductor (8B block, W=4,
-# new_counts.py); so does a count whose op calls keep missing their per-call CUDA graphs. Once
+# token count's first fused_from_call - 1 calls run that graph: plain Inductor's own, faster
+# there than overlap's graph with its ops on NCCL + cuBLAS (shapes/new_counts.py); so does a
+# count whose op calls keep missing their per-call CUDA graphs. Once
 # such a graph exists, the ops of the process run their chosen variants from a signature's first
 # call (the graph has done the waiting). CUDA only. Off: no second compile; the ops wait as above.
 plain_graph_at_new_counts: bool = Config(default=True, env_name_default="OVERLAP_PASS_PLAIN_GRAPH_AT_NEW_COUNTS")
@@ -141,24 +154,20 @@ plain_graph_at_new_counts: bool = Config(default=True, env_name_default="OVERLAP
 # bucket's choice at its first token counts, and is measured at its measure_bucket_after-th
 # distinct count: a count seen once never stalls its step on a measurement (seconds), a bucket
 # that recurs gets its own choice. 1: measured at its first count.
-measure_bucket_after: int = int(os.environ.get("OVERLAP_PASS_MEASURE_BUCKET_AFTER", 3))
+measure_bucket_after: int = Config(default=_int_from_env("OVERLAP_PASS_MEASURE_BUCKET_AFTER", 3))
 
 # A choice's measurement rides on the op's own calls, a step of it per call (a variant's first
 # call beside NCCL + cuBLAS's, or one sample of one variant on the call's inputs, whose result
 # is the call's), instead of timing every variant at the call that needs the choice: no step
-# stalls for long, many steps are slower. Measured at random token counts (8B block, W=4,
-# 4xH200): the slowest step 152 ms against a 1.2 s stall, but 49 steps at 50 ms (plain
-# Inductor's 7.8), and at steady counts 7 of 8 picks differed from the one-shot measurement's,
-# 2 of them NCCL + cuBLAS where that timed a variant 31-35% faster (docs/ops.md). Off:
+# stalls for long, but many steps are slower and the picks are noisier (docs/ops.md). Off:
 # measured at once. Choices made while CUDA graph trees warm a model up are measured at once.
 measure_over_calls: bool = Config(default=False, env_name_default="OVERLAP_PASS_MEASURE_OVER_CALLS")
 
 # During a choice's measurement, the first fused call that compiles a kernel has the same call's
 # kernels under the other GEMM configs compiled on a thread pool beside its own (up to 8 threads,
 # the process's share of its cores), so that the other configs' first calls find them compiled
-# (templates/launch.py): both ops' four configs' first calls took 8.8-9.5 s in all against
-# 19.7-20.1 s one after another, the float8 ops' five 22.9-23.0 s against 34.2-38.2 (one H200,
-# empty Triton cache, benchmarks/first_calls.py). Off: each config compiles at its own first call.
+# (templates/launch.py; what it saves: docs/ops.md#the-per-shape-choice). Off: each config
+# compiles at its own first call.
 compile_ahead: bool = Config(default=True, env_name_default="OVERLAP_PASS_COMPILE_AHEAD")
 
 # Polls before a wait on a peer gives up (barrier, chunk flags). It then records which rank or
@@ -166,8 +175,7 @@ compile_ahead: bool = Config(default=True, env_name_default="OVERLAP_PASS_COMPIL
 # system-scope atomic read, about a microsecond: the default gives up after some ten minutes,
 # like NCCL's own timeout, since ranks legitimately drift apart by more than seconds (one rank
 # compiling while another hits its cache). Tests and tools set it far lower.
-# (Config's env vars take only booleans and strings, hence the plain read.)
-spin_limit: int = int(os.environ.get("OVERLAP_PASS_SPIN_LIMIT", 1 << 30))
+spin_limit: int = Config(default=_int_from_env("OVERLAP_PASS_SPIN_LIMIT", 1 << 30))
 
 # JSON file of the per-shape choices (rank 0 writes it, later runs read it).
 choice_cache: str = Config(

@@ -12,7 +12,7 @@ import re
 
 import torch
 from torch._logging import trace_structured
-from torch.fx import Graph, Node
+from torch.fx import Graph
 
 from . import config
 
@@ -118,22 +118,3 @@ def trace_artifacts(before: str, after: str, record: dict) -> None:
             payload_fn=payload,
         )
 
-
-def describe_node(node: Node | None) -> dict | None:
-    """Name, op, shape and dtype of a node, for decisions.json."""
-    if node is None:
-        return None
-    val = node.meta.get("val")
-    described = {"name": node.name, "op": _target_name(node)}
-    if isinstance(val, torch.Tensor):
-        described["shape"] = [int(s) if isinstance(s, int) else str(s) for s in val.shape]
-        described["dtype"] = str(val.dtype).replace("torch.", "")
-    return described
-
-
-def _target_name(node: Node) -> str:
-    if node.op != "call_function":
-        return node.op
-    target = node.target
-    name = getattr(target, "name", None)
-    return name() if callable(name) else getattr(target, "__name__", str(target))

@@ -2,7 +2,7 @@
 
 Inductor's Python wrapper calls a custom op as ``torch.ops.overlap.<op>.default(...)``: the
 dispatcher boxes every argument, passes the autograd and other dispatch keys (the ops have no
-kernel there) and hands the arguments back to Python for ops.py's CUDA kernel. On the 2xH200
+kernel there) and hands the arguments back to Python for matmul_ops.py's CUDA kernel. On the 2xH200
 hosts that cost 7-25 µs a call (benchmarks/host_cost.py), about what the per-call CUDA graph's replay
 the call ends in costs. So each op's lowering here makes the wrapper of a graph whose op runs on
 CUDA import this module and call the kernel through it:
@@ -19,8 +19,10 @@ import logging
 
 import torch
 
-from overlap_pass import config, ops
+from overlap_pass import config
 
+
+from overlap_pass.ops import registry
 log = logging.getLogger("overlap_pass")
 
 ALIAS = "overlap_direct_calls"  # the name the generated code imports this module under
@@ -34,8 +36,8 @@ def call(name: str, /, *args, **kwargs):
     here, not through lowering/torch_compat.py: this runs on every call, and the lowering is
     imported on first use.)"""
     if torch._C._autograd._profiler_enabled():
-        return ops.overload(name)(*args, **kwargs)
-    return ops.cuda_kernel(name, *args, **kwargs)
+        return registry.overload(name)(*args, **kwargs)
+    return registry.cuda_kernel(name, *args, **kwargs)
 
 
 def attribute(name: str) -> str:
@@ -47,7 +49,7 @@ def __getattr__(attribute_name: str):
     """The call of each registered op, made once per process on first use (a generated module
     loaded from Inductor's cache in a new process asks here too)."""
     name = attribute_name.replace("__", ".")
-    if attribute_name.startswith("_") or not ops.is_registered(name):
+    if attribute_name.startswith("_") or not registry.is_registered(name):
         raise AttributeError(f"module {__name__!r} has no attribute {attribute_name!r}")
     made = globals()[attribute_name] = functools.partial(call, name)
     return made
@@ -61,8 +63,8 @@ def install_lowerings() -> None:
         from torch._inductor import lowering
     except ImportError:
         return
-    for name in ops.CUDA_OPS:
-        op = ops.overload(name)
+    for name in registry.CUDA_OPS:
+        op = registry.overload(name)
         if op in _LOWERED:
             continue
         try:

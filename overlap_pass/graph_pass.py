@@ -18,11 +18,16 @@ from torch._inductor.pattern_matcher import stable_topological_sort
 from torch.fx import Graph
 
 from . import config, debug, direct_calls, size_ranges
-from .debug import describe_node, log
-from .fusion import decide, patterns, rewrite
-from .fusion.patterns import AllGatherMatmulMatch, Candidate
+from .debug import log
+from .fusion import decide, rewrite
+from .fusion.find_all_gathers import find_all_gather_matmuls
+from .fusion.find_reduce_scatters import find_matmul_reduce_scatters
+from .fusion.matches import ALL_GATHER_MATMUL, AllGatherMatmulMatch, Candidate
+from .graph.nodes import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, SCALED_MM, describe_node, next_to_matmul
 from .normalize import casts, float8, permutes, waits
-from .regions import all_reduce_split, early_all_reduces, passengers, small_all_reduces, tail_matmuls
+from .regions import (
+    early_all_reduces, passengers, small_all_reduces, split_apply, split_records, split_walk, tail_matmuls,
+)
 
 
 class OverlapPass(CustomGraphPass):
@@ -156,7 +161,7 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
     split_records = _split_all_reduces(graph)
     permuted = _move_permutes(graph) if config.all_gather_matmul else {}
     moved = _move_casts(graph, casts.plan(graph)) if config.all_gather_matmul else {}
-    candidates = patterns.find_all_gather_matmuls(graph) + patterns.find_matmul_reduce_scatters(
+    candidates = find_all_gather_matmuls(graph) + find_matmul_reduce_scatters(
         graph
     )
     decisions = _decide(candidates)
@@ -170,7 +175,7 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
     rider_records = []
     if any(record["rewritten"] for _, record in decisions):
         _rewrite_all(graph, decisions)
-        rider_records, hosts = _attach_passengers(graph, [c.collective for c in candidates if c.kind == patterns.ALL_GATHER_MATMUL])
+        rider_records, hosts = _attach_passengers(graph, [c.collective for c in candidates if c.kind == ALL_GATHER_MATMUL])
         _name_hosts(decisions, hosts)
         if config.tail_matmuls:
             _take_tail_matmuls(graph, decisions)
@@ -191,12 +196,12 @@ def overlap_graph_pass(graph: Graph) -> list[dict]:
 
 def _tensor_parallel_collectives(graph: Graph) -> set[str]:
     """Names of the collectives next to matmuls (patterns.next_to_matmul), before any edit."""
-    targets = (patterns.ALL_GATHER, patterns.REDUCE_SCATTER, all_reduce_split.ALL_REDUCE)
+    targets = (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE)
     return {
         node.name
         for target in targets
         for node in graph.find_nodes(op="call_function", target=target)
-        if patterns.next_to_matmul(node)
+        if next_to_matmul(node)
     }
 
 
@@ -228,7 +233,7 @@ def _rewrite_all(graph: Graph, decisions: list[tuple[Candidate, dict]]) -> None:
     snapshot = _copy_graph(graph)
     # Reduce-scatters first: their ops read a matmul that an all-gather op may replace next,
     # and the replacement then updates them (see rewrite.py).
-    ordered = sorted(decisions, key=lambda d: d[0].kind == patterns.ALL_GATHER_MATMUL)
+    ordered = sorted(decisions, key=lambda d: d[0].kind == ALL_GATHER_MATMUL)
     try:
         for candidate, record in ordered:
             if not record["rewritten"]:
@@ -352,7 +357,7 @@ def _merge_repeated_waits(graph: Graph) -> dict:
 
 def _fold_rowwise_epilogues(graph: Graph) -> int:
     """float8.py's rewrite; returns how many it folded. Should it fail, the graph is restored."""
-    if not config.fold_rowwise_float8 or not graph.find_nodes(op="call_function", target=patterns.SCALED_MM):
+    if not config.fold_rowwise_float8 or not graph.find_nodes(op="call_function", target=SCALED_MM):
         return 0
     snapshot = _copy_graph(graph)
     try:
@@ -380,13 +385,13 @@ def _split_all_reduces(graph: Graph) -> list[dict]:
     disabled = []
     if not config.split_all_reduce:
         disabled = [
-            all_reduce_split.record(node, "disabled by overlap_pass.config.split_all_reduce")
-            for node in graph.find_nodes(op="call_function", target=all_reduce_split.ALL_REDUCE)
+            split_records.record(node, "disabled by overlap_pass.config.split_all_reduce")
+            for node in graph.find_nodes(op="call_function", target=ALL_REDUCE)
         ]
         if not config.quantize_before_gather:
             return disabled
     try:
-        split_plan = all_reduce_split.plan(
+        split_plan = split_walk.plan(
             graph, all_reduces=config.split_all_reduce, gathers=config.quantize_before_gather
         )
     except Exception as error:  # never crash compilation on a graph we did not foresee
@@ -397,7 +402,7 @@ def _split_all_reduces(graph: Graph) -> list[dict]:
         return records
     snapshot = _copy_graph(graph)
     try:
-        all_reduce_split.apply(graph, split_plan)
+        split_apply.apply(graph, split_plan)
         stable_topological_sort(graph)
         graph.lint()
     except Exception as error:  # never crash compilation on a graph we did not foresee
@@ -464,7 +469,7 @@ def _decide(candidates: list[Candidate]) -> list[tuple[Candidate, dict]]:
     first: a matmul they take is no longer free for a reduce-scatter."""
     records = {}
     taken_by_all_gather = set()
-    by_kind = sorted(candidates, key=lambda c: c.kind != patterns.ALL_GATHER_MATMUL)
+    by_kind = sorted(candidates, key=lambda c: c.kind != ALL_GATHER_MATMUL)
     for candidate in by_kind:
         record = _describe(candidate)
         if candidate.match is None:

@@ -12,9 +12,9 @@ Here backend="overlap" compiles a graph on symbolic token counts twice: with the
 plain Inductor compiles it (the same Inductor settings, no overlap pass). A call at a count met
 fewer than ``fused_from_call - 1`` times runs the plain graph, forward and backward (the
 autograd function of the graph the forward ran); from the next call on, overlap's, whose ops
-then run their chosen variants from their first call (ops_warm_up() is False once such a graph
-exists: the graph has done the waiting). Counts are the values of the graph's symbols, the
-``config.shapes_kept * 4`` most recent kept.
+then run their chosen variants from their first call (lowering/dispatch.py's
+first_calls_on_nccl is False once such a graph exists: the graph has done the waiting). Counts
+are the values of the graph's symbols, the ``config.shapes_kept * 4`` most recent kept.
 
 A fused op pays from its per-call CUDA graph's replays, which need its tensors at addresses
 met before. Where a count's calls keep finding them elsewhere (the caching allocator's state
@@ -40,7 +40,6 @@ from . import config, size_ranges
 
 log = logging.getLogger("overlap_pass")
 
-_GRAPHS_WARM_COUNTS = False
 # overlap's first calls at a count: eager, then capturing the per-call graphs, twice where the
 # allocator alternates between two sets of addresses; judged from the next one on
 SETTLING_CALLS = 4
@@ -48,13 +47,6 @@ UNREPLAYED_STREAK = 4
 # and, over its first JUDGED_CALLS judged calls, fewer than this share replaying every op call
 JUDGED_CALLS, REPLAYED_SHARE = 12, 0.75
 stats: collections.Counter = collections.Counter()  # "counts back on plain" (tests, tools)
-
-
-def ops_warm_up() -> bool:
-    """Whether each op call signature runs NCCL + cuBLAS at its own first calls
-    (config.fused_from_call): not once a graph that warms its token counts up on plain
-    Inductor has been compiled in this process."""
-    return not _GRAPHS_WARM_COUNTS
 
 
 def applies(example_inputs, patches: dict) -> bool:
@@ -87,7 +79,6 @@ def with_plain_first_calls(compiled, compile_plain, readers: list):
     """``compiled`` behind a function that runs ``compile_plain()``'s graph at a count's first
     calls; ``compiled`` alone where that compile fails. ``readers``: (symbol, (input index,
     dim or None)) for every symbol of the graph's inputs (size_ranges.symbol_readers)."""
-    global _GRAPHS_WARM_COUNTS
     try:
         plain = compile_plain()
     except Exception as error:
@@ -95,9 +86,18 @@ def with_plain_first_calls(compiled, compile_plain, readers: list):
             raise
         log.warning("overlap: plain Inductor's graph for new token counts failed to compile (%r)", error)
         return compiled
-    _GRAPHS_WARM_COUNTS = True
+    _ops_choose_at_first_calls()
     log.info("overlap: a token count's first %d calls run plain Inductor's graph", config.fused_from_call - 1)
     return PlainFirstCalls(compiled, plain, [where for _, where in readers])
+
+
+def _ops_choose_at_first_calls() -> None:
+    """From now on an op call signature runs its chosen variant from its first call, not NCCL
+    + cuBLAS (lowering/dispatch.py): this graph does the waiting."""
+    # deferred: the lowering imports triton (optional on a CPU install); this runs on CUDA
+    from .lowering import dispatch
+
+    dispatch.first_calls_on_nccl = False
 
 
 @functools.cache

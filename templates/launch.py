@@ -36,7 +36,7 @@ import torch
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
-from overlap_pass.lowering import torch_compat
+from overlap_pass import torch_compat
 
 log = logging.getLogger("overlap_pass")
 

@@ -4,7 +4,7 @@ backend="overlap", each from the same weights, two steps each (the tool's own re
 import torch
 import torch.distributed as dist
 
-from overlap_pass.regions import all_reduce_split
+from overlap_pass.regions import split_cost
 from benchmarks import bench_prefill, bench_step
 from benchmarks.titan_llama3 import FLAVORS, LayerArgs
 
@@ -31,7 +31,7 @@ def losses(model: str, dp: int = 1) -> dict:
     counters["overlap_pass"].clear()
     found = {}
     # toy sizes: every split pays when a collective's latency is not counted
-    with all_reduce_split.sizes_ignored():
+    with split_cost.sizes_ignored():
         for compiler in (None, "overlap"):
             model_, optimizer = build(compiler)
             found[compiler or "eager"] = [bench_step._value(step(model_, optimizer)) for _ in range(2)]

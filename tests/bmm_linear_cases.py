@@ -5,7 +5,7 @@ NeMo Automodel runs its tensor-parallel linears under torch.compile as
 view cannot flatten a sequence-sharded DTensor); users also write
 ``torch.einsum("bsd,nd->bsn", x, weight)``, which lowers to a bmm of batch 1 between views that
 move dims of size 1. Both are one matmul over the flattened rows, so the pass takes them as it
-takes F.linear's mm (patterns.shared_matrix, batch_sum).
+takes F.linear's mm (matmul_checks.shared_matrix, batch_sum).
 
 The forms by name (``FORMS``):
 - "bmm": NeMo Automodel's compiled forward, reproduced (``BmmLinear``);

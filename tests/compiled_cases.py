@@ -14,7 +14,7 @@ from torch._inductor import config as inductor_config
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from overlap_pass import config
-from overlap_pass.regions import all_reduce_split
+from overlap_pass.regions import split_cost
 from tests.direct_call_counts import counted_direct_calls
 from benchmarks.measure import relative_error
 from benchmarks.tp_models import TransformerBlock, parallelize_block, parallelize_block_plain
@@ -54,7 +54,7 @@ def tp_block(
     group of its own and with an empty choice cache, so that overlap's workspaces are made and
     its choices measured during the compiled model's first call (CUDA graph trees run it inside
     their memory pool). ``plain``: the block without sequence parallel (the whole sequence on
-    every rank, the same values), its all-reduces split at any size (all_reduce_split.py's
+    every rank, the same values), its all-reduces split at any size (split_cost.py's
     latency term off)."""
     world = dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device())
@@ -72,7 +72,7 @@ def tp_block(
     cache = os.path.join(folder, "choices.json") if mode else config.choice_cache
     # with a mode, graph trees record where every allocation left in their pool came from
     history = inductor_config.patch({"triton.cudagraph_trees_history_recording": bool(mode)})
-    split_always = all_reduce_split.sizes_ignored(plain)
+    split_always = split_cost.sizes_ignored(plain)
     direct = counted_direct_calls()
     with config.patch(debug_dir=folder, choice_cache=cache), history, split_always, direct as direct_calls:
         overlap = torch.compile(copy.deepcopy(eager), backend="overlap", mode=mode)

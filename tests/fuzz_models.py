@@ -91,7 +91,7 @@ def draw(seed: int, worlds=WORLDS) -> dict:
         "moved_scatter": False,
         "residual_before_scatter": bool(functional) and rng.random() < 0.3,
         "second_reader": bool(functional) and rng.random() < 0.3,
-        # plain TP: split every all-reduce (all_reduce_split.py), however small
+        # plain TP: split every all-reduce (regions/split_*.py), however small
         "force_split": parallel == "tp" and rng.random() < 0.8,
     }
     case["moved_scatter"] = bool(functional) and parallel == "sp" and not case["seq_first"] and rng.random() < 0.4
@@ -371,7 +371,7 @@ def run_case(case: dict, backend: str = "overlap") -> dict:
     or None}. A crash is returned, not raised, so that the pool can go on. ``backend``:
     "inductor" runs the same case without the pass (does a failure come from torch itself?)."""
     from overlap_pass import config
-    from overlap_pass.regions import all_reduce_split
+    from overlap_pass.regions import split_cost
 
     # funcol's *_tensor_autograd: deprecated on torch 2.13, the only ones on 2.11
     warnings.filterwarnings("ignore", "`torch.distributed._functional_collectives", FutureWarning)
@@ -380,7 +380,7 @@ def run_case(case: dict, backend: str = "overlap") -> dict:
     mismatches, error = [], None
     quick = torch._inductor.config.patch(QUICK_CODEGEN if os.environ.get("OVERLAP_FUZZ_FULL_CODEGEN") != "1" else {})
     try:
-        with config.patch(debug_dir=folder), quick, all_reduce_split.sizes_ignored(case["force_split"]):
+        with config.patch(debug_dir=folder), quick, split_cost.sizes_ignored(case["force_split"]):
             _compare_steps(case, build(case), backend, mismatches)
     except Exception:
         error = traceback.format_exc()

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from overlap_pass import config
-from overlap_pass.regions import all_reduce_split
+from overlap_pass.regions import split_cost
 
 TOL = dict(atol=2e-5, rtol=2e-5)
 SMALL = dict(
@@ -59,7 +59,7 @@ def forward_backward(folder: str, batch: int, seq: int, family: str = "llama") -
     dump = tempfile.mkdtemp(prefix="overlap-hf-")
     # the test model is small enough that a collective's latency would outweigh its bytes and the
     # cost model would keep the forward's all-reduces: counted as nothing, as at real sizes
-    with config.patch(debug_dir=dump), all_reduce_split.sizes_ignored():
+    with config.patch(debug_dir=dump), split_cost.sizes_ignored():
         for step in range(2):
             ids = torch.randint(0, 128, (batch, seq), generator=torch.Generator().manual_seed(step))
             out_c, out_e = compiled_fn(input_ids=ids, labels=ids), eager(input_ids=ids, labels=ids)
@@ -120,7 +120,7 @@ def prefill_at_lengths(folder: str, batch: int, lengths: list[int]) -> dict:
     eager, compiled = (model.eval() for model in _saved_and_loaded(folder, "llama"))
     compiled_fn = torch.compile(compiled, backend="overlap")
     dump, calls = tempfile.mkdtemp(prefix="overlap-hf-"), []
-    with config.patch(debug_dir=dump), all_reduce_split.sizes_ignored(), torch.no_grad():
+    with config.patch(debug_dir=dump), split_cost.sizes_ignored(), torch.no_grad():
         for seq in lengths:
             ids = torch.randint(0, 128, (batch, seq), generator=torch.Generator().manual_seed(seq))
             calls.append(count_overlap_ops(lambda: setattr(compiled_fn, "out", compiled_fn(input_ids=ids))))

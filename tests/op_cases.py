@@ -120,7 +120,7 @@ def nccl_reduce_scatter_as_reference() -> bool:
     against the reference decomposition: scattered along the sequence of [batch, seq, K] inputs
     (batch 1 and 2: ranks' rows in one block, and in blocks per sequence), along rows, a sum of
     two matmuls with a bias, a sum and an average, and fp32 out of bf16 partials."""
-    from overlap_pass import ops
+    from overlap_pass.ops import matmul_ops
     from overlap_pass.lowering import matmul_reduce_scatter as mrs
 
     world, group = dist.get_world_size(), dist.group.WORLD.group_name
@@ -141,7 +141,7 @@ def nccl_reduce_scatter_as_reference() -> bool:
         b = None if bias_ is None else bias_.to(dtype)
         args = (inputs, weights, b, reduce_op, layout["scatter_dim"], world, group, out_dtype)
         got = mrs.nccl_cublas(*args)
-        want = ops.matmul_reduce_scatter_reference(*args)
+        want = matmul_ops.matmul_reduce_scatter_reference(*args)
         _close(got, want, f"{layout} x{matmuls} {reduce_op} {out_dtype}")
     return True
 
@@ -150,7 +150,7 @@ def scaled_gather_with_passengers(seed: int = 0, device: str = "cpu") -> bool:
     """all_gather_scaled_matmul with passengers (float8 and bf16 shards of the shard's rows),
     rowwise and tensorwise, gathered along seq and along batch: every passenger arrives bit for
     bit as torch.distributed gathers it, the matmuls as _scaled_mm on the gathered rows."""
-    from overlap_pass import scaled_ops
+    from overlap_pass.ops import scaled_ops
 
     world, rank = dist.get_world_size(), dist.get_rank()
     group = dist.group.WORLD.group_name

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from overlap_pass import config
-from overlap_pass.regions import all_reduce_split
+from overlap_pass.regions import split_cost
 from tests.dumps import assert_same_collectives
 
 TP = 2
@@ -251,7 +251,7 @@ def forward_backward(
     (--compile.backend overlap), or "inductor" with the pass turned on in it (what
     ``python3 -m overlap_pass.launch torchtitan.train`` does). ``sequence_parallel=False``:
     --parallelism.enable_sequence_parallel off (plain TP, all-reduces), split at any size
-    (all_reduce_split.py's latency term off: the test model is tiny). ``float8``: torchtitan's
+    (split_cost.py's latency term off: the test model is tiny). ``float8``: torchtitan's
     Float8LinearConverter (rowwise) on every linear, compared at ``tol``, the quantizations
     moved before their gathers at any size. ``dp_shard``: FSDP2 over that many data-parallel
     ranks beside TP (a 2-D mesh of dp_shard x TP ranks; the DTensor backend). Returns the pass's
@@ -299,7 +299,7 @@ def forward_backward(
         # the test model is tiny: every split and quantization before a gather pays when a
         # collective's latency is not counted
         tiny = not sequence_parallel or float8
-        latency = all_reduce_split.sizes_ignored(tiny)
+        latency = split_cost.sizes_ignored(tiny)
         with config.patch(debug_dir=folder, enabled=backend == "inductor"), context(), latency:
             loss = cross_entropy_loss(model(inputs, **extra), targets, global_vocab_size=VOCAB) / targets.numel()
             with spmd_types.no_typecheck():

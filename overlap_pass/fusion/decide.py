@@ -6,9 +6,12 @@ import os
 import torch
 import torch.distributed as dist
 
-from .. import config, scaled_ops
-from .patterns import AllGatherMatmulMatch, Match, MatmulReduceScatterMatch, meta_val
-from .sizes import divisible, static_shape
+from .. import config
+
+from ..ops import scaled_ops
+from ..graph.nodes import meta_val
+from ..graph.sizes import divisible, static_shape
+from .matches import AllGatherMatmulMatch, Match, MatmulReduceScatterMatch
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -1,4 +1,5 @@
-"""rewrite_*: the only module that edits graphs.
+"""rewrite_*: each matched pair becomes its fused op; attach_passenger seats a plain all-gather
+in one. The edits every stage makes (call, reshape, erase_dead) are graph/edits.py's.
 
 Operands are read from the live graph (the collective and matmul nodes), not from the frozen
 match, so that rewriting one end of a back-to-back chain never leaves the other end's match
@@ -8,54 +9,14 @@ pointing at an erased node.
 import operator
 
 import torch
-from torch._guards import detect_fake_mode
 from torch.fx import Graph, Node
-from torch.fx.node import map_arg
 
-from .. import ops, scaled_ops  # noqa: F401  (register torch.ops.overlap)
-from .patterns import (
-    BMM,
-    AllGatherMatmulMatch,
-    ContractionUse,
-    Match,
-    MatmulReduceScatterMatch,
-    SCALED_MM,
-    depends_on,
-    graph_order,
-    is_transpose,
-    scaled_mm_args,
-)
-from .sizes import same_shape, shape_arg
+from ..ops import registry  # noqa: F401  (registers torch.ops.overlap)
+from ..graph.edits import call, erase_dead, reshape
+from ..graph.nodes import BMM, SCALED_MM, depends_on, graph_order, is_transpose, scaled_mm_args
+from .matches import AllGatherMatmulMatch, ContractionUse, Match, MatmulReduceScatterMatch
 
 aten = torch.ops.aten
-
-
-def call(graph: Graph, target, args: tuple, kwargs: dict | None = None) -> Node:
-    """Adds a call_function node and fills its meta["val"] by running ``target`` on fake
-    tensors, as Inductor's lowering needs it."""
-    node = graph.call_function(target, args, kwargs)
-    vals, kwvals = map_arg((args, kwargs or {}), lambda n: n.meta["val"])
-    if target is operator.getitem:
-        node.meta["val"] = target(*vals)
-    else:
-        flat = [v for v in torch.utils._pytree.tree_leaves(vals) if isinstance(v, torch.Tensor)]
-        with detect_fake_mode(flat):
-            node.meta["val"] = target(*vals, **kwvals)
-    if torch.Tag.needs_exact_strides in getattr(target, "tags", ()):
-        # Inductor pins such an op's inputs to these strides only where the node carries them
-        # (else it leaves a node "inserted by a custom pass" free): without them a _scaled_mm's
-        # operand, still of flexible layout, was stored column-major by a fused kernel, and
-        # cuBLASLt rejected it
-        node.meta["eager_input_vals"] = (vals, kwvals)
-    return node
-
-
-def reshape(graph: Graph, node: Node, shape, sources=()) -> Node:
-    """``node`` reshaped to ``shape``, whose symbolic sizes (if any) ``node`` or ``sources``
-    hold in some dim (sizes.shape_arg)."""
-    if same_shape(tuple(node.meta["val"].shape), tuple(shape)):
-        return node
-    return call(graph, aten.reshape.default, (node, shape_arg(graph, shape, (node, *sources))))
 
 
 def _mm_operands(mm: Node) -> tuple[Node, Node, Node | None]:
@@ -69,10 +30,11 @@ def _mm_operands(mm: Node) -> tuple[Node, Node, Node | None]:
 
 
 def _shared_matrix(graph: Graph, mat2: Node) -> tuple[Node, list[Node]]:
-    """The [K, N] matrix a bmm's mat2 [B, K, N] repeats over its batch (patterns.shared_matrix),
-    and the nodes that made the batch of it: the 2-D tensor it was unsqueezed and expanded from
-    where the graph holds it (NeMo Automodel's expand(unsqueeze(w.t(), 0)), or that transposed
-    per batch element), else its first batch element."""
+    """The [K, N] matrix a bmm's mat2 [B, K, N] repeats over its batch
+    (matmul_checks.shared_matrix), and the nodes that made the batch of it: the 2-D tensor it
+    was unsqueezed and expanded from where the graph holds it (NeMo Automodel's
+    expand(unsqueeze(w.t(), 0)), or that transposed per batch element), else its first batch
+    element."""
     node, transposed, chain = mat2, False, [mat2]
     if node.target is aten.permute.default and [d % 3 for d in node.args[1]] == [0, 2, 1]:
         node, transposed = node.args[0], True
@@ -103,14 +65,6 @@ def _matrix_operands(graph: Graph, mm: Node) -> tuple[tuple[Node, Node, Node | N
 def _scales(mm: Node) -> tuple[Node, Node]:
     named = scaled_mm_args(mm)
     return named["scale_a"], named["scale_b"]
-
-
-def erase_dead(graph: Graph, nodes) -> None:
-    """Erases ``nodes`` that nothing reads any more, consumers before producers."""
-    order = graph_order(graph)
-    for node in sorted(set(nodes), key=lambda n: order.get(n, -1), reverse=True):
-        if node.graph is graph and node in order and not node.users:
-            graph.erase_node(node)
 
 
 def _chain(start: Node, stop: Node) -> list[Node]:

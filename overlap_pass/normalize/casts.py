@@ -21,8 +21,8 @@ from torch._guards import detect_fake_mode
 from torch.fx import Graph, Node
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from ..fusion.patterns import ALL_GATHER, CASTS, SPLITS, VIEWS, WAIT, cast_dtype
-from ..fusion.sizes import same_shape
+from ..graph.nodes import ALL_GATHER, CASTS, SPLITS, VIEWS, WAIT, cast_dtype
+from ..graph.sizes import same_shape
 
 aten = torch.ops.aten
 CONVERT = torch.ops.prims.convert_element_type.default

@@ -17,9 +17,9 @@ accumulator).
 import torch
 from torch.fx import Graph, Node
 
-from ..fusion.patterns import SCALED_MM, cast_dtype, meta_val, scaled_mm_args
-from ..fusion.rewrite import call, erase_dead
-from ..fusion.sizes import same_shape
+from ..graph.edits import call, erase_dead
+from ..graph.nodes import SCALED_MM, cast_dtype, meta_val, scaled_mm_args
+from ..graph.sizes import same_shape
 
 aten = torch.ops.aten
 

@@ -26,8 +26,8 @@ import operator
 import torch
 from torch.fx import Graph, Node
 
-from ..fusion.patterns import ALL_GATHER, WAIT
-from ..fusion.rewrite import call
+from ..graph.edits import call
+from ..graph.nodes import ALL_GATHER, WAIT
 
 aten = torch.ops.aten
 

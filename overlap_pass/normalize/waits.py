@@ -1,13 +1,13 @@
 """Before anything else: each collective read through one wait_tensor.
 
-Every stage after this one reads a collective's result through its single wait (patterns.py's
-matchers, casts.py, all_reduce_split.py, passengers.py). A graph may wait on one collective more
-than once: torch 2.15 leaves one all-gather with a wait_tensor for each of its readers in a
-backward graph (DeepSeek-V3's MoE layer: the output gradient, gathered for the shared experts
-and for the routed ones), each wait followed by its own slices and cat of the gathered ranks. A
-wait may also wait on another wait. Once the first wait has returned, the later ones are
-no-ops on the same tensor (Inductor drops them itself, in deduplicate_wait_tensors, but only
-after this pass has run), so
+Every stage after this one reads a collective's result through its single wait (fusion/'s
+matchers, casts.py, the all-reduce split's split_walk.py, passengers.py). A graph may wait on
+one collective more than once: torch 2.15 leaves one all-gather with a wait_tensor for each of
+its readers in a backward graph (DeepSeek-V3's MoE layer: the output gradient, gathered for the
+shared experts and for the routed ones), each wait followed by its own slices and cat of the
+gathered ranks. A wait may also wait on another wait. Once the first wait has returned, the
+later ones are no-ops on the same tensor (Inductor drops them itself, in
+deduplicate_wait_tensors, but only after this pass has run), so
 
     g = all_gather(x);  a = wait(g);  b = wait(g)  [or wait(a)];  f(a);  h(b)
 becomes
@@ -23,7 +23,7 @@ import operator
 import torch
 from torch.fx import Graph, Node
 
-from ..fusion.patterns import SPLITS, VIEWS, WAIT, graph_order
+from ..graph.nodes import SPLITS, VIEWS, WAIT, graph_order
 
 aten = torch.ops.aten
 

@@ -1,7 +1,10 @@
 """Shard regions: work moved onto a rank's 1/W of the rows (docs/plain_tp.md, docs/float8.md).
 
 rows.py: which ops can run row-wise, on a rank's share of the tokens.
-all_reduce_split.py: an all-reduce becomes a reduce-scatter and an all-gather around the
-row-wise ops after it (plain tensor parallelism), and a quantize moves before its gather.
+split_*.py, the all-reduce split: an all-reduce becomes a reduce-scatter and an all-gather
+around the row-wise ops after it (plain tensor parallelism), and a quantize moves before its
+gather. split_regions.py: what a region is; split_walk.py: finding and deciding the regions;
+split_cost.py: whether one pays; split_records.py: their decisions.json records; split_apply.py:
+the rewrite onto the shard.
 passengers.py: plain all-gathers of the same rows ride along in a fused all-gather op.
 """

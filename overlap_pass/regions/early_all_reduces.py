@@ -25,10 +25,8 @@ compiles the same graph, so every rank issues the same collectives in the same o
 import torch
 from torch.fx import Graph, Node
 
-from ..debug import describe_node
-from ..fusion.patterns import WAIT, meta_val
-from ..fusion.rewrite import call
-from .all_reduce_split import ALL_REDUCE
+from ..graph.edits import call
+from ..graph.nodes import ALL_REDUCE, WAIT, describe_node, meta_val
 
 aten = torch.ops.aten
 SMALL_BYTES = 1 << 20  # an all-reduce this size or under is all latency: merging it is free

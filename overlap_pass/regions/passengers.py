@@ -2,13 +2,13 @@
 
 torchao's rowwise recipe quantizes a gathered tensor twice: once per row, for the matmul (which
 all_gather_scaled_matmul fuses), and once per column across the tokens, for the weight gradient.
-all_reduce_split.py moves that second cast before the gather too (its column amax all-reduced
-from the shards'), but nothing fuses the gather: in the forward its result is saved for the
-backward, in the backward the weight gradient's _scaled_mm reads it as its mat2. Left alone it
-is an NCCL collective of its own, on the critical path after the op. As a passenger it moves in
-the op's call instead, with the copy engine after the op's own chunks, behind its matmul
-(scaled_ops.py). Plain tensor parallelism leaves such gathers in bf16 graphs too: the split
-all-reduce (all_reduce_split.py) regathers what the forward saves for the backward (the
+The all-reduce split (split_*.py) moves that second cast before the gather too (its column amax
+all-reduced from the shards'), but nothing fuses the gather: in the forward its result is saved
+for the backward, in the backward the weight gradient's _scaled_mm reads it as its mat2. Left
+alone it is an NCCL collective of its own, on the critical path after the op. As a passenger it
+moves in the op's call instead, with the copy engine after the op's own chunks, behind its
+matmul (scaled_ops.py). Plain tensor parallelism leaves such gathers in bf16 graphs too: the
+split all-reduce (split_apply.py) regathers what the forward saves for the backward (the
 residual stream, a norm's rsqrt) where AOTAutograd saved it whole; they ride in the next
 all_gather_matmul of the same rows (ops.py) the same way.
 
@@ -25,9 +25,10 @@ from torch._inductor.pattern_matcher import stable_topological_sort
 from torch.fx import Graph, Node
 
 from .. import config
-from ..debug import describe_node
 from ..fusion import rewrite
-from ..fusion.patterns import ALL_GATHER, WAIT, NoMatch, depends_on, gathered_layout, graph_order, meta_val
+from ..fusion.layouts import gathered_layout
+from ..fusion.matches import NoMatch
+from ..graph.nodes import ALL_GATHER, WAIT, depends_on, describe_node, graph_order, meta_val
 
 KIND = "all_gather_passenger"
 

@@ -5,7 +5,7 @@ flattened, are the tokens. An op is row-wise when each output row depends only o
 input rows: elementwise ops, reshapes that keep the last dim, reductions over the last dim that
 keep it, an expand of a last dim of 1. Computed on a shard of the tokens, such an op gives exactly
 the shard's rows of its full result, so a region of them can run on the shard
-(all_reduce_split.py). A sum, max or min over every token is not row-wise, but the shards' sums,
+(the all-reduce split, split_regions.py). A sum, max or min over every token is not row-wise, but the shards' sums,
 maxima or minima, all-reduced, give it (a float8 scale's amax, a norm weight's gradient).
 
 Sharded tensors are 2-D, [tokens / W, last dim]: a reshape between row forms is then no op.
@@ -16,8 +16,8 @@ import operator
 import torch
 from torch.fx import Node
 
-from ..fusion.patterns import VIEWS, meta_val
-from ..fusion.sizes import is_static, prod, same, same_shape
+from ..graph.nodes import VIEWS, meta_val
+from ..graph.sizes import is_static, prod, same, same_shape
 
 aten = torch.ops.aten
 

@@ -21,12 +21,13 @@ the reason where it stays.
 import torch
 from torch.fx import Graph, Node
 
-from .. import all_reduce_op, config
-from ..debug import describe_node
-from ..fusion import decide, sizes
-from ..fusion.patterns import WAIT, meta_val
-from ..fusion.rewrite import call
-from .all_reduce_split import ALL_REDUCE
+from .. import config
+
+from ..ops import all_reduce_op
+from ..fusion import decide
+from ..graph import sizes
+from ..graph.edits import call
+from ..graph.nodes import ALL_REDUCE, WAIT, describe_node, meta_val
 
 OP = torch.ops.overlap.all_reduce.default
 

@@ -15,10 +15,10 @@ op, after its partials and before its sum, they run while the last partials trav
 Taken: an aten.mm whose left operand is the transpose of a 2-D view of one of the op's inputs
 (the same rows: a view of the same result) and whose right operand is computed before the op and
 not from its result. The op gets the input's index, not the view: Inductor stores each argument
-of an op apart, and a second view of a result the op already reads was stored a second time.
+of an op apart, and a second view of a result the op already reads would be stored again.
 What read a taken matmul now reads the op's output for it (and comes after the op). float8's
 reduce-scatters keep their weight gradients outside: those are scaled matmuls. Off unless
-config.tail_matmuls: measured, it hid about as much as the GEMMs beside the transfers slowed.
+config.tail_matmuls: the GEMMs slow the transfers they run beside about as much as they hide.
 """
 
 import operator
@@ -27,10 +27,9 @@ import torch
 from torch._inductor.pattern_matcher import stable_topological_sort
 from torch.fx import Graph, Node
 
-from ..debug import describe_node
-from ..fusion import sizes
-from ..fusion.patterns import graph_order, is_transpose, under_views
-from ..fusion.rewrite import call
+from ..graph import sizes
+from ..graph.edits import call
+from ..graph.nodes import describe_node, graph_order, is_transpose, under_views
 
 OP = torch.ops.overlap.matmul_reduce_scatter.default
 TAIL_OP = torch.ops.overlap.matmul_reduce_scatter.tail

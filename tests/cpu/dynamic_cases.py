@@ -17,8 +17,11 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch._dynamo.utils import counters
 
-from overlap_pass import config, new_counts, ops
-from overlap_pass.regions import all_reduce_split
+from overlap_pass import config, new_counts
+
+from overlap_pass.lowering import dispatch
+from overlap_pass.ops import matmul_ops
+from overlap_pass.regions import split_cost
 
 from tests.fuzz_models import _CopyToTP, _ReduceFromTP
 from benchmarks.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
@@ -29,13 +32,13 @@ def count_overlap_ops(step) -> int:
     """Runs ``step()``; how many overlap op calls ran in it (their reference decomposition
     resolves its group once a call; fake calls while compiling do not)."""
     calls = []
-    real = ops.resolve_group
+    real = matmul_ops.resolve_group
 
     def counted(*args):
         calls.append(args)
         return real(*args)
 
-    with unittest.mock.patch.object(ops, "resolve_group", counted):
+    with unittest.mock.patch.object(matmul_ops, "resolve_group", counted):
         step()
     return len(calls)
 
@@ -103,7 +106,7 @@ def functional_at_lengths(lengths: list[int], gather_dim: int, mark: bool, plain
             # as on CUDA inputs; the process-wide switch restored for the pool's next task
             on_cuda = lambda inputs, patches: config.plain_graph_at_new_counts  # noqa: E731
             stack.enter_context(unittest.mock.patch.object(new_counts, "applies", on_cuda))
-            stack.enter_context(unittest.mock.patch.object(new_counts, "_GRAPHS_WARM_COUNTS", False))
+            stack.enter_context(unittest.mock.patch.object(dispatch, "first_calls_on_nccl", True))
             return functional_at_lengths.__wrapped__(lengths, gather_dim, mark)
     torch.manual_seed(dist.get_rank())
     w_up, w_down = torch.randn(24, 16), torch.randn(16, 24)
@@ -175,7 +178,7 @@ def float8_at_lengths(lengths: list[int], recipe: str) -> list[int]:
     world = dist.get_world_size()
     block = _float8_block(recipe, parallelize_block)
     # at these sizes the cost model keeps the float8 gathers: forced, as in float8_tp_block
-    forced = all_reduce_split.sizes_ignored()
+    forced = split_cost.sizes_ignored()
     with forced, torch._inductor.config.patch(FLOAT8_CPU_INDUCTOR):
         compiled_fn = torch.compile(copy.deepcopy(block), backend="overlap")
 
@@ -205,7 +208,7 @@ def plain_tp_at_lengths(
     counts = []
     split_min_bytes = 0 if split_from is None else split_from * 32 * 4 * (world - 1) // world
     patched = config.patch(split_min_bytes=split_min_bytes, **(patches or {}))
-    with all_reduce_split.sizes_ignored(), patched, torch.no_grad():
+    with split_cost.sizes_ignored(), patched, torch.no_grad():
         for call, length in enumerate(lengths):
             torch.manual_seed(length)  # the same input on every rank
             x = torch.randn(batch[call] if isinstance(batch, list) else batch, length, 32)
@@ -244,5 +247,5 @@ def plain_tp_training_at_lengths(lengths: list[int], split_from: int) -> list[in
         torch.manual_seed(length)  # the same input on every rank
         inputs.append(torch.randn(1, length, 32))
     split_min_bytes = split_from * 32 * 4 * (world - 1) // world
-    with all_reduce_split.sizes_ignored(), config.patch(split_min_bytes=split_min_bytes, small_all_reduce_bytes=0):
+    with split_cost.sizes_ignored(), config.patch(split_min_bytes=split_min_bytes, small_all_reduce_bytes=0):
         return _train_at(inputs, eager, compiled, _close)

@@ -21,7 +21,9 @@ import torch
 import torch.distributed as dist
 from triton.compiler.errors import CompilationError
 
-from overlap_pass import config, new_counts, scaled_ops
+from overlap_pass import config
+
+from overlap_pass.ops import scaled_ops
 from overlap_pass.lowering import choose, dispatch, scaled
 
 GLUON = "fused:gluon_pingpong128x128x128s6g4"
@@ -192,7 +194,7 @@ def changing_rows(
     patches = {"shapes_kept": kept, "measure_bucket_after": measure_after, "fused_from_call": fused_from}
     with _dispatch_on_cpu(set(), cache_path, **patches) as (mp, messages):
         mp.setattr(scaled, "variants", _recording_variants(ran, refused, set()))
-        mp.setattr(new_counts, "_GRAPHS_WARM_COUNTS", graphs_wait)
+        mp.setattr(dispatch, "first_calls_on_nccl", not graphs_wait)
         real_measure = choose._measure
         mp.setattr(choose, "_measure", lambda *a, **k: measured.append(a[1][0].shape[0]) or real_measure(*a, **k))
         dist.barrier()

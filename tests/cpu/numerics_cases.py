@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from overlap_pass import config
-from overlap_pass.regions import all_reduce_split
+from overlap_pass.regions import split_cost
 from benchmarks.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_block_plain, parallelize_mlp
 
 TOL = dict(atol=2e-5, rtol=2e-5)
@@ -104,7 +104,7 @@ def tp_block(bias: bool, seed: int = 0, autocast: bool = False) -> dict:
 @_decided
 def plain_tp_block(bias: bool, batch: int, seed: int = 0, autocast: bool = False, extra_tokens: int = 0) -> dict:
     """The block without sequence parallel: each all-reduce split around the row-wise ops
-    (all_reduce_split.py), here at a size where the cost model would keep them, so the split is
+    (regions/split_*.py), here at a size where the cost model would keep them, so the split is
     forced (collectives' latency counted as nothing). ``autocast``: fp32 block under autocast to
     bf16, compared to bf16 tolerance. ``extra_tokens``: a sequence this much longer than 3 W
     (W does not divide the tokens: the shards are padded)."""
@@ -114,7 +114,7 @@ def plain_tp_block(bias: bool, batch: int, seed: int = 0, autocast: bool = False
     # tokens divisible by W at batch 1, yet chunks cross sequences
     seq = 3 * dist.get_world_size() + extra_tokens
     tol = dict(atol=3e-2, rtol=3e-2) if autocast else TOL
-    with all_reduce_split.sizes_ignored():
+    with split_cost.sizes_ignored():
         _compare_module(block, lambda: torch.randn(batch, seq, 32), seed, tol, autocast, replicated=True)
 
 
@@ -131,7 +131,7 @@ def plain_tp_functional(name: str, seed: int = 0, extra_tokens: int = 0) -> dict
     torch.manual_seed(seed + 1 + dist.get_rank())
     x, w_row, w_col = torch.randn(residual.shape[0], 24), torch.randn(24, 32), torch.randn(32, 40)
     args = (x, residual, w_row, w_col, norm_weight)
-    with all_reduce_split.sizes_ignored():
+    with split_cost.sizes_ignored():
         compiled = torch.compile(fn, backend="overlap", fullgraph=True)(*args, _group_name())
     torch.testing.assert_close(compiled, fn(*args, _group_name()), **TOL)
 
@@ -334,7 +334,7 @@ def float8_plain_tp_block(recipe: str, tokens: int, seed: int = 0) -> dict:
     block = _float8_block(recipe, parallelize_block_plain)
     torch.manual_seed(seed)  # the same input on every rank
     x = torch.randn(1, tokens, 64, dtype=torch.bfloat16)
-    forced = all_reduce_split.sizes_ignored()
+    forced = split_cost.sizes_ignored()
     with forced, torch._inductor.config.patch(FLOAT8_CPU_INDUCTOR):
         _float8_steps(block, x, 1, 0)
 
@@ -353,7 +353,7 @@ def float8_tp_block(recipe: str, batch: int, seed: int = 0, fold: bool = True) -
     block = _float8_block(recipe, parallelize_block)
     torch.manual_seed(seed + 1000 * dist.get_rank())
     x = torch.randn(batch, 32 // world, 64, dtype=torch.bfloat16)
-    forced = all_reduce_split.sizes_ignored()
+    forced = split_cost.sizes_ignored()
     with forced, config.patch(fold_rowwise_float8=fold), torch._inductor.config.patch(FLOAT8_CPU_INDUCTOR):
         _float8_steps(block, x, 2, world)
 

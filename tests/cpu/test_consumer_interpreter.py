@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from overlap_pass import schedule  # noqa: E402
+from overlap_pass.ops import schedule  # noqa: E402
 from overlap_pass.templates import all_gather_matmul as agm  # noqa: E402
 from overlap_pass.templates import gemm  # noqa: E402
 from tests.consumer_cases import EPOCH, fp8_problem, problem, run_consumer, run_fp8_consumer  # noqa: E402

@@ -10,7 +10,9 @@ import contextlib
 import pytest
 import torch
 
-from overlap_pass import config, direct_calls, ops
+from overlap_pass import config, direct_calls
+
+from overlap_pass.ops import registry
 from tests.direct_call_counts import counted_direct_calls
 
 from . import numerics_cases as cases
@@ -24,7 +26,7 @@ def _counted_direct_calls():
     devices = direct_calls.DEVICE_TYPES
     direct_calls.DEVICE_TYPES = ("cuda", "cpu")
     try:
-        with counted_direct_calls(lambda name, *args, **kwargs: ops.overload(name)(*args, **kwargs)) as made:
+        with counted_direct_calls(lambda name, *args, **kwargs: registry.overload(name)(*args, **kwargs)) as made:
             yield made
     finally:
         direct_calls.DEVICE_TYPES = devices

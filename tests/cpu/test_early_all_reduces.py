@@ -11,9 +11,9 @@ import torch.distributed as dist
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from overlap_pass import config
+from overlap_pass.graph.nodes import ALL_REDUCE
 from overlap_pass.graph_pass import overlap_graph_pass
 from overlap_pass.regions import early_all_reduces
-from overlap_pass.regions.all_reduce_split import ALL_REDUCE
 
 c10d = torch.ops._c10d_functional
 

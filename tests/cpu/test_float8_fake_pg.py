@@ -1,5 +1,5 @@
 """torchao's Float8 linears under DTensor sequence parallel, on the fake process group: every
-all-gather's quantization moves onto the shards (all_reduce_split.py) and fuses with its scaled
+all-gather's quantization moves onto the shards (regions/split_*.py) and fuses with its scaled
 matmuls, every reduce-scatter with the scaled matmuls that produce it (tensorwise and rowwise,
 forward and backward). Graphs and decisions only; the gloo tests check the numbers."""
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
-from overlap_pass.regions import all_reduce_split, passengers
+from overlap_pass.regions import passengers, split_cost, split_records
 from benchmarks.tp_models import TransformerBlock, parallelize_block
 
 from .fake_world import compile_and_dump, fake_world
@@ -34,7 +34,7 @@ def _compile(tmp_path, world_size: int, recipe: str, **patches):
 
 @pytest.fixture
 def latency_free():
-    with all_reduce_split.sizes_ignored():
+    with split_cost.sizes_ignored():
         yield
 
 
@@ -70,7 +70,7 @@ def test_float8_sp_block(tmp_path, latency_free, world_size, recipe):
         assert len(riders) == (2 if recipe == "rowwise" else 0) and all(c["rewritten"] for c in riders), riders
         # each rides in an op of its own: the attention's copy in the attention's gather
         assert len({c["op"] for c in riders}) == len(riders), riders
-        moved = [c for c in dump.candidates(kind) if c["kind"] == all_reduce_split.GATHER_KIND]
+        moved = [c for c in dump.candidates(kind) if c["kind"] == split_records.GATHER_KIND]
         assert len(moved) == 2 and all(c["rewritten"] for c in moved), moved
         fused = [c for c in dump.candidates(kind) if c["kind"] in ("all_gather_matmul", "matmul_reduce_scatter") and c["rewritten"]]
         assert {c["scaled"]["scales"] for c in fused} == {recipe}, fused
@@ -115,7 +115,7 @@ def test_small_gathers_are_left_alone(tmp_path):
     """With the real latency term, the toy block's gathers are too small to pay for the extra
     amax all-reduce: kept, with both costs in the reason."""
     dump = _compile(tmp_path, 2, "tensorwise")
-    moved = [c for c in dump.candidates("forward") if c["kind"] == all_reduce_split.GATHER_KIND]
+    moved = [c for c in dump.candidates("forward") if c["kind"] == split_records.GATHER_KIND]
     assert moved and all(c["reason"].startswith("does not pay: 1 all-gather(s) move") for c in moved)
 
 
@@ -125,7 +125,7 @@ def test_matmuls_written_back_keep_their_strides(tmp_path, monkeypatch):
     its operands' layouts free (a fused kernel then stored one column-major on CUDA, and
     cuBLASLt rejected it: tests/gpu/test_float8_compile_gpu.py)."""
     from overlap_pass.normalize import float8
-    from overlap_pass.fusion.patterns import SCALED_MM
+    from overlap_pass.graph.nodes import SCALED_MM
 
     written_back, unfold = [], float8.unfold
 

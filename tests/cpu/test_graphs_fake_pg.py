@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 from overlap_pass import config
-from overlap_pass.fusion import patterns
+from overlap_pass.fusion import matmul_checks
 from benchmarks.tp_models import MLP, TransformerBlock, parallelize_block, parallelize_mlp
 
 from .fake_world import Dump, compile_and_dump, fake_world, rewritten
@@ -540,7 +540,7 @@ def test_symbolic_feature_dims_are_skipped_with_a_reason(tmp_path):
                 out = compiled(torch.randn(rows, 8), *args[1:])
                 assert list(out.shape) == [rows, 8]
         candidates = Dump(str(tmp_path / "dump")).all_candidates()
-    assert candidates and all(not c["rewritten"] and c["reason"] == patterns.SYMBOLIC_FEATURES for c in candidates)
+    assert candidates and all(not c["rewritten"] and c["reason"] == matmul_checks.SYMBOLIC_FEATURES for c in candidates)
 
 
 def mat2_from_gathered(x, group):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from overlap_pass import config, new_counts
-from overlap_pass.lowering import replay
+from overlap_pass.lowering import dispatch, replay
 
 WAIT = 3  # config.fused_from_call - 1
 
@@ -94,7 +94,7 @@ def test_no_waiting_runs_overlap_from_the_first_call(graphs, patch):
 
 
 def test_a_plain_graph_that_fails_to_compile_leaves_overlaps(caplog, monkeypatch):
-    monkeypatch.setattr(new_counts, "_GRAPHS_WARM_COUNTS", False)  # (restored after)
+    monkeypatch.setattr(dispatch, "first_calls_on_nccl", True)  # (restored after)
 
     def failing():
         raise RuntimeError("no lowering")
@@ -102,8 +102,8 @@ def test_a_plain_graph_that_fails_to_compile_leaves_overlaps(caplog, monkeypatch
     overlap = object()
     with caplog.at_level("WARNING", logger="overlap_pass"):
         assert new_counts.with_plain_first_calls(overlap, failing, []) is overlap
-    assert "failed to compile" in caplog.text and new_counts.ops_warm_up()
+    assert "failed to compile" in caplog.text and dispatch.first_calls_on_nccl
     with config.patch(strict=True), pytest.raises(RuntimeError, match="no lowering"):
         new_counts.with_plain_first_calls(overlap, failing, [])
     wrapper = new_counts.with_plain_first_calls(overlap, lambda: "plain", [(None, (0, 0))])
-    assert isinstance(wrapper, new_counts.PlainFirstCalls) and not new_counts.ops_warm_up()
+    assert isinstance(wrapper, new_counts.PlainFirstCalls) and not dispatch.first_calls_on_nccl

@@ -133,14 +133,14 @@ def test_cuda_tensors_dispatch_to_the_lowering():
 def test_cuda_kernels_run_below_autograd(monkeypatch):
     """A CUDA kernel calls its entry point as a C++ kernel runs, past autograd: the functional
     collectives inside then skip their Python autograd wrappers (host time on every call)."""
-    from overlap_pass import ops
+    from overlap_pass.ops import registry
     from overlap_pass.lowering import dispatch
 
     recorded = []
-    monkeypatch.setattr(ops, "_CUDA_KERNELS", {})
+    monkeypatch.setattr(registry, "_CUDA_KERNELS", {})
     monkeypatch.setattr(dispatch, "all_reduce", lambda x: recorded.append((x * 2).grad_fn) or x)
     x = torch.randn(3, requires_grad=True)
-    ops.cuda_kernel("all_reduce", x)
+    registry.cuda_kernel("all_reduce", x)
     assert recorded == [None]  # no autograd node: dispatched below autograd
     assert (x * 2).grad_fn is not None  # and only inside
 
@@ -149,22 +149,22 @@ def test_the_tools_count_op_calls_the_kernels_made(monkeypatch):
     """benchmarks/measure.py's counter wraps dispatch's entry points; a CUDA kernel that looked its
     entry point up before the counter opened still goes through the wrapper while it is open,
     and through the real one after it closes."""
-    from overlap_pass import ops
+    from overlap_pass.ops import registry
     from overlap_pass.lowering import dispatch
     from benchmarks.measure import overlap_op_calls
 
     calls = []
-    monkeypatch.setattr(ops, "_CUDA_KERNELS", {})
+    monkeypatch.setattr(registry, "_CUDA_KERNELS", {})
     monkeypatch.setattr(dispatch, "all_reduce", lambda x: calls.append("real") or x)
     x = torch.randn(3)
-    ops.cuda_kernel("all_reduce", x)  # looked up and kept
+    registry.cuda_kernel("all_reduce", x)  # looked up and kept
     with overlap_op_calls() as counts:
-        ops.cuda_kernel("all_reduce", x)
-        ops.cuda_kernel("all_reduce", x)
-    ops.cuda_kernel("all_reduce", x)
+        registry.cuda_kernel("all_reduce", x)
+        registry.cuda_kernel("all_reduce", x)
+    registry.cuda_kernel("all_reduce", x)
     assert counts["all_reduce"] == 2
     assert calls == ["real"] * 4
-    assert ops._CUDA_KERNELS["all_reduce"][0] is dispatch.all_reduce  # the wrapper is gone
+    assert registry._CUDA_KERNELS["all_reduce"] is dispatch.all_reduce  # the wrapper is gone
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

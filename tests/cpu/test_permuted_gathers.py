@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from overlap_pass.fusion.patterns import ALL_GATHER
+from overlap_pass.graph.nodes import ALL_GATHER
 from overlap_pass.graph_pass import overlap_graph_pass
 from tests.cpu.fake_world import compile_and_dump, fake_world
 

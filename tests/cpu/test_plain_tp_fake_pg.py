@@ -1,6 +1,6 @@
 """Plain tensor parallelism (no sequence parallel) on the fake process group: each all-reduce is
 split into a reduce-scatter and an all-gather around the row-wise ops after it
-(all_reduce_split.py), and those fuse with their matmuls. Graphs and decisions only; the gloo
+(regions/split_*.py), and those fuse with their matmuls. Graphs and decisions only; the gloo
 tests check the numbers."""
 
 import re
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
-from overlap_pass.regions import all_reduce_split, passengers
+from overlap_pass.regions import passengers, split_apply, split_cost, split_records
 from tests.plain_tp_cases import (
     max_reduced,
     mean_over_tokens,
@@ -21,7 +21,7 @@ from benchmarks.tp_models import TransformerBlock, parallelize_block_plain
 
 from .fake_world import compile_and_dump, fake_world
 
-AGM, MRS, SPLIT = "all_gather_matmul", "matmul_reduce_scatter", all_reduce_split.KIND
+AGM, MRS, SPLIT = "all_gather_matmul", "matmul_reduce_scatter", split_records.KIND
 DIM, SEQ = 32, 8
 
 _COLLECTIVE = re.compile(r'"(\w+)\[([\d, ]*)\][^"]*" = torch\.ops\.(?:_c10d_functional|overlap)\.(\w+)\.default')
@@ -41,7 +41,7 @@ def collectives(graph_text: str) -> list[tuple]:
 def latency_free():
     """The cost model with a collective's latency counted as nothing, as it is next to the bytes
     of a real model's activations; the test models are far smaller."""
-    with all_reduce_split.sizes_ignored():
+    with split_cost.sizes_ignored():
         yield
 
 
@@ -122,7 +122,7 @@ def test_gathers_that_ride_in_a_fused_one_cost_no_latency(tmp_path, riders, monk
     activations) ride in the FFN's fused gather, and the cost in the record counts no latency
     for them. The backward, five all-reduces for one plain gather and two small all-reduces,
     is split either way."""
-    monkeypatch.setattr(all_reduce_split, "LATENCY_BYTES", 512)
+    monkeypatch.setattr(split_cost, "LATENCY_BYTES", 512)
     with fake_world(2):
         x = torch.randn(1, SEQ, DIM, requires_grad=True)
         # a fused one needs one latency's worth
@@ -180,13 +180,13 @@ def test_config_off_keeps_every_all_reduce(tmp_path):
 def test_a_failed_split_leaves_the_graph_as_it_was(tmp_path, latency_free, monkeypatch):
     """The rewrite fails halfway (after the region ops exist): the graph is restored, every
     all-reduce says why it was kept, and compilation goes on to fuse nothing else."""
-    apply = all_reduce_split.apply
+    apply = split_apply.apply
 
     def fail_halfway(graph, plan):
         apply(graph, plan)
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(all_reduce_split, "apply", fail_halfway)
+    monkeypatch.setattr(split_apply, "apply", fail_halfway)
     with fake_world(2):
         x = torch.randn(1, SEQ, DIM, requires_grad=True)
         # small all-reduces merged apart, so that the collectives left are the graph's own

@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from overlap_pass import schedule  # noqa: E402
+from overlap_pass.ops import schedule  # noqa: E402
 from overlap_pass.templates import gemm  # noqa: E402
 from overlap_pass.templates import matmul_reduce_scatter as mrs  # noqa: E402
 from tests.producer_cases import EPOCH, check_partials, simulate  # noqa: E402

@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from overlap_pass.regions import all_reduce_split, passengers
+from overlap_pass.regions import passengers, split_cost
 from overlap_pass.graph_pass import overlap_graph_pass
-from overlap_pass.fusion.patterns import ALL_GATHER, REDUCE_SCATTER, WAIT
+from overlap_pass.graph.nodes import ALL_GATHER, REDUCE_SCATTER, WAIT
 
 c10d = torch.ops._c10d_functional
 AGM, MRS, SPLIT = "all_gather_matmul", "matmul_reduce_scatter", "all_reduce_split"
@@ -96,7 +96,7 @@ def run_form(name: str, seed: int) -> dict:
     gm = make_fx(lambda *args: fn(*args, world_size, group), tracing_mode="fake")(*inputs)
     waits_before = len(gm.graph.find_nodes(op="call_function", target=WAIT))
     expected = gm(*inputs)
-    with all_reduce_split.sizes_ignored():  # tiny shapes
+    with split_cost.sizes_ignored():  # tiny shapes
         records = overlap_graph_pass(gm.graph)
     gm.recompile()
     got = gm(*inputs)

@@ -5,7 +5,7 @@ output in place, 2-D or batched, with bias and accumulation."""
 import pytest
 import torch
 
-from overlap_pass import schedule
+from overlap_pass.ops import schedule
 from overlap_pass.lowering.row_layout import RowLayout, matmul_into
 
 

@@ -5,7 +5,7 @@ such a view is copied; an aligned, standard one is passed as it is."""
 import pytest
 import torch
 
-from overlap_pass import scaled_ops
+from overlap_pass.ops import scaled_ops
 
 
 @pytest.mark.parametrize("start", [1, 2, 3, 103])

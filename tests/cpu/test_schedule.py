@@ -1,6 +1,6 @@
 import pytest
 
-from overlap_pass import schedule
+from overlap_pass.ops import schedule
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])

@@ -6,7 +6,7 @@ from torch._dynamo.source import ConstantSource
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from overlap_pass import config, size_ranges
-from overlap_pass.fusion import sizes
+from overlap_pass.graph import sizes
 
 
 def _token_count(traced: int):

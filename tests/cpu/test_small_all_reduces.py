@@ -11,8 +11,8 @@ from torch._dynamo.utils import counters
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from overlap_pass import config
+from overlap_pass.graph.nodes import ALL_REDUCE
 from overlap_pass.regions import small_all_reduces
-from overlap_pass.regions.all_reduce_split import ALL_REDUCE
 
 c10d = torch.ops._c10d_functional
 LIMIT = 4096  # bytes, for the test's shapes

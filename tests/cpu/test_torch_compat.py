@@ -19,8 +19,8 @@ import types
 import pytest
 import torch
 
-from overlap_pass.lowering import torch_compat
-from overlap_pass.lowering.torch_compat import PRIVATE_NAMES, PrivateName
+from overlap_pass import torch_compat
+from overlap_pass.torch_compat import PRIVATE_NAMES, PrivateName
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCANNED = ("lowering", "templates")  # the CUDA path's folders

@@ -8,7 +8,7 @@ cuBLAS exact 1.3e-4, at K = 8192.) Skipped without a GPU."""
 import pytest
 import torch
 
-from overlap_pass import scaled_ops
+from overlap_pass.ops import scaled_ops
 from overlap_pass.templates import all_gather_matmul as consumer
 from overlap_pass.templates import all_gather_matmul_pingpong as consumer_pingpong
 from overlap_pass.templates import gemm

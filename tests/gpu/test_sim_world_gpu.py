@@ -11,7 +11,7 @@ from overlap_pass.lowering import all_gather_matmul as agm
 from overlap_pass.lowering import dispatch, replay, scaled
 from overlap_pass.lowering import matmul_reduce_scatter as mrs
 
-from overlap_pass import scaled_ops
+from overlap_pass.ops import scaled_ops
 from tests.gpu_common import error
 from tests.sim_world import SimWorld
 

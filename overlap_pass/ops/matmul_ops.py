@@ -30,7 +30,6 @@ variants of lowering/dispatch.py instead (symmetric memory, fused kernels), whic
 this decomposition for groups without NCCL.
 """
 
-import functools
 import math
 
 import torch
@@ -41,7 +40,7 @@ from . import schedule
 
 REDUCE_OPS = ("sum", "avg")
 
-_SCHEMAS = {
+SCHEMAS = {
     "all_gather_matmul": (
         "(Tensor shard, Tensor[] mat2s, Tensor?[] biases, int gather_dim, "
         "int world_size, str group_name, bool return_gathered=False, "
@@ -408,72 +407,9 @@ def matmul_reduce_scatter_tail_reference(*args):
     return out, [torch.mm(a, b) for a, b in tail_operands(op_args[0], tail_of, tail_with)]
 
 
-def is_registered(name: str) -> bool:
-    """``name``: an op ("all_reduce") or an overload ("matmul_reduce_scatter.tail")."""
-    try:
-        overload(name)
-    except (AttributeError, RuntimeError):
-        return False
-    return True
-
-
-def overload(name: str):
-    """The OpOverload of ``name`` ("all_reduce", "matmul_reduce_scatter.tail")."""
-    op_name, _, overload_name = name.partition(".")
-    return getattr(getattr(torch.ops.overlap, op_name), overload_name or "default")
-
-
-# every op with a CUDA kernel (cuda_kernel), by name: direct_calls.py lowers each
-CUDA_OPS: list[str] = []
-
-
-def register(schemas: dict[str, str], kernels: dict) -> None:
-    """Defines ops ``{name: (fake, reference)}`` with their fake and reference kernels and the
-    CUDA dispatch, once per process, so that reloading a module is harmless."""
-    for name, (fake, reference) in kernels.items():
-        if name not in CUDA_OPS:
-            CUDA_OPS.append(name)
-        if is_registered(name):
-            continue
-        # Inductor then requires each input in the strides the pass saw (the node's
-        # eager_input_vals, rewrite.call); untagged, an op a custom pass inserted gets its inputs
-        # in whatever layout Inductor picks, and cuBLASLt's _scaled_mm wants a column-major mat2
-        torch.library.define(f"overlap::{name}", schemas[name], tags=(torch.Tag.needs_exact_strides,))
-        torch.library.register_fake(f"overlap::{name}", fake)
-        torch.library.impl(f"overlap::{name}", "CompositeExplicitAutograd", reference)
-        torch.library.impl(f"overlap::{name}", "CUDA", functools.partial(cuda_kernel, name))
-
-
-def cuda_kernel(name: str, *args, **kwargs):
-    """CUDA tensors: the variant lowering/choose.py picks (the lowering loads on first use),
-    below autograd, as a C++ kernel runs: the op has no derivative of its own (a graph's backward
-    calls other ops), and the collectives inside then skip their Python autograd wrappers."""
-    found = _CUDA_KERNELS.get(name)
-    if found is None:
-        from overlap_pass.lowering import dispatch, torch_compat
-
-        found = _CUDA_KERNELS[name] = (getattr(dispatch, name.replace(".", "_")), torch_compat.below_autograd)
-    kernel, below_autograd = found
-    with below_autograd():
-        return kernel(*args, **kwargs)
-
-
-# op name -> (its entry point in lowering/dispatch.py, torch_compat.below_autograd): looked up
-# once (an import statement costs the host microseconds on every call)
-_CUDA_KERNELS: dict = {}
-
-
-def look_up_entry_points_again() -> None:
-    """The CUDA kernels' next calls look their entry points up in lowering/dispatch.py anew:
-    for a tool that wraps them there (benchmarks/measure.py counts the op calls)."""
-    _CUDA_KERNELS.clear()
-
-
-register(
-    _SCHEMAS,
-    {
-        "all_gather_matmul": (_all_gather_matmul_fake, all_gather_matmul_reference),
-        "matmul_reduce_scatter": (_matmul_reduce_scatter_fake, matmul_reduce_scatter_reference),
-        "matmul_reduce_scatter.tail": (_matmul_reduce_scatter_tail_fake, matmul_reduce_scatter_tail_reference),
-    },
-)
+# op name -> (fake kernel, reference): registry.py registers them
+KERNELS = {
+    "all_gather_matmul": (_all_gather_matmul_fake, all_gather_matmul_reference),
+    "matmul_reduce_scatter": (_matmul_reduce_scatter_fake, matmul_reduce_scatter_reference),
+    "matmul_reduce_scatter.tail": (_matmul_reduce_scatter_tail_fake, matmul_reduce_scatter_tail_reference),
+}

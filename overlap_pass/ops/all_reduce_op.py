@@ -13,12 +13,12 @@ fp32 (fp64 for fp64) in rank order, max and min are exact.
 
 import torch
 
-from . import ops
+from . import matmul_ops
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
-_SCHEMAS = {"all_reduce": "(Tensor input, str reduce_op, int world_size, str group_name) -> Tensor"}
+SCHEMAS = {"all_reduce": "(Tensor input, str reduce_op, int world_size, str group_name) -> Tensor"}
 
 
 def _fake(inp, reduce_op, world_size, group_name):
@@ -26,9 +26,9 @@ def _fake(inp, reduce_op, world_size, group_name):
 
 
 def all_reduce_reference(inp, reduce_op, world_size, group_name):
-    ops.resolve_group(group_name, world_size)
+    matmul_ops.resolve_group(group_name, world_size)
     out = torch.ops._c10d_functional.all_reduce.default(inp.contiguous(), reduce_op, group_name)
     return torch.ops._c10d_functional.wait_tensor.default(out)
 
 
-ops.register(_SCHEMAS, {"all_reduce": (_fake, all_reduce_reference)})
+KERNELS = {"all_reduce": (_fake, all_reduce_reference)}

@@ -1,5 +1,5 @@
 """overlap::all_gather_scaled_matmul and overlap::scaled_matmul_reduce_scatter: the float8 forms
-of ops.py's two ops, each matmul a ``torch._scaled_mm``.
+of matmul_ops.py's two ops, each matmul a ``torch._scaled_mm``.
 
     all_gather_scaled_matmul:     A = all_gather(shard), As = all_gather(shard_scale) if rowwise
                                   out[i] = _scaled_mm(A, mat2s[i], As or shard_scale,
@@ -33,12 +33,12 @@ moves as bytes); CUDA tensors run lowering/dispatch.py's variants.
 
 import torch
 
-from . import ops, schedule
+from . import matmul_ops, schedule
 
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-_SCHEMAS = {
+SCHEMAS = {
     "all_gather_scaled_matmul": (
         "(Tensor shard, Tensor shard_scale, Tensor[] mat2s, Tensor[] mat2_scales, Tensor?[] biases, "
         "int gather_dim, int world_size, str group_name, ScalarType out_dtype, "
@@ -59,9 +59,9 @@ def is_tensorwise(scale: torch.Tensor) -> bool:
 
 def _check_scale(scale: torch.Tensor, operand: torch.Tensor, what: str) -> None:
     """A tensorwise scale, or a rowwise one shaped like ``operand`` with a last dim of 1."""
-    ops.check(scale.dtype == torch.float32, lambda: f"{what} must be float32, got {scale.dtype}")
+    matmul_ops.check(scale.dtype == torch.float32, lambda: f"{what} must be float32, got {scale.dtype}")
     rowwise = list(scale.shape) == list(operand.shape[:-1]) + [1]
-    ops.check(
+    matmul_ops.check(
         is_tensorwise(scale) or rowwise,
         lambda: f"{what} of shape {list(scale.shape)} is neither one value (0-d or [1]) nor one "
         f"per row of the operand {list(operand.shape)} ([..., 1])",
@@ -69,75 +69,75 @@ def _check_scale(scale: torch.Tensor, operand: torch.Tensor, what: str) -> None:
 
 
 def _check_mat2s(k: int, mat2s, mat2_scales) -> None:
-    ops.check(len(mat2s) > 0, lambda: "at least one mat2")
-    ops.check(len(mat2_scales) == len(mat2s), lambda: "one mat2 scale per mat2")
+    matmul_ops.check(len(mat2s) > 0, lambda: "at least one mat2")
+    matmul_ops.check(len(mat2_scales) == len(mat2s), lambda: "one mat2 scale per mat2")
     for mat2, scale in zip(mat2s, mat2_scales):
-        ops.check(
+        matmul_ops.check(
             mat2.dim() == 2 and mat2.shape[0] == k,
             lambda: f"mat2 of shape {list(mat2.shape)} does not match K={k}",
         )
-        ops.check(mat2.dtype in FLOAT8, lambda: f"mat2 must be float8, got {mat2.dtype}")
+        matmul_ops.check(mat2.dtype in FLOAT8, lambda: f"mat2 must be float8, got {mat2.dtype}")
         n = mat2.shape[1]
-        ops.check(
+        matmul_ops.check(
             scale.dtype == torch.float32 and (is_tensorwise(scale) or list(scale.shape) == [1, n]),
             lambda: f"mat2 scale of shape {list(scale.shape)} is neither one float32 value nor [1, {n}]",
         )
 
 
 def _check_out_dtype(dtype) -> None:
-    ops.check(dtype in OUT_DTYPES, lambda: f"out_dtype must be one of {OUT_DTYPES}, got {dtype}")
+    matmul_ops.check(dtype in OUT_DTYPES, lambda: f"out_dtype must be one of {OUT_DTYPES}, got {dtype}")
 
 
 def _check_all_gather(
     shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype, passengers=()
 ) -> int:
-    ops.check(shard.dim() >= 2, lambda: f"shard must be at least 2-D, got {shard.dim()}-D")
-    ops.check(shard.dtype in FLOAT8, lambda: f"shard must be float8, got {shard.dtype}")
+    matmul_ops.check(shard.dim() >= 2, lambda: f"shard must be at least 2-D, got {shard.dim()}-D")
+    matmul_ops.check(shard.dtype in FLOAT8, lambda: f"shard must be float8, got {shard.dtype}")
     dim = gather_dim % shard.dim()
-    ops.check(
+    matmul_ops.check(
         dim != shard.dim() - 1,
         lambda: "gather_dim is the contraction dim (K); only leading dims can be gathered",
     )
-    ops.check(world_size >= 1, lambda: f"world_size must be positive, got {world_size}")
+    matmul_ops.check(world_size >= 1, lambda: f"world_size must be positive, got {world_size}")
     _check_scale(shard_scale, shard, "shard_scale")
     _check_mat2s(shard.shape[-1], mat2s, mat2_scales)
-    ops.check(len(biases) == len(mat2s), lambda: f"{len(biases)} biases for {len(mat2s)} mat2s")
+    matmul_ops.check(len(biases) == len(mat2s), lambda: f"{len(biases)} biases for {len(mat2s)} mat2s")
     for mat2, bias in zip(mat2s, biases):
-        ops.check(
+        matmul_ops.check(
             bias is None or (bias.dim() == 1 and bias.shape[0] == mat2.shape[1]),
             lambda: f"bias does not match N={mat2.shape[1]}",
         )
     _check_out_dtype(out_dtype)
-    ops.check_passengers(shard, passengers)
+    matmul_ops.check_passengers(shard, passengers)
     return dim
 
 
 def _check_reduce_scatter(
     inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, mm_dtype, out_dtype
 ) -> int:  # fmt: skip
-    ops.check(len(inputs) > 0, lambda: "at least one input")
-    ops.check(len(input_scales) == len(inputs), lambda: "one scale per input")
-    ops.check(len(mat2s) == len(inputs), lambda: "one mat2 per input")
-    ops.check(reduce_op in ops.REDUCE_OPS, lambda: f"reduce_op must be one of {ops.REDUCE_OPS}")
+    matmul_ops.check(len(inputs) > 0, lambda: "at least one input")
+    matmul_ops.check(len(input_scales) == len(inputs), lambda: "one scale per input")
+    matmul_ops.check(len(mat2s) == len(inputs), lambda: "one mat2 per input")
+    matmul_ops.check(reduce_op in matmul_ops.REDUCE_OPS, lambda: f"reduce_op must be one of {matmul_ops.REDUCE_OPS}")
     first = inputs[0]
-    ops.check(first.dim() >= 2, lambda: f"inputs must be at least 2-D, got {first.dim()}-D")
+    matmul_ops.check(first.dim() >= 2, lambda: f"inputs must be at least 2-D, got {first.dim()}-D")
     dim = scatter_dim % first.dim()
-    ops.check(dim != first.dim() - 1, lambda: "scatter_dim must be a leading dim, not N")
-    ops.check(len(mat2_scales) == len(mat2s), lambda: "one mat2 scale per mat2")
+    matmul_ops.check(dim != first.dim() - 1, lambda: "scatter_dim must be a leading dim, not N")
+    matmul_ops.check(len(mat2_scales) == len(mat2s), lambda: "one mat2 scale per mat2")
     for a, scale, mat2, mat2_scale in zip(inputs, input_scales, mat2s, mat2_scales):
-        ops.check(a.dtype in FLOAT8, lambda: f"inputs must be float8, got {a.dtype}")
-        ops.check(a.shape[:-1] == first.shape[:-1], lambda: "inputs must share their leading dims")
+        matmul_ops.check(a.dtype in FLOAT8, lambda: f"inputs must be float8, got {a.dtype}")
+        matmul_ops.check(a.shape[:-1] == first.shape[:-1], lambda: "inputs must share their leading dims")
         _check_scale(scale, a, "input scale")
         _check_mat2s(a.shape[-1], [mat2], [mat2_scale])
     n = mat2s[0].shape[1]
-    ops.check(all(m.shape[1] == n for m in mat2s), lambda: "all mat2s must have the same N")
-    ops.check(
+    matmul_ops.check(all(m.shape[1] == n for m in mat2s), lambda: "all mat2s must have the same N")
+    matmul_ops.check(
         first.shape[dim] % world_size == 0,
         lambda: f"scatter dim size {first.shape[dim]} is not divisible by world size {world_size}",
     )
-    ops.check(bias is None or list(bias.shape) == [n], lambda: "bias must be 1-D of size N")
+    matmul_ops.check(bias is None or list(bias.shape) == [n], lambda: "bias must be 1-D of size N")
     _check_out_dtype(mm_dtype)
-    ops.check(out_dtype in (None, mm_dtype, torch.float32), lambda: "out_dtype must be mm_dtype or float32")
+    matmul_ops.check(out_dtype in (None, mm_dtype, torch.float32), lambda: "out_dtype must be mm_dtype or float32")
     return dim
 
 
@@ -153,9 +153,9 @@ def _all_gather_scaled_matmul_fake(
     dim = _check_all_gather(
         shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype, passengers
     )
-    gathered_shape = ops._gathered_shape(shard, dim, world_size)
+    gathered_shape = matmul_ops._gathered_shape(shard, dim, world_size)
     outputs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]], dtype=out_dtype) for m in mat2s]
-    riders = ops.gathered_passengers(passengers, dim, world_size)
+    riders = matmul_ops.gathered_passengers(passengers, dim, world_size)
     return (shard.new_empty(gathered_shape) if return_gathered else None), outputs, riders
 
 
@@ -167,7 +167,7 @@ def _scaled_matmul_reduce_scatter_fake(
         inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, mm_dtype, out_dtype
     )
     full = list(inputs[0].shape[:-1]) + [mat2s[0].shape[1]]
-    return inputs[0].new_empty(ops._scattered_shape(full, dim, world_size), dtype=out_dtype or mm_dtype)
+    return inputs[0].new_empty(matmul_ops._scattered_shape(full, dim, world_size), dtype=out_dtype or mm_dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,16 +217,16 @@ def all_gather_scaled_matmul_reference(
     dim = _check_all_gather(
         shard, shard_scale, mat2s, mat2_scales, biases, gather_dim, world_size, out_dtype, passengers
     )
-    group = ops.resolve_group(group_name, world_size)
+    group = matmul_ops.resolve_group(group_name, world_size)
     shard = shard.contiguous()
     rowwise = not is_tensorwise(shard_scale)
-    gathered_shape = ops._gathered_shape(shard, dim, world_size)
+    gathered_shape = matmul_ops._gathered_shape(shard, dim, world_size)
     outputs = [shard.new_empty(gathered_shape[:-1] + [m.shape[1]], dtype=out_dtype) for m in mat2s]
     gathered = shard.new_empty(gathered_shape) if return_gathered else None
 
-    received = ops.post_all_gather(group, shard)
-    received_scale = ops.post_all_gather(group, shard_scale.contiguous()) if rowwise else None
-    riders = [ops.post_all_gather(group, p.contiguous()) for p in passengers]
+    received = matmul_ops.post_all_gather(group, shard)
+    received_scale = matmul_ops.post_all_gather(group, shard_scale.contiguous()) if rowwise else None
+    riders = [matmul_ops.post_all_gather(group, p.contiguous()) for p in passengers]
     for src in schedule.all_gather_order(group.rank(), world_size):
         chunk = received(src)
         scale = received_scale(src) if rowwise else shard_scale
@@ -235,7 +235,7 @@ def all_gather_scaled_matmul_reference(
             schedule.chunk(out, dim, src, world_size).copy_(result)
         if gathered is not None:
             schedule.chunk(gathered, dim, src, world_size).copy_(chunk)
-    return gathered, outputs, ops.collect_passengers(riders, passengers, dim, world_size)
+    return gathered, outputs, matmul_ops.collect_passengers(riders, passengers, dim, world_size)
 
 
 def scaled_matmul_reduce_scatter_reference(
@@ -243,11 +243,11 @@ def scaled_matmul_reduce_scatter_reference(
     mm_dtype, out_dtype=None, use_fast_accum=False,
 ):  # fmt: skip
     """One _scaled_mm per chunk and input, the chunk for rank + 1 first, each partial sent to
-    its owner as soon as it exists (ops.reduce_scatter_partials)."""
+    its owner as soon as it exists (matmul_ops.reduce_scatter_partials)."""
     dim = _check_reduce_scatter(
         inputs, input_scales, mat2s, mat2_scales, bias, reduce_op, scatter_dim, world_size, mm_dtype, out_dtype
     )
-    group = ops.resolve_group(group_name, world_size)
+    group = matmul_ops.resolve_group(group_name, world_size)
 
     def partial(index: int) -> torch.Tensor:
         acc = None
@@ -260,16 +260,10 @@ def scaled_matmul_reduce_scatter_reference(
             acc = term if acc is None else acc + term
         return acc.contiguous()
 
-    return ops.reduce_scatter_partials(group, partial, reduce_op, out_dtype)
+    return matmul_ops.reduce_scatter_partials(group, partial, reduce_op, out_dtype)
 
 
-ops.register(
-    _SCHEMAS,
-    {
-        "all_gather_scaled_matmul": (_all_gather_scaled_matmul_fake, all_gather_scaled_matmul_reference),
-        "scaled_matmul_reduce_scatter": (
-            _scaled_matmul_reduce_scatter_fake,
-            scaled_matmul_reduce_scatter_reference,
-        ),
-    },
-)
+KERNELS = {
+    "all_gather_scaled_matmul": (_all_gather_scaled_matmul_fake, all_gather_scaled_matmul_reference),
+    "scaled_matmul_reduce_scatter": (_scaled_matmul_reduce_scatter_fake, scaled_matmul_reduce_scatter_reference),
+}
