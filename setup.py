@@ -10,10 +10,13 @@ setup(
     # overlap_pass.templates; nothing generic lands at the top of site-packages.
     packages=[
         "overlap_pass",
+        "overlap_pass.ops",
         "overlap_pass.graph",
         "overlap_pass.normalize",
         "overlap_pass.regions",
         "overlap_pass.fusion",
+        "overlap_pass.shapes",
+        "overlap_pass.pipeline",
         "overlap_pass.lowering",
         "overlap_pass.templates",
     ],

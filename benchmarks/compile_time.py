@@ -38,11 +38,11 @@ def _run(backend: str, layout: str, symbolic: bool) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from overlap_pass import graph_pass, regather
     from benchmarks import tp_models
+    from overlap_pass.pipeline import passes
 
     in_passes = [0.0]
-    for cls in (graph_pass.OverlapPass, regather.RegatherPass):
+    for cls in (passes.OverlapPass, passes.RegatherPass):
         cls.__call__ = _timed(cls.__call__, in_passes)
     dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
     device = "cuda" if torch.cuda.is_available() else "cpu"

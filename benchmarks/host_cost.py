@@ -75,7 +75,8 @@ def _resolved_run():
 def _layers(kind: str, args, device) -> dict:
     """overlap's call of the op ``kind`` at each layer (see the module's docstring), as
     functions of no arguments."""
-    from overlap_pass import config, direct_calls
+    from overlap_pass import config
+    from overlap_pass.pipeline import direct_calls
     from overlap_pass.lowering import dispatch, replay, symm
     from overlap_pass.ops import registry
 

@@ -6,8 +6,10 @@
 
 from . import config, ops
 from .backend import overlap_backend
-from .graph_pass import OverlapNotApplied, OverlapPass, install
 from .ops import registry  # noqa: F401  (registers the ops)
+from .pipeline.install import install
+from .pipeline.passes import OverlapPass
+from .pipeline.report import OverlapNotApplied
 
 __all__ = ["OverlapNotApplied", "OverlapPass", "config", "ops", "overlap_backend"]
 

@@ -4,32 +4,24 @@ Inductor (compile_fx) with OverlapPass installed for the forward and the backwar
 Inductor's own ``_micro_pipeline_tp`` off. ``mode`` and ``options`` work as for
 backend="inductor". Inductor's shape padding is off (SAME_GRAPH_ON_EVERY_RANK). A graph on
 symbolic token counts is compiled once per range of counts where its plain-TP splits pay only
-from some count on (size_ranges.py), and once more without the pass, for a count's first calls
-(new_counts.py).
+from some count on (shapes/size_ranges.py), and once more without the pass, for a count's first
+calls (shapes/new_counts.py).
 """
 
 import torch
+from torch._inductor import list_mode_options
+from torch._inductor.compile_fx import compile_fx
 
-from . import new_counts, size_ranges
-from .graph_pass import OverlapPass, with_overlap_pass
-from .regather import RegatherPass
-
-# Inductor settings every rank must share for its graphs to be the same: shape padding
-# (pad_mm) benchmarks padded and unpadded matmuls on each rank on its own, so at a token count
-# that is not a multiple of 8 one rank's graph padded K and V while the other's did not, the
-# pass fused Q, K and V on one rank and Q alone on the other, and the ranks' collectives no
-# longer matched (seen on 2xH100, 2026-11-27). overlap's ops are collective: off.
-SAME_GRAPH_ON_EVERY_RANK = {"shape_padding": False}
-
+from .pipeline.install import with_overlap_pass
+from .pipeline.passes import SAME_GRAPH_ON_EVERY_RANK, OverlapPass, RegatherPass
+from .shapes import new_counts, size_ranges
 
 # Inductor's mix-order reductions (a norm's backward: its per-token and its per-column sums in
 # one kernel) are taken only above sizes that, on a symbolic token count, it checks by guarding
 # on the count: each count outside the window the traced one set makes Dynamo recompile the
-# whole frame (a block's forward and backward, 11-13 s on an H200). Without the size checks
-# there is no guard, and the fused kernel ran as fast or faster from 2048 tokens on (one H200,
-# 2026-11-29, RMSNorm forward and backward at dim 4096 bf16 on one symbolic graph, µs of kernel
-# time: 37 / 55 / 104 / 399 at 2048 / 4096 / 8192 / 32768 tokens, against 44 / 80 / 104 / 398
-# with the checks, which recompiled twice; 16.5 against 14.5 at 512).
+# whole frame (a block's forward and backward: seconds). Without the size checks there is no
+# guard, and the fused kernel ran as fast or faster at the counts that matter
+# (docs/rewrites.md#what-a-compile-costs).
 NO_GUARDS_ON_TOKEN_COUNTS = {"triton.mix_order_reduction_non_strict_mode": True}
 
 
@@ -39,8 +31,6 @@ def overlap_config_patches(
 ) -> dict:
     """Inductor config patches for a compile with the overlap pass (taking ``ranges``; for a
     graph on symbolic token counts where ``symbolic``)."""
-    from torch._inductor import list_mode_options
-
     patches = dict(list_mode_options(mode)) if mode else {}
     if symbolic:
         patches.update(_known_settings(NO_GUARDS_ON_TOKEN_COUNTS))
@@ -56,8 +46,6 @@ def overlap_config_patches(
 
 def overlap_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None):
     """The torch.compile backend registered as "overlap" (entry point torch_dynamo_backends)."""
-    from torch._inductor.compile_fx import compile_fx
-
     if not any(isinstance(x, torch.SymInt) or _symbolic_shape(x) for x in example_inputs):
         return compile_fx(gm, example_inputs, config_patches=overlap_config_patches(mode, options))
 

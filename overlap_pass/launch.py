@@ -9,12 +9,17 @@ For programs whose compile call cannot say backend="overlap". torchtitan 0.3.0 i
 apply_compile refuses every backend but "inductor" and "aot_eager" for models with
 FlexAttention, its Llama 3 configs among them. Here the program keeps backend="inductor" and
 the pass runs in it, as with ``overlap_pass.config.enabled = True``, and Inductor's shape
-padding is off (backend.SAME_GRAPH_ON_EVERY_RANK); everything else is the program's own (it
+padding is off (pipeline/passes.SAME_GRAPH_ON_EVERY_RANK); everything else is the program's own (it
 runs as ``__main__``, with its own arguments).
 """
 
 import runpy
 import sys
+
+import torch
+
+from . import config
+from .pipeline.passes import SAME_GRAPH_ON_EVERY_RANK
 
 USAGE = "usage: python3 -m overlap_pass.launch (MODULE | SCRIPT.py) [ARGS ...]"
 
@@ -24,12 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip() + "\n\n" + USAGE)
         return
-    import torch
-
-    import overlap_pass
-    from overlap_pass.backend import SAME_GRAPH_ON_EVERY_RANK
-
-    overlap_pass.config.enabled = True
+    config.enabled = True
     for name, value in SAME_GRAPH_ON_EVERY_RANK.items():
         setattr(torch._inductor.config, name, value)
     target, sys.argv = argv[0], list(argv)

@@ -1,5 +1,5 @@
-"""rewrite_*: each matched pair becomes its fused op; attach_passenger seats a plain all-gather
-in one. The edits every stage makes (call, reshape, erase_dead) are graph/edits.py's.
+"""rewrite_*: each matched pair becomes its fused op (rewrite_accepted: every accepted one, in
+order); attach_passenger seats a plain all-gather in one. The edits every stage makes (call, reshape, erase_dead) are graph/edits.py's.
 
 Operands are read from the live graph (the collective and matmul nodes), not from the frozen
 match, so that rewriting one end of a back-to-back chain never leaves the other end's match
@@ -9,12 +9,14 @@ pointing at an erased node.
 import operator
 
 import torch
+from torch._inductor.pattern_matcher import stable_topological_sort
 from torch.fx import Graph, Node
 
-from ..ops import registry  # noqa: F401  (registers torch.ops.overlap)
 from ..graph.edits import call, erase_dead, reshape
 from ..graph.nodes import BMM, SCALED_MM, depends_on, graph_order, is_transpose, scaled_mm_args
-from .matches import AllGatherMatmulMatch, ContractionUse, Match, MatmulReduceScatterMatch
+from ..graph.records import Decision
+from ..ops import registry  # noqa: F401  (registers torch.ops.overlap)
+from .matches import ALL_GATHER_MATMUL, AllGatherMatmulMatch, Candidate, ContractionUse, Match, MatmulReduceScatterMatch
 
 aten = torch.ops.aten
 
@@ -326,3 +328,25 @@ def rewrite_matmul_reduce_scatter(graph: Graph, match: MatmulReduceScatterMatch)
     erase_dead(graph, dead)
     return op
 
+
+CYCLE = "its op would read a value computed from its own result (through another rewrite)"
+
+
+def rewrite_accepted(graph: Graph, decisions: list[tuple[Candidate, Decision]]) -> None:
+    """Rewrites the accepted candidates one by one, keeping the graph sorted after each; a
+    decision names the op it became. A candidate whose op would read its own result (through
+    rewrites done before it) is skipped with its reason."""
+    # Reduce-scatters first: their ops read a matmul that an all-gather op may replace next,
+    # and the replacement then updates them (rewrite_all_gather_matmul).
+    for candidate, decision in sorted(decisions, key=lambda d: d[0].kind == ALL_GATHER_MATMUL):
+        if not decision.rewritten:
+            continue
+        if would_create_cycle(candidate.match):
+            decision.skip(CYCLE)
+            continue
+        if isinstance(candidate.match, AllGatherMatmulMatch):
+            op = rewrite_all_gather_matmul(graph, candidate.match)
+        else:
+            op = rewrite_matmul_reduce_scatter(graph, candidate.match)
+        decision.op = op.name
+        stable_topological_sort(graph)

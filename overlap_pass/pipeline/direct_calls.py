@@ -110,7 +110,7 @@ def _call_directly(node, name: str) -> None:
 
         add_import = getattr(wrapper, "add_import_once", None)
         if add_import is not None and not V.graph.cpp_wrapper and not getattr(V.graph, "fx_wrapper", False):
-            add_import(f"from overlap_pass import direct_calls as {ALIAS}")
+            add_import(f"from overlap_pass.pipeline import direct_calls as {ALIAS}")
             node.python_kernel_name = f"{ALIAS}.{attribute(name)}"
         generate(wrapper)
 

@@ -14,7 +14,7 @@ import torch
 from torch._logging import trace_structured
 from torch.fx import Graph
 
-from . import config
+from .. import config
 
 log = logging.getLogger("overlap_pass")
 

@@ -29,6 +29,7 @@ from ..fusion import rewrite
 from ..fusion.layouts import gathered_layout
 from ..fusion.matches import NoMatch
 from ..graph.nodes import ALL_GATHER, WAIT, depends_on, describe_node, graph_order, meta_val
+from ..graph.records import Decision
 
 KIND = "all_gather_passenger"
 
@@ -111,7 +112,7 @@ def _host_for(graph: Graph, rider: Rider) -> tuple[Node | None, str | None]:
     return None, " or ".join(sorted(causes)) + " every fused all-gather op of the same rows"
 
 
-def attach_all(graph: Graph, all_gathers: list[Node]) -> tuple[list[dict], dict[str, Node]]:
+def attach_all(graph: Graph, all_gathers: list[Node]) -> tuple[list[Decision], dict[str, Node]]:
     """Makes each plain all-gather of ``all_gathers`` still in the graph a passenger where it
     can (in graph order, on the live graph: a rider attached changes what the next may ride
     in); returns a record per all-gather considered, and the op each host that took riders
@@ -124,14 +125,8 @@ def attach_all(graph: Graph, all_gathers: list[Node]) -> tuple[list[dict], dict[
     records = []
     replaced = {}  # host op name -> the op that took its place with one more rider
     for gather in sorted((g for g in all_gathers if g in alive), key=order.__getitem__):
-        record = {
-            "kind": KIND,
-            "collective": describe_node(gather),
-            "group": {"name": gather.args[2], "size": gather.args[1]},
-            "rewritten": False,
-            "reason": None,
-            "implementation": None,
-        }
+        record = Decision.of(KIND, gather, group={"name": gather.args[2], "size": gather.args[1]})
+        host_op = None
         try:
             rider = _rider(gather)
             host, reason = _host_for(graph, rider)
@@ -142,19 +137,19 @@ def attach_all(graph: Graph, all_gathers: list[Node]) -> tuple[list[dict], dict[
             op = rewrite.attach_passenger(graph, host, rider, HOSTS[host.target])
             replaced[host_name] = op
             stable_topological_sort(graph)  # the next rider's dependencies are read from the order
-            record.update(rewritten=True, op=op)
+            record.rewritten, host_op = True, op
         else:
-            record["reason"] = reason
-        records.append(record)
+            record.reason = reason
+        records.append((record, host_op))
 
     def final(op: Node) -> Node:
         while op.name in replaced:
             op = replaced[op.name]
         return op
 
-    for record in records:  # each rider named with the op it rides in at the end
-        op = record.pop("op", None)
+    for record, op in records:  # each rider named with the op it rides in at the end
         if op is not None:
             op = final(op)
-            record.update(implementation=f"rides in {op.name}", op=op.name, rides_in=describe_node(op))
-    return records, {name: final(op) for name, op in replaced.items()}
+            record.implementation, record.op = f"rides in {op.name}", op.name
+            record.notes["rides_in"] = describe_node(op)
+    return [record for record, _ in records], {name: final(op) for name, op in replaced.items()}

@@ -1,4 +1,5 @@
-"""Gathered activations recomputed in the backward (``config.regather_in_backward``).
+"""Gathered activations recomputed in the backward (``config.regather_in_backward``): a stage
+of the joint graph, which pipeline/passes.RegatherPass runs before the partitioner.
 
 A column-parallel linear's weight gradient reads its gathered input. The partitioner saves that
 gathered tensor for the backward (it never recomputes a collective on its own): W shards of
@@ -17,14 +18,10 @@ alike.
 import operator
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx import Graph, Node
 from torch.utils.checkpoint import CheckpointPolicy
 
-from . import config
-from .debug import log
-from .graph_pass import _source_hash
-from .regions.tail_matmuls import reachable
+from .tail_matmuls import reachable
 
 aten, prims = torch.ops.aten, torch.ops.prims
 c10d = torch.ops._c10d_functional
@@ -74,28 +71,3 @@ def mark_gathers_recomputed(graph: Graph) -> int:
     for node in marked:
         node.meta.setdefault("recompute", CheckpointPolicy.MUST_RECOMPUTE)
     return len(gathers)
-
-
-class RegatherPass(CustomGraphPass):
-    """The pass in Inductor's joint_custom_pre_pass slot, on while config.regather_in_backward
-    is set (``always=False``: only while config.enabled is set too, the default compile's hook)."""
-
-    def __init__(self, always: bool = True) -> None:
-        self.always = always
-
-    def active(self) -> bool:
-        return config.regather_in_backward and (self.always or config.enabled)
-
-    def __call__(self, graph: Graph) -> None:
-        if not self.active():
-            return
-        try:
-            marked = mark_gathers_recomputed(graph)
-        except Exception as error:  # the marks are hints: without them the step is as it was
-            log.warning("overlap: gathers not marked to be gathered again in the backward: %r", error)
-            return
-        if marked:
-            log.info("overlap: %d gathers of forward activations marked to be gathered again in the backward", marked)
-
-    def uuid(self):
-        return ("overlap_regather", _source_hash()) if self.active() else "overlap_regather:off"

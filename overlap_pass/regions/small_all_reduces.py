@@ -23,11 +23,11 @@ from torch.fx import Graph, Node
 
 from .. import config
 
-from ..ops import all_reduce_op
 from ..fusion import decide
 from ..graph import sizes
 from ..graph.edits import call
 from ..graph.nodes import ALL_REDUCE, WAIT, describe_node, meta_val
+from ..ops import all_reduce_op, registry  # noqa: F401  (registry: registers torch.ops.overlap)
 
 OP = torch.ops.overlap.all_reduce.default
 

@@ -8,7 +8,8 @@ import math
 
 from torch.fx import Node
 
-from .. import config, size_ranges
+from .. import config
+from ..shapes import size_ranges
 from ..graph.nodes import depends_on, meta_val
 from ..graph.sizes import divisible, hint, judged_at, substituted, traced_values
 from . import rows

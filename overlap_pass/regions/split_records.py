@@ -5,6 +5,7 @@ one per all-gather whose quantization it moved before the gather.
 from torch.fx import Node
 
 from ..graph.nodes import ALL_REDUCE, describe_node
+from ..graph.records import Decision
 from ..graph.sizes import divisible
 from .split_regions import Region, feeds_matmul
 
@@ -12,43 +13,38 @@ KIND = "all_reduce_split"
 GATHER_KIND = "quantize_before_gather"
 
 
-def record(collective: Node, reason: str | None) -> dict:
-    group_name = collective.args[2]
-    return {
-        "kind": KIND if collective.target is ALL_REDUCE else GATHER_KIND,
-        "collective": describe_node(collective),
-        "group": {"name": group_name},
-        "rewritten": False,
-        "reason": reason,
-        "implementation": None,
-    }
+def record(collective: Node, reason: str | None) -> Decision:
+    kind = KIND if collective.target is ALL_REDUCE else GATHER_KIND
+    decision = Decision.of(kind, collective, group={"name": collective.args[2]})
+    decision.reason = reason
+    return decision
 
 
-def region_record(region: Region, all_reduces: list[Node]) -> dict:
-    return {
-        "rewritten": region.split,
-        "reason": None if region.split else region.reason,
-        "group": {"name": region.group_name, "size": region.world_size},
-        "split": {
-            "cost": region.reason,
-            "all_reduces": sorted(ar.name for ar in all_reduces),
-            "all_gathers": sorted(g.name for g in region.gathers.values()),
-            "row_wise_ops": len(region.nodes) - len(region.entries) - len(region.gathers),
-            "sliced_operands": sorted(n.name for n in region.sliced),
-            "gathered": [
-                {
-                    **describe_node(n),
-                    "fused_with_matmul": feeds_matmul(n),
-                    "read_by": sorted({describe_node(u)["op"] for u in users}),
-                }
-                for n, users in sorted(region.exits.items(), key=lambda item: item[0].name)
-            ],
-            "reduced_over_tokens": sorted(n.name for n in region.token_reductions),
-            "padded": _padding_note(region),
-            "split_from_tokens": region.split_from,
-            "in_another_graph": region.split_elsewhere,
-        },
+def with_region(decision: Decision, region: Region, all_reduces: list[Node]) -> Decision:
+    """``decision`` with what the split found for ``region``: split or why not, and how."""
+    decision.rewritten = region.split
+    decision.reason = None if region.split else region.reason
+    decision.facts["group"] = {"name": region.group_name, "size": region.world_size}
+    decision.notes["split"] = {
+        "cost": region.reason,
+        "all_reduces": sorted(ar.name for ar in all_reduces),
+        "all_gathers": sorted(g.name for g in region.gathers.values()),
+        "row_wise_ops": len(region.nodes) - len(region.entries) - len(region.gathers),
+        "sliced_operands": sorted(n.name for n in region.sliced),
+        "gathered": [
+            {
+                **describe_node(n),
+                "fused_with_matmul": feeds_matmul(n),
+                "read_by": sorted({describe_node(u)["op"] for u in users}),
+            }
+            for n, users in sorted(region.exits.items(), key=lambda item: item[0].name)
+        ],
+        "reduced_over_tokens": sorted(n.name for n in region.token_reductions),
+        "padded": _padding_note(region),
+        "split_from_tokens": region.split_from,
+        "in_another_graph": region.split_elsewhere,
     }
+    return decision
 
 
 def _padding_note(region: Region) -> str | None:

@@ -18,7 +18,7 @@ from ..fusion.layouts import gathered_layout
 from ..fusion.matches import NoMatch
 from . import rows
 from .split_cost import decide, per_token_count
-from .split_records import record, region_record
+from .split_records import record, with_region
 from .split_regions import ENTRY, FLAT, Layout, Region, feeds_matmul, feeds_scaled_mm, random
 
 aten = torch.ops.aten
@@ -240,10 +240,10 @@ def plan(graph: Graph, all_reduces: bool = True, gathers: bool = True) -> Plan:
             region.split, region.reason = per_token_count(region, order, region.split, region.reason)
         merged = [ar for ars in region.entries.values() for ar in ars]
         for ar in merged:
-            records[ar].update(region_record(region, merged))
+            with_region(records[ar], region, merged)
         if any(feeds_scaled_mm(n) for n in region.exits):  # else no float8 candidate: no record
             for gather in region.gathers.values():
-                records[gather] = {**record(gather, None), **region_record(region, merged)}
+                records[gather] = with_region(record(gather, None), region, merged)
     return Plan(tuple(found), records)
 
 

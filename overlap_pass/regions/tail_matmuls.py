@@ -30,6 +30,7 @@ from torch.fx import Graph, Node
 from ..graph import sizes
 from ..graph.edits import call
 from ..graph.nodes import describe_node, graph_order, is_transpose, under_views
+from ..ops import registry  # noqa: F401  (registers torch.ops.overlap)
 
 OP = torch.ops.overlap.matmul_reduce_scatter.default
 TAIL_OP = torch.ops.overlap.matmul_reduce_scatter.tail

@@ -36,7 +36,10 @@ import logging
 
 import torch
 
-from . import config, size_ranges
+from .. import config
+from ..pipeline.install import SLOTS, without_overlap_passes
+from ..pipeline.passes import SAME_GRAPH_ON_EVERY_RANK
+from . import size_ranges
 
 log = logging.getLogger("overlap_pass")
 
@@ -62,16 +65,9 @@ def plain_patches(patches: dict) -> dict:
     fuses alike; a graph without overlap's ops may pad its matmuls differently on each rank):
     the graph plain Inductor compiles, but for its mix-order reductions' size checks, off here
     as in overlap's graph (backend.NO_GUARDS_ON_TOKEN_COUNTS: they would guard on the count)."""
-    from .backend import SAME_GRAPH_ON_EVERY_RANK
-    from .graph_pass import ChainedGraphPass, OverlapPass
-    from .regather import RegatherPass
-
     plain = {k: v for k, v in patches.items() if k not in SAME_GRAPH_ON_EVERY_RANK}
-    for slot in ("post_grad_custom_pre_pass", "joint_custom_pre_pass"):
-        held = plain.get(slot, getattr(torch._inductor.config, slot))
-        passes = held.passes if isinstance(held, ChainedGraphPass) else [] if held is None else [held]
-        kept = [p for p in passes if not isinstance(p, (OverlapPass, RegatherPass))]
-        plain[slot] = None if not kept else kept[0] if len(kept) == 1 else ChainedGraphPass(kept)
+    for slot in SLOTS:
+        plain[slot] = without_overlap_passes(plain.get(slot, getattr(torch._inductor.config, slot)))
     return plain
 
 
@@ -95,7 +91,7 @@ def _ops_choose_at_first_calls() -> None:
     """From now on an op call signature runs its chosen variant from its first call, not NCCL
     + cuBLAS (lowering/dispatch.py): this graph does the waiting."""
     # deferred: the lowering imports triton (optional on a CPU install); this runs on CUDA
-    from .lowering import dispatch
+    from ..lowering import dispatch
 
     dispatch.first_calls_on_nccl = False
 
@@ -104,7 +100,7 @@ def _ops_choose_at_first_calls() -> None:
 def _op_calls() -> collections.Counter:
     """lowering/replay.py's counts of the symmetric-memory variants' calls by path (looked up
     once: the lowering loads on first use)."""
-    from .lowering import replay
+    from ..lowering import replay
 
     return replay.stats
 

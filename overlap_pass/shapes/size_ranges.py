@@ -23,7 +23,7 @@ import logging
 import sympy
 import torch
 
-from . import config
+from .. import config
 
 log = logging.getLogger("overlap_pass")
 

@@ -17,7 +17,9 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch._dynamo.utils import counters
 
-from overlap_pass import config, new_counts
+from overlap_pass import config
+
+from overlap_pass.shapes import new_counts
 
 from overlap_pass.lowering import dispatch
 from overlap_pass.ops import matmul_ops

@@ -12,10 +12,13 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import overlap_pass
-from overlap_pass import config, graph_pass, new_counts
-from overlap_pass.fusion import rewrite
+from overlap_pass import config
 from overlap_pass.backend import overlap_config_patches
-from overlap_pass.graph_pass import ChainedGraphPass, OverlapPass
+from overlap_pass.fusion import rewrite
+from overlap_pass.pipeline import install, passes
+from overlap_pass.pipeline.install import ChainedGraphPass
+from overlap_pass.pipeline.passes import OverlapPass
+from overlap_pass.shapes import new_counts
 
 from .fake_world import compile_and_dump, fake_world
 
@@ -55,13 +58,13 @@ def test_config_enabled_applies_the_pass_to_the_default_compile():
 
 
 def test_inside_the_default_compile_shape_padding_is_told_once(caplog):
-    graph_pass._tell_if_ranks_may_differ.cache_clear()
+    passes._tell_if_ranks_may_differ.cache_clear()
     with caplog.at_level("WARNING", logger="overlap_pass"):
         _compiled_targets(enabled=True, shape_padding=True)
         _compiled_targets(enabled=True, shape_padding=True)
     told = [r.getMessage() for r in caplog.records if "different graphs" in r.getMessage()]
     assert len(told) == 1 and "TORCHINDUCTOR_SHAPE_PADDING=0" in told[0], told
-    graph_pass._tell_if_ranks_may_differ.cache_clear()
+    passes._tell_if_ranks_may_differ.cache_clear()
 
 
 def test_micro_pipeline_tp_does_not_take_the_patterns():
@@ -131,8 +134,8 @@ def test_graphs_on_symbolic_token_counts_compile_without_guards_on_them(monkeypa
 
 def test_install_is_idempotent():
     before = torch._inductor.config.post_grad_custom_pre_pass
-    graph_pass.install()
-    graph_pass.install()
+    install.install()
+    install.install()
     assert torch._inductor.config.post_grad_custom_pre_pass is before
     assert isinstance(before, OverlapPass) and not before.always
 

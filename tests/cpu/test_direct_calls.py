@@ -10,7 +10,9 @@ import contextlib
 import pytest
 import torch
 
-from overlap_pass import config, direct_calls
+from overlap_pass import config
+
+from overlap_pass.pipeline import direct_calls
 
 from overlap_pass.ops import registry
 from tests.direct_call_counts import counted_direct_calls

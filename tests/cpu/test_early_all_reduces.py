@@ -12,7 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from overlap_pass import config
 from overlap_pass.graph.nodes import ALL_REDUCE
-from overlap_pass.graph_pass import overlap_graph_pass
+from overlap_pass.pipeline.stages import run as overlap_graph_pass
 from overlap_pass.regions import early_all_reduces
 
 c10d = torch.ops._c10d_functional

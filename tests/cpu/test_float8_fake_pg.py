@@ -190,16 +190,16 @@ def test_ops_pin_their_input_strides(tmp_path, latency_free, monkeypatch):
     """Every overlap op the pass writes (passengers included) is tagged needs_exact_strides and
     carries eager_input_vals in its inputs' strides, so Inductor hands the op each input as the
     pass saw it (a float8 mat2 column-major, as _scaled_mm wants it)."""
-    from overlap_pass import graph_pass
+    from overlap_pass.pipeline import passes
 
-    seen, run_pass = [], graph_pass.overlap_graph_pass
+    seen, run_pass = [], passes.stages.run
 
     def run_and_look(graph):
         records = run_pass(graph)
         seen.extend(n for n in graph.nodes if n.op == "call_function" and str(n.target).startswith("overlap."))
         return records
 
-    monkeypatch.setattr(graph_pass, "overlap_graph_pass", run_and_look)
+    monkeypatch.setattr(passes.stages, "run", run_and_look)
     _compile(tmp_path, 2, "rowwise")
     # (and the small amax all-reduces, regions/small_all_reduces.py)
     assert {str(n.target) for n in seen} == {f"overlap.{AGS}.default", f"overlap.{SRS}.default", "overlap.all_reduce.default"}, seen

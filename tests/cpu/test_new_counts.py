@@ -4,7 +4,9 @@
 import pytest
 import torch
 
-from overlap_pass import config, new_counts
+from overlap_pass import config
+
+from overlap_pass.shapes import new_counts
 from overlap_pass.lowering import dispatch, replay
 
 WAIT = 3  # config.fused_from_call - 1

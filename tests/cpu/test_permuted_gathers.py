@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from overlap_pass.graph.nodes import ALL_GATHER
-from overlap_pass.graph_pass import overlap_graph_pass
+from overlap_pass.pipeline.stages import run as overlap_graph_pass
 from tests.cpu.fake_world import compile_and_dump, fake_world
 
 c10d = torch.ops._c10d_functional

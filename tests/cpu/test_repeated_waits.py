@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from overlap_pass.regions import passengers, split_cost
-from overlap_pass.graph_pass import overlap_graph_pass
+from overlap_pass.pipeline.stages import run as overlap_graph_pass
 from overlap_pass.graph.nodes import ALL_GATHER, REDUCE_SCATTER, WAIT
 
 c10d = torch.ops._c10d_functional

@@ -5,7 +5,9 @@ import pytest
 from torch._dynamo.source import ConstantSource
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from overlap_pass import config, size_ranges
+from overlap_pass import config
+
+from overlap_pass.shapes import size_ranges
 from overlap_pass.graph import sizes
 
 
