@@ -17,7 +17,7 @@ difference between two rows is what that layer costs):
                 generated code calls it with config.direct_op_calls off, and eager code)
     op, registered bare: the same entry point as the CUDA kernel of an op with nothing else
                 registered (no tags, fake or reference kernel, no below-autograd guard)
-    direct call: overlap_pass/direct_calls.py, as Inductor's generated code calls the op
+    direct call: overlap_pass/pipeline/direct_calls.py, as Inductor's generated code calls the op
                 (the CUDA kernel under its below-autograd guard, no torch dispatcher)
     dispatch:   lowering/dispatch.py's entry point
     resolved:   the variant kept for the call's signature (no signature key)

@@ -68,9 +68,9 @@ GRAPHS_KEY = " | cudagraphs"  # appended to the key of a choice timed as CUDA gr
 ROUNDS = 10
 WARMUP = 2
 # back-to-back calls per sample, each sample started on an idle GPU, so that a variant's host
-# time counts where it exceeds its GPU time (with 3 calls, or with the GPU still busy with the
-# previous sample, a variant with 375 us of host time per call measured 215 us and was picked
-# over NCCL's 87 us of host time; in the 8B block that cost 0.5 ms per forward, 4xH200)
+# time counts where it exceeds its GPU time (with fewer calls, or with the GPU still busy with
+# the previous sample, the GPU's queue hides the host time, and a variant with several times
+# NCCL's host time per call can time faster than NCCL, be picked and slow the model down)
 SAMPLE_CALLS = 8
 
 # (key string) -> {"choice": name, "times_us": {...}}: the choices of this process
@@ -231,9 +231,9 @@ def _broadcast_name(name: str | None, names: list[str], group, device) -> str | 
 
 
 # elements per piece a comparison reads at a time: a first call runs while a model's
-# activations are live: whole fp32 copies of its outputs (the gate and up projections' are
-# 224 MiB in bf16 at 8B sizes, W=2), with the baseline's outputs kept through the timing, took
-# the first step of an 8B block to a peak 720 MiB higher (2266 against 1546 MiB, 2xH100)
+# activations are live, and whole fp32 copies of its outputs (the gate and up projections' at
+# 8B sizes), with the baseline's outputs kept through the timing, would raise the peak memory
+# of a model's first step by hundreds of MiB
 CLOSE_PIECE = 1 << 22
 
 
@@ -500,10 +500,10 @@ class Trial:
             self.order = list(self.usable)
             self.shuffle.shuffle(self.order)
         name = self.order.pop(0)
-        # a sample as _time takes it, on this call's inputs: timed one by one as they ran in
-        # the model's stream, the calls took the peers' skew and the host's pace with them,
-        # and ran eagerly where the model's addresses moved between calls (the 8B block's
-        # variants timed 1.3 to 2.8 times NCCL + cuBLAS's time, 4xH200)
+        # a sample as _time takes it, on this call's inputs: a call timed alone as it runs in
+        # the model's stream would take the peers' skew and the host's pace with it, and run
+        # eagerly where the model's addresses move between calls, so the fused variants would
+        # time several times slower than NCCL + cuBLAS
         _in_step(group, device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

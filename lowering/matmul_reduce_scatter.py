@@ -159,8 +159,8 @@ def reduce_produced(call: Call, produce, reduce_op: str, out: torch.Tensor, tail
     owner's reduction into ``out`` unless ``produce()`` returned True (its kernel summed the own
     chunk itself, Call.own_reduction), then leave (also when a launch fails). The reduction
     stays on the caller's stream, after the tail: on the side stream beside it (the copy
-    engine's pushes are there) it took SMs from the tail's GEMMs, which then slowed by more
-    than they hid."""
+    engine's pushes are there) it would take SMs from the tail's GEMMs, which would then slow
+    by more than it hides."""
     call.out, call.scale = out.view(call.rows, call.n), 1.0 / call.world if reduce_op == "avg" else 1.0
     try:
         reduced = produce()
@@ -272,7 +272,7 @@ def nccl_cublas(inputs, mat2s, bias, reduce_op, scatter_dim, world_size, group_n
     full = torch.mm(rows[0], mat2s[0]) if bias is None else torch.addmm(bias, rows[0], mat2s[0])
     for a, mat2 in zip(rows[1:], mat2s[1:]):
         # the matmuls eager and Inductor run, then a sum: an accumulating matmul (addmm_) meets
-        # cuBLAS's setup for a new shape at each new token count (1.3 ms of host, 4xH100)
+        # cuBLAS's setup for a new shape at each new token count (a millisecond or more of host)
         full += torch.mm(a, mat2)
     if out_dtype is not None and out_dtype != full.dtype:
         full = full.to(out_dtype)  # the partial rounded to the inputs' dtype, as the op's is

@@ -1,12 +1,12 @@
 """Per-call CUDA graphs of the symmetric-memory variants: host time.
 
 An eager call of a variant queues a dozen host steps or more (barrier, fork, W - 1 copies and
-flags, the GEMM launch with its descriptors, join), 150–300 µs of Python per call on the H200
-hosts: at 8B sizes that, not the GPU, sets the pace of a compiled model. In a model's steady
-state each op call finds its tensors at the addresses it found them at in the step before (the
-caching allocator serves the same pattern of requests the same way), so the second call of a
-signature with a given set of addresses is captured into a CUDA graph, and every later one with
-those addresses replays it: one launch.
+flags, the GEMM launch with its descriptors, join), up to hundreds of microseconds of Python per
+call (docs/ops.md#cuda-graph-replay): at 8B sizes that, not the GPU, sets the pace of a compiled
+model. In a model's steady state each op call finds its tensors at the addresses it found them
+at in the step before (the caching allocator serves the same pattern of requests the same way),
+so the second call of a signature with a given set of addresses is captured into a CUDA graph,
+and every later one with those addresses replays it: one launch.
 
 A replay is the eager call's exact work, because a graph is keyed by everything it bakes in:
 the call's signature (shapes, strides, dtypes, group: dispatch's fast key; and the variant,

@@ -124,8 +124,8 @@ def outside_graph_pool(device: torch.device, setup, *args):
     device arrays of peer addresses, and NCCL's barrier a tensor, so they must come from the
     default pool, which another thread allocates from. Elsewhere it runs in place, on the
     caller's stream: the blocks a measurement frees there serve the model's next allocations
-    (a setup stream's blocks never would: they stayed reserved, 1.4 GiB in a training step at 8B
-    sizes, 2xH100)."""
+    (a setup stream's blocks never would: they stay reserved for that stream, a GiB or more in a
+    training step at 8B sizes)."""
     if (
         getattr(device, "type", None) != "cuda"
         or threading.current_thread().name == _SETUP_THREAD
@@ -309,8 +309,8 @@ class Workspace:
     def peer_data_addresses(self) -> torch.Tensor:
         """int64 device tensor: the start of every rank's data region as this rank addresses
         it, for kernels that store straight into peers. One table per allocation, whatever the
-        shapes of the calls (a table per shape took a symmetric allocation, 2 MiB, at every
-        token count of a dynamic-shape model)."""
+        shapes of the calls (a table per shape would take a symmetric allocation, 2 MiB, at
+        every token count of a dynamic-shape model)."""
         table = self._tables.get("data_ptrs")
         if table is None:
             ptrs = [self.peer_data(p, (1,), torch.uint8).data_ptr() for p in range(self.world_size)]

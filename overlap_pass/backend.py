@@ -10,7 +10,7 @@ calls (shapes/new_counts.py).
 
 import torch
 from torch._inductor import list_mode_options
-from torch._inductor.compile_fx import compile_fx
+from torch._inductor import compile_fx as inductor  # (its compile_fx looked up at each call)
 
 from .pipeline.install import with_overlap_pass
 from .pipeline.passes import SAME_GRAPH_ON_EVERY_RANK, OverlapPass, RegatherPass
@@ -20,7 +20,7 @@ from .shapes import new_counts, size_ranges
 # one kernel) are taken only above sizes that, on a symbolic token count, it checks by guarding
 # on the count: each count outside the window the traced one set makes Dynamo recompile the
 # whole frame (a block's forward and backward: seconds). Without the size checks there is no
-# guard, and the fused kernel ran as fast or faster at the counts that matter
+# guard, and the fused kernel runs as fast or faster at the counts that matter
 # (docs/rewrites.md#what-a-compile-costs).
 NO_GUARDS_ON_TOKEN_COUNTS = {"triton.mix_order_reduction_non_strict_mode": True}
 
@@ -47,11 +47,11 @@ def overlap_config_patches(
 def overlap_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None):
     """The torch.compile backend registered as "overlap" (entry point torch_dynamo_backends)."""
     if not any(isinstance(x, torch.SymInt) or _symbolic_shape(x) for x in example_inputs):
-        return compile_fx(gm, example_inputs, config_patches=overlap_config_patches(mode, options))
+        return inductor.compile_fx(gm, example_inputs, config_patches=overlap_config_patches(mode, options))
 
     def compile_with(ranges: size_ranges.Ranges):
         patches = overlap_config_patches(mode, options, ranges, symbolic=True)
-        return compile_fx(gm, example_inputs, config_patches=patches)
+        return inductor.compile_fx(gm, example_inputs, config_patches=patches)
 
     compiled = size_ranges.compile_per_range(compile_with, example_inputs)
     patches = overlap_config_patches(mode, options, symbolic=True)
@@ -62,7 +62,7 @@ def overlap_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options
         return compiled
 
     def compile_plain():
-        return compile_fx(gm, example_inputs, config_patches=new_counts.plain_patches(patches))
+        return inductor.compile_fx(gm, example_inputs, config_patches=new_counts.plain_patches(patches))
 
     return new_counts.with_plain_first_calls(compiled, compile_plain, readers)
 

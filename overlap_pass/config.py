@@ -42,13 +42,13 @@ matmul_reduce_scatter: bool = Config(
 # Split each all-reduce that row-wise ops (residual add, norm, casts) lead from a matmul to the
 # next matmuls into a reduce-scatter and an all-gather around those ops, run on the rank's 1/W of
 # the tokens, so that both fuse with their matmuls (tensor parallelism without sequence
-# parallelism; all_reduce_split.py). Off: all-reduces stay as they are.
+# parallelism; regions/split_regions.py). Off: all-reduces stay as they are.
 split_all_reduce: bool = Config(default=True, env_name_default="OVERLAP_PASS_SPLIT_ALL_REDUCE")
 
 # Float8: where an all-gathered tensor is quantized (row-wise ops, amaxes) before a
 # _scaled_mm, run the quantization on each rank's shard and gather the float8 data and its
 # rowwise scales instead, fused with the scaled matmuls; a tensorwise amax becomes the shards'
-# amaxes, all-reduced (all_reduce_split.py). Off: such all-gathers stay as they are.
+# amaxes, all-reduced (regions/split_regions.py). Off: such all-gathers stay as they are.
 quantize_before_gather: bool = Config(default=True, env_name_default="OVERLAP_PASS_QUANTIZE_BEFORE_GATHER")
 
 # Float8: read torchao's rowwise matmul without fast accumulation (a _scaled_mm with scales of 1,

@@ -35,15 +35,15 @@ _TREES = "torch._inductor.cudagraph_trees"
 PRIVATE_NAMES = (
     PrivateName(
         "torch.distributed.distributed_c10d._resolve_process_group", "function", ("group_name",),
-        callers="lowering: symm, dispatch, all_gather_matmul, matmul_reduce_scatter, scaled; overlap_pass/ops.py",
+        callers="lowering: symm, dispatch, all_gather_matmul, matmul_reduce_scatter, scaled; overlap_pass/ops/matmul_ops.py",
     ),  # fmt: skip
     PrivateName(
         "torch._check", "function", ("cond", "message"),
-        callers="overlap_pass/ops.py (check: the ops' argument checks, lowering/dispatch.py's)",
+        callers="overlap_pass/ops/matmul_ops.py (check: the ops' argument checks, lowering/dispatch.py's)",
     ),  # fmt: skip
     PrivateName(
         "torch._scaled_mm", "function", ("self", "mat2", "scale_a", "scale_b", "bias", "scale_result"),
-        ("out_dtype", "use_fast_accum", "out"), callers="lowering/replay.py; overlap_pass/scaled_ops.py; tools",
+        ("out_dtype", "use_fast_accum", "out"), callers="lowering/replay.py; overlap_pass/ops/scaled_ops.py; tools",
         schema_of="torch.ops.aten._scaled_mm",
     ),  # fmt: skip
     PrivateName(f"{_SYMM}.empty", "function", ("size",), ("dtype", "device"), callers="lowering/symm.py"),
@@ -112,23 +112,23 @@ PRIVATE_NAMES = (
         callers="lowering/collectives.py",
     ),  # fmt: skip
     PrivateName("torch.ops._c10d_functional.wait_tensor", "op", ("tensor",), callers="lowering/collectives.py"),
-    PrivateName("torch._C._AutoDispatchBelowAutograd", "class", callers="overlap_pass/ops.py (the CUDA kernels)"),
-    PrivateName("torch._C._autograd._profiler_enabled", "function", callers="overlap_pass/direct_calls.py"),
-    # Inductor's lowering of the ops to direct calls (overlap_pass/direct_calls.py)
-    PrivateName("torch._inductor.lowering.lowerings", "attribute", callers="overlap_pass/direct_calls.py"),
+    PrivateName("torch._C._AutoDispatchBelowAutograd", "class", callers="overlap_pass/ops/registry.py (the CUDA kernels)"),
+    PrivateName("torch._C._autograd._profiler_enabled", "function", callers="overlap_pass/pipeline/direct_calls.py"),
+    # Inductor's lowering of the ops to direct calls (overlap_pass/pipeline/direct_calls.py)
+    PrivateName("torch._inductor.lowering.lowerings", "attribute", callers="overlap_pass/pipeline/direct_calls.py"),
     PrivateName(
         "torch._inductor.lowering.make_fallback", "function", ("op",), ("layout_constraint", "warn"),
-        callers="overlap_pass/direct_calls.py",
+        callers="overlap_pass/pipeline/direct_calls.py",
     ),  # fmt: skip
     PrivateName(
         "torch._inductor.lowering.constrain_to_fake_tensors", "attribute",
-        callers="overlap_pass/direct_calls.py (Inductor calls it)",
+        callers="overlap_pass/pipeline/direct_calls.py (Inductor calls it)",
     ),  # fmt: skip
-    PrivateName("torch._inductor.ir.FallbackKernel", "class", callers="overlap_pass/direct_calls.py"),
+    PrivateName("torch._inductor.ir.FallbackKernel", "class", callers="overlap_pass/pipeline/direct_calls.py"),
     PrivateName(
-        "torch._inductor.ir.FallbackKernel.codegen", "method", ("wrapper",), callers="overlap_pass/direct_calls.py"
+        "torch._inductor.ir.FallbackKernel.codegen", "method", ("wrapper",), callers="overlap_pass/pipeline/direct_calls.py"
     ),
-    PrivateName("torch._inductor.virtualized.V", "attribute", callers="overlap_pass/direct_calls.py"),
+    PrivateName("torch._inductor.virtualized.V", "attribute", callers="overlap_pass/pipeline/direct_calls.py"),
     PrivateName("torch._dynamo.reset", "function", callers="tools: bench_model, bench_torchtitan"),
     PrivateName("torch._dynamo.config.recompile_limit", "attribute", callers="tools: bench_model, bench_torchtitan"),
     PrivateName("torch._dynamo.utils.counters", "attribute", callers="tools: bench_model, bench_torchtitan"),

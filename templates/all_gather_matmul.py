@@ -328,8 +328,8 @@ def all_gather_matmul_consumer(
     on; ``tile_log`` (int32, tiles + 1; one mat2 only) the order tiles started in.
 
     With TMA, one launch takes up to MAX_B mat2s of one layout (Q, K and V together). Pointer loads
-    take one launch per mat2: a single launch that picked pointers and strides at run time
-    measured 13-20x slower on an H200 (no specialized strides, no vector loads).
+    take one launch per mat2: a single launch that picks pointers and strides at run time runs
+    many times slower (no specialized strides, no vector loads).
 
     Float8 (A and mat2s float8, ``scales`` given): TMA loads only, mat2s as linear weights
     ([N, K] transposed: K-major, as fp8 tensor cores and _scaled_mm want them); ``scales.a``

@@ -16,14 +16,14 @@ consumer computes it, with its warps split as CUTLASS's "pingpong" kernels split
 
 Exact accumulation (use_fast_accum=False, torchao's backward) runs a cooperative form instead:
 both warpgroups on every tile, 64 rows each, each K block's product into a partial that is
-waited for and then added into the fp32 accumulator (_exact_tile). Replayed on one H100, split
-weights: 1.06-1.19x cuBLAS's exact _scaled_mm, the Triton consumer 1.34-1.66x
-(docs/benchmarks.md, the fused GEMMs alone).
+waited for and then added into the fp32 accumulator (_exact_tile). It comes far nearer cuBLAS's
+exact _scaled_mm than the Triton consumer does (docs/benchmarks.md, the fused GEMMs alone).
 
 Float8 only, mat2s as linear weights ([N, K] transposed), up to MAX_B of them in one launch:
-inside a chunk, B 0's tiles, then B 1's, and so on, as the Triton consumer orders them. Replayed on one H100 (docs/benchmarks.md), Llama 3 8B's Q,
-K and V ran 0.99x cuBLAS on each weight in one launch, 1.11x in a launch each (K's and V's few
-tiles leave most SMs idle); over the bench_ops shapes 0.98-1.04x, the Triton consumer 1.05-1.19x.
+inside a chunk, B 0's tiles, then B 1's, and so on, as the Triton consumer orders them. One
+launch for Q, K and V keeps busy the SMs that K's and V's few tiles would leave idle in a launch
+each; it runs at about cuBLAS's pace, ahead of the Triton consumer (docs/benchmarks.md, the
+fused GEMMs alone).
 The loader and the main loop serve the reduce-scatter producer too
 (matmul_reduce_scatter_pingpong.py).
 """

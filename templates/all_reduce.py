@@ -1,8 +1,8 @@
 """One-shot all-reduce of a small tensor through symmetric memory, in one kernel.
 
 A small all-reduce (float8's amaxes, a norm weight's gradient) is all latency: NCCL's costs
-some 60 µs of host time a call and a kernel on its stream that the next kernel waits for. Here
-each rank's workspace data region holds a block of flags and one slot per rank:
+tens of microseconds of host time a call and a kernel on its stream that the next kernel waits
+for. Here each rank's workspace data region holds a block of flags and one slot per rank:
 
     [ flags: MAX_PROGRAMS x W int32, FLAG_BYTES ][ slot 0 | slot 1 | ... | slot W-1 ]
 

@@ -38,9 +38,9 @@ CONFIGS = [
     GemmConfig(128, 128, 64, 8, 4, 4, tma=True),
     GemmConfig(64, 128, 64, 8, 4, 4),
 ]
-# float8 (benchmarks/bench_gemm on an H100, 2026-11-24: 1.06-1.39x cuBLAS's time, as best of these):
-# 128-deep K blocks (128 bytes per row, one swizzle line) were the fastest on every shape but
-# the smallest, where 128x256x64 in 4 stages was
+# float8, the best of the sweep in docs/benchmarks.md (the fused GEMMs alone): 128-deep K blocks
+# (128 bytes per row, one swizzle line) are the fastest on every shape but the smallest, where
+# 128x256x64 in 4 stages is
 FLOAT8_CONFIGS = [
     GemmConfig(128, 256, 128, 8, 8, 3, tma=True),
     GemmConfig(128, 256, 128, 8, 8, 4, tma=True),

@@ -1,11 +1,11 @@
 """Launching compiled Triton kernels with little host time.
 
 A JIT launch (``kernel[grid](...)``) binds and specializes its arguments, looks its kernel up and
-wraps the launch on every call: 15 µs of host time for the one-program barrier and 40 for the
-consumer GEMM with its descriptors on the H200 machines, against 6 and 21 through the compiled
-kernel's own launcher. Every op launches several kernels on the critical path, so they
-go through ``DirectKernel``: the first call of a specialization compiles through the JIT, later
-calls launch the compiled kernel.
+wraps the launch on every call: about twice the host time or more of a launch through the
+compiled kernel's own launcher, for the one-program barrier as for the consumer GEMM with its
+descriptors. Every op launches several kernels on the critical path, so they go through
+``DirectKernel``: the first call of a specialization compiles through the JIT, later calls
+launch the compiled kernel.
 
 The specialization key follows Triton's (runtime/jit.py, specialize_impl): a tensor's dtype and
 whether its address is 16-byte aligned, an int's width and whether it is 1 or a multiple of 16,
@@ -13,16 +13,15 @@ a tensor descriptor's dtype and block, a tuple's elements each; the constexprs a
 options as given. A kernel's ``do_not_specialize`` ints are keyed as the others (Triton then hands
 the same compiled kernel to each key).
 
-Compiling ahead: a variant's first call compiles its kernels (the persistent GEMMs take 0.4 to
-2.1 s each for sm_90a), and a shape's first measurement (choose.py) calls every variant, one
-after another. Triton compiles mostly outside the GIL, so threads take them at once: both ops'
-four configs' first calls took 19.7-20.1 s one after another and 8.8-9.5 s compiled ahead (one
-H200, 16 cores, 2026-11-29, benchmarks/first_calls.py); the float8 ops' five (three Triton, two
-Gluon) 34.2-38.2 s and 22.9-23.0 s (docs/ops.md). Inside ``compiling_ahead()``, a template
-decorated ``compiles_other_configs`` hands, before its call's first compile, what the same call
-would launch under each other config of its family to a thread pool (``compile_only``: the
-kernels are compiled, nothing is launched), and a launch whose kernel is still compiling there
-waits for it instead of compiling it again.
+Compiling ahead: a variant's first call compiles its kernels (a persistent GEMM takes up to a
+couple of seconds for sm_90a), and a shape's first measurement (choose.py) calls every variant,
+one after another. Triton compiles mostly outside the GIL, so threads take them at once: the
+first calls of every config of both ops take about half as long compiled ahead, the float8 ops'
+about two thirds (docs/ops.md#the-per-shape-choice, first calls compile). Inside
+``compiling_ahead()``, a template decorated ``compiles_other_configs`` hands, before its call's
+first compile, what the same call would launch under each other config of its family to a
+thread pool (``compile_only``: the kernels are compiled, nothing is launched), and a launch
+whose kernel is still compiling there waits for it instead of compiling it again.
 """
 
 import concurrent.futures
@@ -43,7 +42,7 @@ log = logging.getLogger("overlap_pass")
 
 # the kernels' ints that change with a call's token count (the rows of a chunk, the chunks'
 # batch): not specialized (``do_not_specialize``), so that a new count compiles nothing where
-# Triton would compile again for each of 1 / a multiple of 16 / neither (400 ms a kernel, H100)
+# Triton would compile again for each of 1 / a multiple of 16 / neither (hundreds of ms a kernel)
 TOKEN_COUNTS = ("outer", "inner")
 
 

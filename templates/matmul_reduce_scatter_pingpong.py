@@ -21,11 +21,10 @@ the ring), each block's product waited for and added into fp32, the terms' dequa
 summed in fp32 (not rounded one by one, as the op's reference rounds them) before one store.
 Each warpgroup then counts its half of every tile, the chunk complete at twice its tiles.
 
-Float8 only, mat2s linear weights ([N, K] transposed). Replayed on one H100 against cuBLAS's
-_scaled_mm on the bench_ops shapes: fast accumulation, rowwise 1.02-1.11x (the Triton producer
-1.06-1.23x), tensorwise 0.96-1.00x; exact 1.11-1.22x cuBLAS exact
-(the Triton producer 1.55-1.75x); the input-gradient sums 0.57-0.73x cuBLAS's matmul per term and
-adds for Q+K+V, 0.92-1.11x for gate+up (docs/benchmarks.md, the fused GEMMs alone).
+Float8 only, mat2s linear weights ([N, K] transposed). It runs near cuBLAS's _scaled_mm with
+fast accumulation, and far nearer cuBLAS exact than the Triton producer does without it; one
+launch summing the input gradients beats cuBLAS's matmul per term and adds for Q+K+V and about
+ties it for gate+up (docs/benchmarks.md, the fused GEMMs alone).
 """
 
 import torch

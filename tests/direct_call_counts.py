@@ -1,4 +1,4 @@
-"""Counting the op calls Inductor's generated code makes through overlap_pass/direct_calls.py:
+"""Counting the op calls Inductor's generated code makes through overlap_pass/pipeline/direct_calls.py:
 those reach registry.cuda_kernel by name at each call, while the dispatcher's calls reach it through
 the registration's own reference, so a stand-in there sees the direct calls alone."""
 

@@ -26,7 +26,7 @@ def _shape(described: dict | None) -> str:
 def _shapes(candidate: dict) -> str:
     """The operand shapes of a candidate: shard -> matmul outputs, or input @ mat2 -> out."""
     split = candidate.get("split")
-    if split:  # an all-reduce split around row-wise ops (overlap_pass/regions/all_reduce_split.py)
+    if split:  # an all-reduce split around row-wise ops (overlap_pass/regions/split_regions.py)
         gathered = ",".join(g["name"] + ("(fused)" if g["fused_with_matmul"] else "") for g in split["gathered"])
         return f"{_shape(candidate['collective'])}: {split['row_wise_ops']} row-wise ops, gathered {gathered or '-'}"
     nodes = candidate.get("nodes")

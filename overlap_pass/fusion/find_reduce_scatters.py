@@ -33,7 +33,7 @@ def _one_user(node: Node) -> None:
 
 def _widening(cast: Node) -> bool:
     """Whether ``cast`` only converts a bf16 or fp16 tensor to fp32, the dtype the op's
-    reduction sums in (ops.py: out_dtype)."""
+    reduction sums in (ops/matmul_ops.py: out_dtype)."""
     before = meta_val(cast.args[0])
     narrow = isinstance(before, torch.Tensor) and before.dtype in (torch.bfloat16, torch.float16)
     return narrow and cast_dtype(cast) == torch.float32

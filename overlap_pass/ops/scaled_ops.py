@@ -197,9 +197,9 @@ def scaled_mm_rows(a, a_scale, mat2, mat2_scale, bias, out_dtype, use_fast_accum
         mat2_scale = _standard_strides(mat2_scale)
     # rowwise without fast accumulation too: torchao avoids that kernel ("so slow without
     # fast-accum") and runs the tensorwise one with the scales applied after, but on torch 2.11
-    # (CUDA 13, H100) it ran 1.04-1.17x the fast one, and the after-scaling, unfused as a
-    # variant runs it, 1.5-4.2x (docs/benchmarks.md); it also rounds once, as the fused
-    # kernels do
+    # it runs only a little slower than the fast one, and the after-scaling, unfused as a
+    # variant runs it, up to several times slower (docs/float8.md#on-cuda); it also rounds
+    # once, as the fused kernels do
     result = torch._scaled_mm(
         rows, mat2, a_scale, mat2_scale, bias, None, out_dtype=out_dtype, use_fast_accum=use_fast_accum, out=target
     )

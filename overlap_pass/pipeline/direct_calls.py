@@ -2,9 +2,9 @@
 
 Inductor's Python wrapper calls a custom op as ``torch.ops.overlap.<op>.default(...)``: the
 dispatcher boxes every argument, passes the autograd and other dispatch keys (the ops have no
-kernel there) and hands the arguments back to Python for matmul_ops.py's CUDA kernel. On the 2xH200
-hosts that cost 7-25 µs a call (benchmarks/host_cost.py), about what the per-call CUDA graph's replay
-the call ends in costs. So each op's lowering here makes the wrapper of a graph whose op runs on
+kernel there) and hands the arguments back to Python for matmul_ops.py's CUDA kernel. That costs
+about as much host time as the per-call CUDA graph's replay the call ends in (docs/benchmarks.md,
+host time of an op call). So each op's lowering here makes the wrapper of a graph whose op runs on
 CUDA import this module and call the kernel through it:
 
     buf9 = overlap_direct_calls.matmul_reduce_scatter([...], [...], None, 'sum', 0, 2, '0', out_dtype=None)
@@ -33,7 +33,7 @@ _LOWERED: set = set()  # the ops whose lowering is this module's
 def call(name: str, /, *args, **kwargs):
     """The op ``name``'s CUDA kernel on these arguments, as the dispatcher would call it; under
     torch's profiler the op itself, which the trace then names. (The profiler's state is read
-    here, not through lowering/torch_compat.py: this runs on every call, and the lowering is
+    here, not through overlap_pass/torch_compat.py: this runs on every call, and the lowering is
     imported on first use.)"""
     if torch._C._autograd._profiler_enabled():
         return registry.overload(name)(*args, **kwargs)

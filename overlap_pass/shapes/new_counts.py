@@ -3,10 +3,10 @@
 A fused op cannot pay at a token count it has just met: its symmetric-memory variant's first call
 runs eagerly and its second captures the per-call CUDA graph, some 20 ms of host time together
 at the 8B block's counts, which only a count that comes back pays off. So a count's first
-``config.fused_from_call - 1`` calls run something else. Inside overlap's graph that was each
-op on NCCL + cuBLAS, and that ran slower than plain Inductor: the op calls' host time and the
-graph around them (the 8B block at 2048 tokens, W=4, forward: 1609 against 1438 µs on the GPU,
-4xH200), so shapes that changed at every call ran below plain Inductor's pace.
+``config.fused_from_call - 1`` calls run something else. Each op on NCCL + cuBLAS inside
+overlap's graph runs slower than plain Inductor: the op calls' host time and the graph around
+them (docs/rewrites.md#a-counts-first-calls), so shapes that changed at every call would run
+below plain Inductor's pace.
 
 Here backend="overlap" compiles a graph on symbolic token counts twice: with the pass, and as
 plain Inductor compiles it (the same Inductor settings, no overlap pass). A call at a count met
@@ -19,10 +19,10 @@ are the values of the graph's symbols, the ``config.shapes_kept * 4`` most recen
 A fused op pays from its per-call CUDA graph's replays, which need its tensors at addresses
 met before. Where a count's calls keep finding them elsewhere (the caching allocator's state
 differs from call to call: counts that change between calls and other work between steps), each
-op call runs eagerly, which cost more host time than plain Inductor's collectives at W=4 (the
-8B block at 2048-8192 tokens, 4xH200: 11.7 against 6.8 ms a step). Such a count (an op call of
-its forward eager or capturing in each of UNREPLAYED_STREAK calls in a row, or in a quarter of
-its first JUDGED_CALLS, once settled) goes back to the plain graph.
+op call runs eagerly, which costs far more host time than plain Inductor's collectives
+(docs/rewrites.md#a-counts-first-calls). Such a count (an op call of its forward eager or
+capturing in each of UNREPLAYED_STREAK calls in a row, or in a quarter of its first
+JUDGED_CALLS, once settled) goes back to the plain graph.
 
 Only where the ops would wait on NCCL + cuBLAS: CUDA inputs, the per-shape choice on
 (config.implementation "auto") and CUDA graph trees off (under them a warm-up records a graph

@@ -1,7 +1,7 @@
 """One compiled graph per range of token counts, where a plain-TP split pays only from some count
 on (backend="overlap", graphs with symbolic token counts).
 
-The all-reduce split (regions/all_reduce_split.py) is a choice of graph, not of kernel: a split
+The all-reduce split (regions/split_regions.py) is a choice of graph, not of kernel: a split
 region runs its row-wise ops on 1/W of the tokens between a reduce-scatter and an all-gather,
 which pays at a long prompt and costs a short one its extra op calls. A graph traced at 2048
 tokens and run at 1 to 8192 cannot be judged at one count. So the pass reports, for each region

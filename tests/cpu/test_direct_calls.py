@@ -1,4 +1,4 @@
-"""Inductor's generated code calls the ops' kernels directly (overlap_pass/direct_calls.py), on
+"""Inductor's generated code calls the ops' kernels directly (overlap_pass/pipeline/direct_calls.py), on
 gloo ranks at W=2 compiled fully. The lowering marks the ops of CUDA graphs only; here it takes
 CPU graphs too and the kernel each direct call reaches is a stand-in that counts the call and
 runs the op (on CPU tensors: the reference), so the generated code's calls are seen and their

@@ -1,4 +1,4 @@
-"""The private torch names of the CUDA path (lowering/torch_compat.py) against the installed torch.
+"""The private torch names of the CUDA path (overlap_pass/torch_compat.py) against the installed torch.
 
 The CUDA path runs only on GPU machines with one torch version; users install others. Here each
 entry of PRIVATE_NAMES must resolve in the installed torch and take the arguments the project
@@ -280,7 +280,7 @@ def test_the_cuda_path_takes_private_torch_names_from_torch_compat():
         if path.name != "torch_compat.py"
         for line, name in private_torch_uses(path.read_text())
     ]
-    assert not outside, "use lowering/torch_compat.py for these:\n" + "\n".join(outside)
+    assert not outside, "use overlap_pass/torch_compat.py for these:\n" + "\n".join(outside)
 
 
 def test_torch_compat_lists_every_private_name_it_reaches():
