@@ -7,6 +7,10 @@ Triton caches, as a first run on a machine.
     python3 -m benchmarks.compile_time                   # both compilers, both layouts, static and symbolic
     python3 -m benchmarks.compile_time --layouts plain --shapes symbolic
 
+Each row runs twice: cold (empty caches) and warm (a second process on the first one's caches:
+Inductor's FX graph cache, AOTAutograd's cache, the Triton cache), counting Inductor's graph
+compiles and each cache's hits, misses and bypasses; ``--cold-only`` skips the warm run.
+
 Each run calls the compiled block at 4096 tokens (the first call: the compile), again at 4096,
 then at 2048: with ``symbolic``, the input's token dim is marked dynamic before the first call,
 so the call at 2048 compiles nothing unless a guard on the count fails (Dynamo then compiles
@@ -74,6 +78,10 @@ def _run(backend: str, layout: str, symbolic: bool) -> dict:
         row["failed"] = " ".join(lines[:2])[:160]
     row["pass s"] = in_passes[0]
     row["frames"] = counters["stats"]["unique_graphs"]
+    row["graphs"] = sum(counters["inductor"][f"fxgraph_cache_{k}"] for k in ("hit", "miss", "bypass"))
+    for cache, prefix in (("fx", "inductor:fxgraph_cache_"), ("aot", "aot_autograd:autograd_cache_")):
+        group, _, name = prefix.partition(":")
+        row[cache] = {k: counters[group][f"{name}{k}"] for k in ("hit", "miss", "bypass")}
     dist.destroy_process_group()
     return row
 
@@ -89,18 +97,26 @@ def _timed(method, spent: list):
     return call
 
 
-def _child(backend: str, layout: str, shapes: str) -> dict:
-    with tempfile.TemporaryDirectory() as caches:
-        env = {
-            **os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
-            "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
-        }  # fmt: skip
-        command = [sys.executable, "-m", "benchmarks.compile_time", "--child", backend, layout, shapes]
-        done = subprocess.run(command, env=env, capture_output=True, text=True)
+def _child(backend: str, layout: str, shapes: str, caches: str) -> dict:
+    """One row in a process of its own, on the caches under ``caches``."""
+    env = {
+        **os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
+        "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
+        "OVERLAP_PASS_CHOICE_CACHE": os.path.join(caches, "choices.json"),
+    }  # fmt: skip
+    command = [sys.executable, "-m", "benchmarks.compile_time", "--child", backend, layout, shapes]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
         return {"failed": (done.stderr.strip().splitlines() or ["no output"])[-1][:160]}
     return json.loads(lines[-1])
+
+
+def _hits(row: dict) -> str:
+    """The caches' counts as "fx 3/0/1, aot 1/0/0" (hits / misses / bypasses)."""
+    if "fx" not in row:
+        return "-"
+    return ", ".join(f"{c} " + "/".join(str(row[c][k]) for k in ("hit", "miss", "bypass")) for c in ("fx", "aot"))
 
 
 def main(argv=None) -> int:
@@ -108,6 +124,7 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--cold-only", action="store_true", help="no warm run on the cold run's caches")
     parser.add_argument("--out", help="write the rows here as JSON")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -117,17 +134,24 @@ def main(argv=None) -> int:
         return 0
     rows = []
     timed = ("first s", "same count s", "other count s", "pass s")
-    print("| compiler | layout | token counts | first call s | same count s | other count s | in overlap's passes s |"
-          " frames |\n|---|---|---|---|---|---|---|---|")
+    print("| compiler | layout | token counts | caches | first call s | same count s | other count s |"
+          " in overlap's passes s | frames | Inductor graphs | cache hits / misses / bypasses |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    runs = ("cold",) if args.cold_only else ("cold", "warm")
     for layout in args.layouts.split(","):
         for shapes in args.shapes.split(","):
             for backend in args.backends.split(","):
-                row = {"compiler": backend, "layout": layout, "token counts": shapes}
-                row.update(_child(backend, layout, shapes))
-                rows.append(row)
-                cells = " | ".join(f"{row[k]:.2f}" if k in row else "-" for k in timed)
-                tail = f" ({row['failed']})" if "failed" in row else ""
-                print(f"| {backend} | {layout} | {shapes} | {cells} | {row.get('frames', '-')}{tail} |", flush=True)
+                with tempfile.TemporaryDirectory() as caches:
+                    for run in runs:
+                        row = {"compiler": backend, "layout": layout, "token counts": shapes, "caches": run}
+                        row.update(_child(backend, layout, shapes, caches))
+                        rows.append(row)
+                        cells = " | ".join(f"{row[k]:.2f}" if k in row else "-" for k in timed)
+                        tail = f" ({row['failed']})" if "failed" in row else ""
+                        print(
+                            f"| {backend} | {layout} | {shapes} | {run} | {cells} | {row.get('frames', '-')} | "
+                            f"{row.get('graphs', '-')} | {_hits(row)}{tail} |", flush=True,
+                        )
     if rows:
         print(f"device: {rows[0].get('device', '?')}, torch {rows[0].get('torch', '?')}")
     if args.out:
