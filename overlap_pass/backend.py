@@ -8,12 +8,15 @@ from some count on (shapes/size_ranges.py), and once more without the pass, for 
 calls (shapes/new_counts.py).
 """
 
+import hashlib
+
 import torch
 from torch._inductor import list_mode_options
 from torch._inductor import compile_fx as inductor  # (its compile_fx looked up at each call)
 
+from . import config
 from .pipeline.install import with_overlap_pass
-from .pipeline.passes import SAME_GRAPH_ON_EVERY_RANK, OverlapPass, RegatherPass
+from .pipeline.passes import SAME_GRAPH_ON_EVERY_RANK, OverlapPass, RegatherPass, current_rank, source_hash
 from .shapes import new_counts, size_ranges
 
 # Inductor's mix-order reductions (a norm's backward: its per-token and its per-column sums in
@@ -53,11 +56,12 @@ def overlap_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options
         patches = overlap_config_patches(mode, options, ranges, symbolic=True)
         return inductor.compile_fx(gm, example_inputs, config_patches=patches)
 
-    compiled = size_ranges.compile_per_range(compile_with, example_inputs)
+    record = _record_key(gm, example_inputs, mode, options)
+    compiled = size_ranges.compile_per_range(compile_with, example_inputs, record)
     patches = overlap_config_patches(mode, options, symbolic=True)
     if not new_counts.applies(example_inputs, patches):
         return compiled
-    readers = size_ranges.symbol_readers(example_inputs, _symbols(example_inputs))
+    readers = size_ranges.symbol_readers(example_inputs, size_ranges.input_symbols(example_inputs))
     if readers is None:
         return compiled
 
@@ -77,8 +81,27 @@ def _symbolic_shape(x) -> bool:
     return isinstance(x, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in x.shape)
 
 
-def _symbols(example_inputs) -> set:
-    """Every symbol of the graph's inputs' sizes (SymInt inputs and symbolic dims)."""
-    sizes = [x for x in example_inputs if isinstance(x, torch.SymInt)]
-    sizes += [s for x in example_inputs if isinstance(x, torch.Tensor) for s in x.shape if isinstance(s, torch.SymInt)]
-    return {symbol for size in sizes for symbol in size.node.expr.free_symbols}
+def _record_key(gm: torch.fx.GraphModule, example_inputs, mode, options) -> str:
+    """A key of everything that decides what the pass finds in this graph (size_ranges.py's
+    record of it): the graph, its inputs' sizes, strides and dtypes, the compile's mode and
+    options, Inductor's and overlap's settings and sources, the rank, the torch release."""
+    digest = hashlib.sha256()
+    for part in (
+        gm.code, [_input_key(x) for x in example_inputs], mode, _options_key(options),
+        torch._inductor.config.get_hash(), config.get_hash(), source_hash(), current_rank(), torch.__version__,
+    ):  # fmt: skip
+        digest.update(repr(part).encode())
+    return digest.hexdigest()[:32]
+
+
+def _input_key(x):
+    if isinstance(x, torch.Tensor):
+        return tuple(map(str, x.shape)), tuple(map(str, x.stride())), str(x.dtype), x.device.type, x.requires_grad
+    return str(x.node.expr) if isinstance(x, torch.SymInt) else type(x).__name__
+
+
+def _options_key(options: dict | None) -> list:
+    """The options by name, and by value where a value reads the same in every process (an
+    object's repr may hold its address)."""
+    plain = (bool, int, float, str, type(None))
+    return sorted((k, v if isinstance(v, plain) else type(v).__name__) for k, v in (options or {}).items())

@@ -129,6 +129,10 @@ PRIVATE_NAMES = (
         "torch._inductor.ir.FallbackKernel.codegen", "method", ("wrapper",), callers="overlap_pass/pipeline/direct_calls.py"
     ),
     PrivateName("torch._inductor.virtualized.V", "attribute", callers="overlap_pass/pipeline/direct_calls.py"),
+    PrivateName(
+        "torch._inductor.runtime.cache_dir_utils.cache_dir", "function",
+        callers="overlap_pass/shapes/size_ranges.py (its records beside Inductor's caches)",
+    ),  # fmt: skip
     PrivateName("torch._dynamo.reset", "function", callers="tools: bench_model, bench_torchtitan"),
     PrivateName("torch._dynamo.config.recompile_limit", "attribute", callers="tools: bench_model, bench_torchtitan"),
     PrivateName("torch._dynamo.utils.counters", "attribute", callers="tools: bench_model, bench_torchtitan"),
@@ -215,3 +219,10 @@ def current_raw_stream(device: int) -> int:
     """The current CUDA stream of ``device`` as a raw cudaStream_t (a compiled Triton kernel's
     launcher takes it)."""
     return torch._C._cuda_getCurrentRawStream(device)
+
+
+def inductor_cache_dir() -> str:
+    """The folder of Inductor's on-disk caches (TORCHINDUCTOR_CACHE_DIR where set)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()

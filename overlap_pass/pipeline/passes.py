@@ -67,11 +67,11 @@ class OverlapPass(CustomGraphPass):
             return "overlap_pass:off"
         if dumps.dumping():
             return None  # no FX graph cache, so every compile writes its dump
-        if self.ranges is not None and not self.ranges.forced:
+        if self.ranges is not None and not self.ranges.cacheable():
             return None  # a cached graph would not tell where its regions split (size_ranges.py)
         # the all-reduce split slices each rank's rows into its graph
         ranges = self.ranges.key() if self.ranges is not None else None
-        return (source_hash(), config.get_hash(), _rank() if config.split_all_reduce else None, ranges)
+        return (source_hash(), config.get_hash(), current_rank() if config.split_all_reduce else None, ranges)
 
 
 class RegatherPass(CustomGraphPass):
@@ -113,7 +113,8 @@ def _tell_if_ranks_may_differ() -> None:
         )
 
 
-def _rank() -> int | None:
+def current_rank() -> int | None:
+    """This process's rank, None outside a process group."""
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
 
 

@@ -13,17 +13,25 @@ the host per call).
 What crosses from the backend to the pass (whose compile of the backward may come later, from
 autograd) rides on the OverlapPass object: a Ranges, whose ``forced`` decisions the pass takes and
 whose ``found`` thresholds it fills.
+
+A graph loaded from Inductor's caches runs no pass, so it would fill no thresholds: the traced
+count's compile keeps what its pass found in a record beside Inductor's caches (``record``, a
+key of the graph and the settings that decide it), which a later compile that hits the caches
+reads back. So every compile of a graph on symbolic counts can be cached.
 """
 
 import bisect
 import contextlib
 import dataclasses
+import json
 import logging
+import os
 
 import sympy
 import torch
+import torch.utils._sympy.functions as torch_sympy
 
-from .. import config
+from .. import config, torch_compat
 
 log = logging.getLogger("overlap_pass")
 
@@ -35,12 +43,20 @@ FEWEST_TOKENS = 64
 @dataclasses.dataclass
 class Ranges:
     """``forced``: (token count expression, threshold) -> whether regions with that threshold
-    split in this compile; ``found``: each such pair the pass met -> whether it split it."""
+    split in this compile; ``found``: each such pair the pass met -> whether it split it;
+    ``record``: where the traced count's compile keeps ``found`` for a compile that hits the
+    caches (None: such a compile cannot be cached)."""
 
     forced: dict = dataclasses.field(default_factory=dict)
     found: dict = dataclasses.field(default_factory=dict)
+    record: str | None = None
+
+    def cacheable(self) -> bool:
+        return bool(self.forced) or self.record is not None
 
     def key(self) -> tuple:
+        if not self.forced:
+            return ("traced",)
         return tuple(sorted((str(expr), threshold, split) for (expr, threshold), split in self.forced.items()))
 
 
@@ -74,12 +90,15 @@ def decide(tokens: sympy.Expr, threshold: int, traced: bool) -> bool:
     return split
 
 
-def compile_per_range(compile_with, example_inputs):
+def compile_per_range(compile_with, example_inputs, record: str | None = None):
     """``compile_with(ranges)`` compiles the graph with the pass taking ``ranges``; once, or (where
     the pass met regions whose split depends on the token count) once per range of counts,
-    behind a function that picks the range's graph per call."""
-    first = Ranges()
+    behind a function that picks the range's graph per call. ``record``: the key under which
+    the traced count's thresholds are kept for a compile that hits Inductor's caches."""
+    first = Ranges(record=record)
     compiled = compile_with(first)
+    if record is not None:
+        first.found = _remembered(record, first.found, input_symbols(example_inputs))
     thresholds = sorted({threshold for _, threshold in first.found if threshold >= FEWEST_TOKENS})
     counts = {expr for expr, threshold in first.found if threshold >= FEWEST_TOKENS}
     if not thresholds and all(first.found.values()):
@@ -113,6 +132,57 @@ def _compiled_or(compiled, compile_with, forced: dict, low: int):
             raise
         log.warning("overlap: the graph for token counts from %d failed to compile (%r); they run the traced count's", low, error)
         return compiled
+
+
+def _record_path(record: str) -> str:
+    return os.path.join(torch_compat.inductor_cache_dir(), "overlap_ranges", f"{record}.json")
+
+
+def _remembered(record: str, found: dict, symbols: set) -> dict:
+    """``found`` with what the record of the same graph holds (the thresholds of graphs loaded
+    from the caches, whose pass did not run), the record then updated to hold both."""
+    path = _record_path(record)
+    kept = {}
+    try:
+        with open(path) as f:
+            kept = _parsed(json.load(f), symbols)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, TypeError) as error:
+        log.warning("overlap: the record of a graph's token-count ranges is unreadable (%s): %r", path, error)
+    merged = {**kept, **found}
+    if merged != kept:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            written = f"{path}.{os.getpid()}"
+            with open(written, "w") as f:
+                json.dump([[str(expr), threshold, split] for (expr, threshold), split in merged.items()], f)
+            os.replace(written, path)
+        except OSError as error:
+            log.warning("overlap: could not keep the record of a graph's token-count ranges (%s): %r", path, error)
+    return merged
+
+
+def _parsed(rows: list, symbols: set) -> dict:
+    """A record's rows as found's pairs, their expressions in the graph's own symbols; a row
+    whose expression does not read back exactly is left out."""
+    names = {**vars(torch_sympy), **{str(s): s for s in symbols}}
+    found = {}
+    for text, threshold, split in rows:
+        try:
+            expr = sympy.sympify(text, locals=names)
+        except (sympy.SympifyError, TypeError):
+            continue
+        if str(expr) == text and expr.free_symbols <= symbols:
+            found[(expr, int(threshold))] = bool(split)
+    return found
+
+
+def input_symbols(example_inputs) -> set:
+    """Every symbol of the graph's inputs' sizes (SymInt inputs and symbolic dims)."""
+    sizes = [x for x in example_inputs if isinstance(x, torch.SymInt)]
+    sizes += [s for x in example_inputs if isinstance(x, torch.Tensor) for s in x.shape if isinstance(s, torch.SymInt)]
+    return {symbol for size in sizes for symbol in size.node.expr.free_symbols}
 
 
 class ByTokenCount:
