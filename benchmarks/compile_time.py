@@ -38,7 +38,7 @@ def _run(backend: str, layout: str, symbolic: bool) -> dict:
     """One row, in this process (whose caches the parent made empty)."""
     import torch
     import torch.distributed as dist
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import compilation_time_metrics, counters
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -77,6 +77,8 @@ def _run(backend: str, layout: str, symbolic: bool) -> dict:
         lines = [line for line in str(error).splitlines() if line.strip()]  # (past a backend's "raised:")
         row["failed"] = " ".join(lines[:2])[:160]
     row["pass s"] = in_passes[0]
+    # (torch's own timers of its compile stages: seconds summed over the compiles of the row)
+    row["phases"] = {k: round(sum(v), 3) for k, v in compilation_time_metrics.items()}
     row["frames"] = counters["stats"]["unique_graphs"]
     row["graphs"] = sum(counters["inductor"][f"fxgraph_cache_{k}"] for k in ("hit", "miss", "bypass"))
     for cache, prefix in (("fx", "inductor:fxgraph_cache_"), ("aot", "aot_autograd:autograd_cache_")):
@@ -125,6 +127,7 @@ def main(argv=None) -> int:
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--cold-only", action="store_true", help="no warm run on the cold run's caches")
+    parser.add_argument("--phases", action="store_true", help="also print torch's timers of each compile stage")
     parser.add_argument("--out", help="write the rows here as JSON")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -152,6 +155,9 @@ def main(argv=None) -> int:
                             f"| {backend} | {layout} | {shapes} | {run} | {cells} | {row.get('frames', '-')} | "
                             f"{row.get('graphs', '-')} | {_hits(row)}{tail} |", flush=True,
                         )
+                        if args.phases:
+                            top = sorted(row.get("phases", {}).items(), key=lambda kv: -kv[1])[:12]
+                            print("    phases s: " + ", ".join(f"{k} {v:.2f}" for k, v in top), flush=True)
     if rows:
         print(f"device: {rows[0].get('device', '?')}, torch {rows[0].get('torch', '?')}")
     if args.out:
