@@ -5,6 +5,6 @@ nodes.py: the op targets (collectives, views, matmuls, casts) and what a node's 
 and metadata say about it.
 sizes.py: sizes that may be symbolic, compared without guards and spelled as graph arguments.
 edits.py: adding nodes with their fake values, reshaping, erasing what nothing reads; a
-stage's edits undone where they fail.
+graph copied and restored where a stage's edits fail.
 records.py: the decision record of each candidate the pass considers.
 """

@@ -1,9 +1,8 @@
 """The graph edits every rewriting stage makes: a node added with the fake value Inductor's
 lowering reads, a reshape spelled with symbolic sizes, and erasing what nothing reads any more;
-and a stage's edits kept only where they leave a graph that lints (``edited_or_restored``).
+and a copy of a graph to restore where a stage's edits fail (pipeline/stages.py).
 """
 
-import logging
 import operator
 
 import torch
@@ -15,7 +14,6 @@ from .nodes import graph_order
 from .sizes import same_shape, shape_arg
 
 aten = torch.ops.aten
-log = logging.getLogger("overlap_pass")
 
 
 def call(graph: Graph, target, args: tuple, kwargs: dict | None = None) -> Node:
@@ -51,21 +49,6 @@ def erase_dead(graph: Graph, nodes) -> None:
     for node in sorted(set(nodes), key=lambda n: order.get(n, -1), reverse=True):
         if node.graph is graph and node in order and not node.users:
             graph.erase_node(node)
-
-
-def edited_or_restored(graph: Graph, what: str, edit) -> bool:
-    """Runs ``edit()`` on ``graph``; should it fail (or leave a graph that does not lint), the
-    graph is restored as it was and False returned: never crash compilation on a graph the pass
-    did not foresee."""
-    snapshot = copy_graph(graph)
-    try:
-        edit()
-        graph.lint()
-    except Exception as error:
-        log.warning("overlap_pass: %s failed, graph left as it was: %r", what, error)
-        restore_graph(graph, snapshot)
-        return False
-    return True
 
 
 def copy_graph(graph: Graph) -> Graph:
