@@ -8,16 +8,13 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from overlap_pass import config
-
-
+from overlap_pass import config, torch_compat
 from overlap_pass.ops import all_reduce_op, matmul_ops, scaled_ops
+
 from . import all_gather_matmul as agm
 from . import all_reduce as ar
-from . import choose, scaled
+from . import choose, replay, scaled, symm
 from . import matmul_reduce_scatter as mrs
-from overlap_pass import torch_compat
-from . import replay, symm
 
 
 @functools.cache

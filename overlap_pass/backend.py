@@ -14,9 +14,10 @@ import torch
 from torch._inductor import list_mode_options
 from torch._inductor import compile_fx as inductor  # (its compile_fx looked up at each call)
 
-from . import config
 from .pipeline.install import with_overlap_pass
-from .pipeline.passes import SAME_GRAPH_ON_EVERY_RANK, OverlapPass, RegatherPass, current_rank, source_hash
+from .pipeline.passes import (
+    SAME_GRAPH_ON_EVERY_RANK, OverlapPass, RegatherPass, current_rank, settings_key, source_hash,
+)
 from .shapes import new_counts, size_ranges
 
 # Inductor's mix-order reductions (a norm's backward: its per-token and its per-column sums in
@@ -82,22 +83,34 @@ def _symbolic_shape(x) -> bool:
 
 
 def _record_key(gm: torch.fx.GraphModule, example_inputs, mode, options) -> str:
-    """A key of everything that decides what the pass finds in this graph (size_ranges.py's
-    record of it): the graph, its inputs' sizes, strides and dtypes, the compile's mode and
-    options, Inductor's and overlap's settings and sources, the rank, the torch release."""
+    """A key of everything that decides what the pass finds in this graph (size_ranges.py): the
+    graph and its parameters, its inputs' sizes, strides and dtypes and the sizes they were traced
+    at, the compile's mode and options, Inductor's, AOTAutograd's and overlap's settings and
+    sources, the rank, the torch release. The same in every process that compiles the same graph
+    alike (Inductor's settings as its cache reads them, without the objects in its pass slots)."""
     digest = hashlib.sha256()
     for part in (
-        gm.code, [_input_key(x) for x in example_inputs], mode, _options_key(options),
-        torch._inductor.config.get_hash(), config.get_hash(), source_hash(), current_rank(), torch.__version__,
+        gm.code, [(name, _input_key(p)) for name, p in [*gm.named_parameters(), *gm.named_buffers()]],
+        [_input_key(x) for x in example_inputs], mode, _options_key(options),
+        sorted(torch._inductor.config.save_config_portable().items(), key=str),
+        sorted(torch._functorch.config.save_config_portable().items(), key=str),
+        settings_key(), source_hash(), current_rank(), torch.__version__,
     ):  # fmt: skip
         digest.update(repr(part).encode())
     return digest.hexdigest()[:32]
 
 
 def _input_key(x):
+    """An input as the key sees it: sizes and strides with their symbols and traced values."""
     if isinstance(x, torch.Tensor):
-        return tuple(map(str, x.shape)), tuple(map(str, x.stride())), str(x.dtype), x.device.type, x.requires_grad
-    return str(x.node.expr) if isinstance(x, torch.SymInt) else type(x).__name__
+        return tuple(map(_size_key, x.shape)), tuple(map(_size_key, x.stride())), str(x.dtype), x.device.type
+    return _size_key(x) if isinstance(x, torch.SymInt) else type(x).__name__
+
+
+def _size_key(size) -> str:
+    if isinstance(size, torch.SymInt):
+        return f"{size.node.expr}={size.node.hint}"
+    return str(size)
 
 
 def _options_key(options: dict | None) -> list:

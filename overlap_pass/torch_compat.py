@@ -1,4 +1,4 @@
-"""The private torch names the CUDA path uses, in one place.
+"""The private torch names the CUDA path uses (and the caches' folder), in one place.
 
 lowering/ and templates/ take every underscored torch module, function, op and attribute from
 here, so that a torch release that moves one breaks one accessor, and tests/cpu/test_torch_compat.py

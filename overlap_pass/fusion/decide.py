@@ -7,10 +7,9 @@ import torch
 import torch.distributed as dist
 
 from .. import config
-
-from ..ops import scaled_ops
 from ..graph.nodes import meta_val
 from ..graph.sizes import divisible, static_shape
+from ..ops import scaled_ops
 from .matches import AllGatherMatmulMatch, Match, MatmulReduceScatterMatch
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -2,7 +2,7 @@
 
 Inductor's Python wrapper calls a custom op as ``torch.ops.overlap.<op>.default(...)``: the
 dispatcher boxes every argument, passes the autograd and other dispatch keys (the ops have no
-kernel there) and hands the arguments back to Python for matmul_ops.py's CUDA kernel. That costs
+kernel there) and hands the arguments back to Python for ops/registry.py's CUDA kernel. That costs
 about as much host time as the per-call CUDA graph's replay the call ends in (docs/benchmarks.md,
 host time of an op call). So each op's lowering here makes the wrapper of a graph whose op runs on
 CUDA import this module and call the kernel through it:
@@ -20,9 +20,8 @@ import logging
 import torch
 
 from overlap_pass import config
-
-
 from overlap_pass.ops import registry
+
 log = logging.getLogger("overlap_pass")
 
 ALIAS = "overlap_direct_calls"  # the name the generated code imports this module under

@@ -18,6 +18,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch.fx import Graph
 
 from .. import config
+from ..regions import split_cost
 from ..regions.regather import mark_gathers_recomputed
 from ..shapes import size_ranges
 from . import direct_calls, dumps, stages
@@ -71,7 +72,7 @@ class OverlapPass(CustomGraphPass):
             return None  # a cached graph would not tell where its regions split (size_ranges.py)
         # the all-reduce split slices each rank's rows into its graph
         ranges = self.ranges.key() if self.ranges is not None else None
-        return (source_hash(), config.get_hash(), current_rank() if config.split_all_reduce else None, ranges)
+        return (source_hash(), settings_key(), current_rank() if config.split_all_reduce else None, ranges)
 
 
 class RegatherPass(CustomGraphPass):
@@ -116,6 +117,12 @@ def _tell_if_ranks_may_differ() -> None:
 def current_rank() -> int | None:
     """This process's rank, None outside a process group."""
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+
+
+def settings_key() -> tuple:
+    """What of the process's settings decides the pass's graphs: the config, and the split's
+    cost of a collective beyond its bytes (which split_cost.sizes_ignored() zeroes)."""
+    return config.get_hash(), split_cost.LATENCY_BYTES
 
 
 @functools.cache

@@ -2,9 +2,11 @@
 plain TP's all-reduces, find -> decide -> rewrite the collective/matmul pairs, seat the plain
 gathers left as passengers, then the small all-reduces.
 
-Each stage plans without touching the graph, then edits it; an edit that fails (or leaves a
-graph that does not lint) is undone, with a warning, and the stages after it go on: never crash
-compilation on a graph the pass did not foresee. A stage whose config knob is off is skipped.
+Each stage plans without touching the graph, then edits it, and what the edit returns is kept
+(in the decisions, the counters) once the graph lints; an edit that fails (or leaves a graph
+that does not lint) is undone, with a warning, nothing of it kept, and the stages after it go
+on: never crash compilation on a graph the pass did not foresee. A stage whose config knob is
+off is skipped.
 """
 
 import dataclasses
@@ -60,8 +62,10 @@ class Stage:
     what: str  # for the log: "merging repeated waits"
     # the graph -> what to do (None: nothing), never editing the graph
     plan: Callable[[Graph, State], object]
-    # makes the edits ``plan`` found; undone where it fails
-    edit: Callable[[Graph, State, object], None]
+    # (graph, what plan found) -> what to keep: makes the edits and nothing else; undone where it fails
+    edit: Callable[[Graph, object], object]
+    # (state, what edit returned): after the edited graph linted
+    keep: Callable[[State, object], None] | None = None
     knob: str | None = None  # the config flag that turns the stage off
     undone: Callable[[State, Exception], None] | None = None  # after a failed edit was undone
 
@@ -69,13 +73,17 @@ class Stage:
 # --- normalize: each collective in the form the matchers read ------------------------------------
 
 
-def _merge_waits(graph: Graph, state: State, repeated) -> None:
+def _merge_waits(graph: Graph, repeated) -> dict:
     waits.apply(graph, repeated)
-    state.merged_waits = {value: len(found) - 1 for value, found in repeated.items()}
+    return {value: len(found) - 1 for value, found in repeated.items()}
 
 
-def _fold_float8(graph: Graph, state: State, _) -> None:
-    state.folded = float8.fold_rowwise_epilogues(graph)
+def _keep_merged_waits(state: State, merged: dict) -> None:
+    state.merged_waits = merged
+
+
+def _keep_folded(state: State, folded: int) -> None:
+    state.folded = folded
 
 
 def _plan_split(graph: Graph, state: State):
@@ -83,7 +91,8 @@ def _plan_split(graph: Graph, state: State):
     all-gathers (config.quantize_before_gather): a decision per collective considered."""
     if not config.split_all_reduce:
         reason = "disabled by overlap_pass.config.split_all_reduce"
-        state.split = [split_records.record(node, reason) for node in graph.find_nodes(op="call_function", target=ALL_REDUCE)]
+        all_reduces = graph.find_nodes(op="call_function", target=ALL_REDUCE)
+        state.split = [split_records.record(node, reason) for node in all_reduces]
         if not config.quantize_before_gather:
             return None
     found = split_walk.plan(graph, all_reduces=config.split_all_reduce, gathers=config.quantize_before_gather)
@@ -91,7 +100,7 @@ def _plan_split(graph: Graph, state: State):
     return found if found.accepted() else None
 
 
-def _split(graph: Graph, state: State, found) -> None:
+def _split(graph: Graph, found) -> None:
     split_apply.apply(graph, found)
     stable_topological_sort(graph)
 
@@ -102,13 +111,17 @@ def _split_undone(state: State, error: Exception) -> None:
             decision.skip(f"split failed ({type(error).__name__}: {error})")
 
 
-def _move_permutes(graph: Graph, state: State, moves) -> None:
-    state.permuted = permutes.apply(graph, moves)
+def _keep_permuted(state: State, permuted: dict) -> None:
+    state.permuted = permuted
 
 
-def _move_casts(graph: Graph, state: State, moves) -> None:
+def _move_casts(graph: Graph, moves) -> dict:
     casts.apply(graph, moves)
-    state.cast = {m.gather: f"{m.source_dtype} -> {m.dtype}".replace("torch.", "") for m in moves}
+    return {m.gather: f"{m.source_dtype} -> {m.dtype}".replace("torch.", "") for m in moves}
+
+
+def _keep_cast(state: State, cast: dict) -> None:
+    state.cast = cast
 
 
 # --- fusion: find -> decide -> rewrite -------------------------------------------------------------
@@ -118,8 +131,8 @@ def _decide(graph: Graph, state: State):
     """A decision per candidate pair, with the moves that made it matchable; returns what to
     rewrite (the accepted ones) or None."""
     candidates = find_all_gather_matmuls(graph) + find_matmul_reduce_scatters(graph)
-    state.decisions = decide_all(candidates)
-    for candidate, decision in state.decisions:
+    decisions = decide_all(candidates)
+    for candidate, decision in decisions:
         for moves, note in (
             (state.cast, "cast_moved_before_gather"),
             (state.permuted, "permute_moved_before_gather"),
@@ -127,10 +140,12 @@ def _decide(graph: Graph, state: State):
         ):
             if candidate.collective in moves:
                 decision.notes[note] = moves[candidate.collective]
-    return state.decisions if state.accepted() else None
+    state.decisions = decisions
+    return decisions if state.accepted() else None
 
 
-def _rewrite(graph: Graph, state: State, decisions) -> None:
+def _rewrite(graph: Graph, decisions) -> None:
+    # (each decision names the op it became, or why it was skipped: undone marks them all)
     rewrite.rewrite_accepted(graph, decisions)
 
 
@@ -147,9 +162,10 @@ def _plan_passengers(graph: Graph, state: State):
     return [c.collective for c, _ in state.decisions if c.kind == ALL_GATHER_MATMUL]
 
 
-def _attach_passengers(graph: Graph, state: State, all_gathers) -> None:
-    """A host's decision names the op it became with its riders, and how many ride."""
-    state.riders, hosts = passengers.attach_all(graph, all_gathers)
+def _keep_passengers(state: State, attached: tuple) -> None:
+    """The riders' decisions; a host's decision names the op it became with its riders, and how
+    many ride."""
+    state.riders, hosts = attached
     for _, decision in state.decisions:
         op = hosts.get(decision.op)
         if op is not None:
@@ -158,9 +174,8 @@ def _attach_passengers(graph: Graph, state: State, all_gathers) -> None:
             _choice_made_at_first_call(decision)
 
 
-def _take_tail_matmuls(graph: Graph, state: State, _) -> None:
+def _keep_tail_matmuls(state: State, taken: dict) -> None:
     """Each op's decision names the op it became and the matmuls in its tail."""
-    taken = tail_matmuls.take_all(graph)
     for _, decision in state.decisions:
         found = taken.get(decision.op)
         if found is not None:
@@ -179,23 +194,19 @@ def _choice_made_at_first_call(decision: Decision) -> None:
         decision.implementation = FIRST_CALL
 
 
-def _unfold_float8(graph: Graph, state: State, _) -> None:
-    float8.unfold(graph)
-
-
 # --- small all-reduces -----------------------------------------------------------------------------
 
 
-def _merge_small_all_reduces(graph: Graph, state: State, groups) -> None:
-    state.merged = early_all_reduces.apply(graph, groups)
-    for record in state.merged:
+def _keep_merged_all_reduces(state: State, merged: list) -> None:
+    state.merged = merged
+    for record in merged:
         counters["overlap_pass"]["all_reduces_merged"] += len(record["all_reduces"])
         log.debug("%d all-reduces merged into %s", len(record["all_reduces"]), record["collective"]["name"])
 
 
-def _rewrite_small_all_reduces(graph: Graph, state: State, _) -> None:
-    state.small = small_all_reduces.rewrite_all(graph)
-    rewritten = sum(r["rewritten"] for r in state.small)
+def _keep_small_all_reduces(state: State, small: list) -> None:
+    state.small = small
+    rewritten = sum(r["rewritten"] for r in small)
     if rewritten:
         counters["overlap_pass"]["small_all_reduces_rewritten"] += rewritten
 
@@ -205,23 +216,34 @@ def _always(graph: Graph, state: State):
 
 
 STAGES = (
-    Stage("merging repeated waits", lambda g, s: waits.plan(g) or None, _merge_waits),
+    Stage("merging repeated waits", lambda g, s: waits.plan(g) or None, _merge_waits, _keep_merged_waits),
     Stage(
         "folding rowwise float8 scales", lambda g, s: g.find_nodes(op="call_function", target=SCALED_MM) or None,
-        _fold_float8, knob="fold_rowwise_float8",
+        lambda g, _: float8.fold_rowwise_epilogues(g), _keep_folded, knob="fold_rowwise_float8",
     ),
     Stage("splitting all-reduces", _plan_split, _split, undone=_split_undone),
-    Stage("moving permutes before all-gathers", lambda g, s: permutes.plan(g) or None, _move_permutes, knob="all_gather_matmul"),
-    Stage("moving casts before all-gathers", lambda g, s: casts.plan(g) or None, _move_casts, knob="all_gather_matmul"),
-    Stage("rewriting collective/matmul pairs", _decide, _rewrite, undone=_rewrite_undone),
-    Stage("attaching passengers", _plan_passengers, _attach_passengers),
-    Stage("taking tail matmuls", lambda g, s: s.accepted() or None, _take_tail_matmuls, knob="tail_matmuls"),
-    Stage("unfolding rowwise float8 scales", lambda g, s: s.folded or None, _unfold_float8),
     Stage(
-        "merging small all-reduces", lambda g, s: early_all_reduces.plan(g) or None, _merge_small_all_reduces,
-        knob="merge_small_all_reduces",
+        "moving permutes before all-gathers", lambda g, s: permutes.plan(g) or None, permutes.apply, _keep_permuted,
+        knob="all_gather_matmul",
     ),
-    Stage("rewriting small all-reduces", _always, _rewrite_small_all_reduces),
+    Stage(
+        "moving casts before all-gathers", lambda g, s: casts.plan(g) or None, _move_casts, _keep_cast,
+        knob="all_gather_matmul",
+    ),
+    Stage("rewriting collective/matmul pairs", _decide, _rewrite, undone=_rewrite_undone),
+    Stage("attaching passengers", _plan_passengers, passengers.attach_all, _keep_passengers, knob="gather_passengers"),
+    Stage(
+        "taking tail matmuls", lambda g, s: s.accepted() or None, lambda g, _: tail_matmuls.take_all(g),
+        _keep_tail_matmuls, knob="tail_matmuls",
+    ),
+    Stage("unfolding rowwise float8 scales", lambda g, s: s.folded or None, lambda g, _: float8.unfold(g)),
+    Stage(
+        "merging small all-reduces", lambda g, s: early_all_reduces.plan(g) or None, early_all_reduces.apply,
+        _keep_merged_all_reduces, knob="merge_small_all_reduces",
+    ),
+    Stage(
+        "rewriting small all-reduces", _always, lambda g, _: small_all_reduces.rewrite_all(g), _keep_small_all_reduces,
+    ),
 )  # fmt: skip
 
 
@@ -250,13 +272,16 @@ def _run_stage(graph: Graph, stage: Stage, state: State) -> None:
         return
     snapshot = copy_graph(graph)
     try:
-        stage.edit(graph, state, planned)
+        result = stage.edit(graph, planned)
         graph.lint()
     except Exception as error:
         log.warning("overlap_pass: %s failed, graph left as it was: %r", stage.what, error)
         restore_graph(graph, snapshot)
         if stage.undone is not None:
             stage.undone(state, error)
+        return
+    if stage.keep is not None:
+        stage.keep(state, result)
 
 
 def _tensor_parallel_collectives(graph: Graph) -> set[str]:

@@ -10,7 +10,7 @@ moves in the op's call instead, with the copy engine after the op's own chunks, 
 matmul (scaled_ops.py). Plain tensor parallelism leaves such gathers in bf16 graphs too: the
 split all-reduce (split_apply.py) regathers what the forward saves for the backward (the
 residual stream, a norm's rsqrt) where AOTAutograd saved it whole; they ride in the next
-all_gather_matmul of the same rows (ops.py) the same way.
+all_gather_matmul of the same rows (ops/matmul_ops.py) the same way.
 
 A plain all-gather rides in the earliest op of the graph that gathers the same rows (same
 group, gather dim and leading dims) and whose inputs it does not need: the nodes that compute
@@ -30,6 +30,7 @@ from ..fusion.layouts import gathered_layout
 from ..fusion.matches import NoMatch
 from ..graph.nodes import ALL_GATHER, WAIT, depends_on, describe_node, graph_order, meta_val
 from ..graph.records import Decision
+from ..ops import registry  # noqa: F401  (registers torch.ops.overlap)
 
 KIND = "all_gather_passenger"
 

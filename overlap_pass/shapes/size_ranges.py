@@ -14,10 +14,13 @@ What crosses from the backend to the pass (whose compile of the backward may com
 autograd) rides on the OverlapPass object: a Ranges, whose ``forced`` decisions the pass takes and
 whose ``found`` thresholds it fills.
 
-A graph loaded from Inductor's caches runs no pass, so it would fill no thresholds: the traced
-count's compile keeps what its pass found in a record beside Inductor's caches (``record``, a
-key of the graph and the settings that decide it), which a later compile that hits the caches
-reads back. So every compile of a graph on symbolic counts can be cached.
+A graph loaded from Inductor's caches runs no pass, so it would fill no thresholds. So the
+traced count's compile is cached under ``record`` (a key of the graph, its traced sizes and the
+settings that decide what the pass finds), and a compile whose pass ran on every graph keeps
+what it found in a record of that key beside Inductor's caches. A compile that loaded any of
+its graphs from the caches takes the thresholds from the record; where the record is missing
+or unreadable (a remote cache, a write that failed), it compiles again without the caches, so
+that every rank decides its ranges from a pass that ran.
 """
 
 import bisect
@@ -26,10 +29,12 @@ import dataclasses
 import json
 import logging
 import os
+import tempfile
 
 import sympy
 import torch
 import torch.utils._sympy.functions as torch_sympy
+from torch._dynamo.utils import counters
 
 from .. import config, torch_compat
 
@@ -44,8 +49,8 @@ FEWEST_TOKENS = 64
 class Ranges:
     """``forced``: (token count expression, threshold) -> whether regions with that threshold
     split in this compile; ``found``: each such pair the pass met -> whether it split it;
-    ``record``: where the traced count's compile keeps ``found`` for a compile that hits the
-    caches (None: such a compile cannot be cached)."""
+    ``record``: the key under which the traced count's compile is cached and keeps ``found``
+    (None: it is not cached)."""
 
     forced: dict = dataclasses.field(default_factory=dict)
     found: dict = dataclasses.field(default_factory=dict)
@@ -56,7 +61,7 @@ class Ranges:
 
     def key(self) -> tuple:
         if not self.forced:
-            return ("traced",)
+            return ("traced", self.record)
         return tuple(sorted((str(expr), threshold, split) for (expr, threshold), split in self.forced.items()))
 
 
@@ -96,9 +101,19 @@ def compile_per_range(compile_with, example_inputs, record: str | None = None):
     behind a function that picks the range's graph per call. ``record``: the key under which
     the traced count's thresholds are kept for a compile that hits Inductor's caches."""
     first = Ranges(record=record)
+    loaded_before = _loaded_from_caches()
     compiled = compile_with(first)
-    if record is not None:
-        first.found = _remembered(record, first.found, input_symbols(example_inputs))
+    if record is not None and _loaded_from_caches() == loaded_before:
+        _keep(record, first.found)  # the pass ran on every graph: what it found is whole
+    elif record is not None:
+        kept = _kept(record, input_symbols(example_inputs))
+        if kept is None:
+            log.warning("overlap: a graph loaded from the caches has no record of its token-count ranges: "
+                        "compiled again")
+            first = Ranges()
+            compiled = compile_with(first)
+        else:
+            first.found = kept
     thresholds = sorted({threshold for _, threshold in first.found if threshold >= FEWEST_TOKENS})
     counts = {expr for expr, threshold in first.found if threshold >= FEWEST_TOKENS}
     if not thresholds and all(first.found.values()):
@@ -134,48 +149,67 @@ def _compiled_or(compiled, compile_with, forced: dict, low: int):
         return compiled
 
 
+def _loaded_from_caches() -> int:
+    """How many graphs this process loaded from Inductor's FX graph cache or AOTAutograd's cache
+    (a loaded graph's pass did not run)."""
+    return counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+
+
 def _record_path(record: str) -> str:
     return os.path.join(torch_compat.inductor_cache_dir(), "overlap_ranges", f"{record}.json")
 
 
-def _remembered(record: str, found: dict, symbols: set) -> dict:
-    """``found`` with what the record of the same graph holds (the thresholds of graphs loaded
-    from the caches, whose pass did not run), the record then updated to hold both."""
+# what a record's expressions are rebuilt from (sympy.srepr's names, torch's sympy functions)
+_NAMES = {**vars(sympy), **vars(torch_sympy), "__builtins__": {}}
+
+
+def _keep(record: str, found: dict) -> None:
+    """Writes the record of ``found`` (each expression as sympy.srepr, checked to read back as
+    itself); where one does not, removes the record instead, so that a later compile loaded from
+    the caches compiles again."""
     path = _record_path(record)
-    kept = {}
+    rows = [[sympy.srepr(expr), threshold, split] for (expr, threshold), split in found.items()]
+    try:
+        whole = all(_expression(sympy.srepr(expr)) == expr for expr, _ in found)
+    except Exception:  # (an expression torch's sympy functions cannot rebuild)
+        whole = False
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if not whole:
+            if os.path.exists(path):
+                os.remove(path)
+            return
+        handle, written = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".part")
+        with os.fdopen(handle, "w") as f:
+            json.dump(rows, f)
+        os.replace(written, path)
+    except OSError as error:
+        log.warning("overlap: could not keep the record of a graph's token-count ranges (%s): %r", path, error)
+
+
+def _kept(record: str, symbols: set) -> dict | None:
+    """The record's found thresholds, their expressions in the graph's own symbols; None where
+    there is no record or any of it does not read back."""
+    path = _record_path(record)
     try:
         with open(path) as f:
-            kept = _parsed(json.load(f), symbols)
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError, TypeError) as error:
-        log.warning("overlap: the record of a graph's token-count ranges is unreadable (%s): %r", path, error)
-    merged = {**kept, **found}
-    if merged != kept:
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            written = f"{path}.{os.getpid()}"
-            with open(written, "w") as f:
-                json.dump([[str(expr), threshold, split] for (expr, threshold), split in merged.items()], f)
-            os.replace(written, path)
-        except OSError as error:
-            log.warning("overlap: could not keep the record of a graph's token-count ranges (%s): %r", path, error)
-    return merged
-
-
-def _parsed(rows: list, symbols: set) -> dict:
-    """A record's rows as found's pairs, their expressions in the graph's own symbols; a row
-    whose expression does not read back exactly is left out."""
-    names = {**vars(torch_sympy), **{str(s): s for s in symbols}}
-    found = {}
-    for text, threshold, split in rows:
-        try:
-            expr = sympy.sympify(text, locals=names)
-        except (sympy.SympifyError, TypeError):
-            continue
-        if str(expr) == text and expr.free_symbols <= symbols:
+            rows = json.load(f)
+        found = {}
+        for text, threshold, split in rows:
+            expr = _expression(text)
+            if not expr.free_symbols <= symbols:
+                return None
             found[(expr, int(threshold))] = bool(split)
-    return found
+        return found
+    except FileNotFoundError:
+        return None
+    except Exception as error:  # (a record from elsewhere, cut short, or of another form)
+        log.warning("overlap: the record of a graph's token-count ranges does not read (%s): %r", path, error)
+        return None
+
+
+def _expression(text: str) -> sympy.Expr:
+    return eval(text, dict(_NAMES))  # a sympy.srepr string: calls of sympy's and torch's classes
 
 
 def input_symbols(example_inputs) -> set:

@@ -1,21 +1,22 @@
-"""size_ranges.py on its own: a graph compiled once per range of token counts, each call
-running its range's graph, and a range whose compile fails running the traced count's."""
+"""size_ranges.py: a graph compiled once per range of token counts, each call running its
+range's graph, a range whose compile fails running the traced count's, and the record that lets
+the traced compile be loaded from Inductor's caches."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
-import torch
-import torch.distributed._functional_collectives as funcol
+import sympy
 from torch._dynamo.source import ConstantSource
 from torch._dynamo.utils import counters
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.utils._sympy.functions import CeilDiv, FloorDiv
 
 from overlap_pass import config
-
-from overlap_pass.shapes import size_ranges
 from overlap_pass.graph import sizes
-
-from .fake_world import fake_world
+from overlap_pass.shapes import size_ranges
 
 
 def _token_count(traced: int):
@@ -94,13 +95,15 @@ def test_traced_values_put_in_as_ints_give_a_sympy_expression():
 
 
 def _cached_compiler(symbol, threshold: int, traced: int):
-    """_compiler's stand-in, whose traced compile (``ranges`` unforced) can be a cache hit: the
-    compiled function comes back without the pass having run."""
+    """_compiler's stand-in, whose traced compile (``ranges`` unforced, under a record's key)
+    can be a cache hit: the compiled function comes back, counted as Inductor counts a hit,
+    without the pass having run."""
     compile_with, compiles = _compiler(symbol, threshold, traced)
     hit = [False]
 
     def maybe_cached(ranges):
-        if hit[0] and not ranges.forced:
+        if hit[0] and not ranges.forced and ranges.record is not None:
+            counters["inductor"]["fxgraph_cache_hit"] += 1
             compiles.append("cached")
             return lambda tokens: "split" if traced >= threshold else "whole"
         return compile_with(ranges)
@@ -109,58 +112,59 @@ def _cached_compiler(symbol, threshold: int, traced: int):
 
 
 def test_a_traced_compile_loaded_from_the_caches_keeps_its_ranges(tmp_path, monkeypatch):
-    """The traced count's compile keeps what its pass found in a record beside Inductor's
-    caches: a later compile of the same graph that hits the caches (its pass does not run) reads
-    the thresholds back and compiles, or loads, the same ranges."""
+    """The traced count's compile, cached under its record's key, keeps what its pass found in
+    the record: a later compile of the same graph that hits the caches (its pass does not run)
+    reads the thresholds back and compiles, or loads, the same ranges."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     symbol, count = _token_count(80)
     compile_with, compiles, hit = _cached_compiler(symbol, 100, 80)
-    assert size_ranges.Ranges(record="graph").cacheable() and not size_ranges.Ranges().cacheable()
+    traced = size_ranges.Ranges(record="graph")
+    assert traced.cacheable() and traced.key() == ("traced", "graph") and not size_ranges.Ranges().cacheable()
     size_ranges.compile_per_range(compile_with, [count], record="graph")
     assert compiles == [False, True] and list((tmp_path / "overlap_ranges").iterdir())
     hit[0] = True
     fn = size_ranges.compile_per_range(compile_with, [count], record="graph")
     assert compiles[2:] == ["cached", True]  # the traced graph from the cache, then its range
     assert [fn(t) for t in (64, 99, 100, 4096)] == ["whole", "whole", "split", "split"]
-    # another graph's key has no record: its cached compile is judged at its traced count
-    other = size_ranges.compile_per_range(compile_with, [count], record="another graph")
-    assert compiles[4:] == ["cached"] and other(4096) == "whole"
 
 
-def test_a_record_that_does_not_read_back_is_left_out(tmp_path, monkeypatch):
-    """A record's row whose expression is not the graph's (another symbol, text that does not
-    parse) is left out; the rows that read back count."""
+def test_a_graph_loaded_without_its_record_is_compiled_again(tmp_path, monkeypatch):
+    """A traced graph loaded from the caches whose record is missing, or does not read back in
+    full, is compiled again outside the caches, its pass deciding the ranges as on any rank that
+    compiled it afresh."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     symbol, count = _token_count(80)
     (tmp_path / "overlap_ranges").mkdir()
-    rows = [["2*unknown", 100, True], [str(symbol), 100, False], ["not an expression (", 1, True]]
-    (tmp_path / "overlap_ranges" / "graph.json").write_text(json.dumps(rows))
-    compile_with, compiles, hit = _cached_compiler(symbol, 100, 80)
-    hit[0] = True
-    fn = size_ranges.compile_per_range(compile_with, [count], record="graph")
-    assert compiles == ["cached", True] and (fn(99), fn(100)) == ("whole", "split")
+    rows = [[sympy.srepr(symbol), 100, False], ["Symbol('unknown', integer=True)", 200, True]]
+    (tmp_path / "overlap_ranges" / "unreadable.json").write_text(json.dumps(rows))
+    for record in ("missing", "unreadable"):
+        compile_with, compiles, hit = _cached_compiler(symbol, 100, 80)
+        hit[0] = True
+        fn = size_ranges.compile_per_range(compile_with, [count], record=record)
+        assert compiles == ["cached", False, True] and (fn(99), fn(100)) == ("whole", "split")
 
 
-def test_a_graph_on_symbolic_counts_hits_the_caches_when_compiled_again(tmp_path, monkeypatch):
-    """backend="overlap" on a graph on symbolic token counts, compiled again in the same caches
-    (as a second run of a job): every graph is loaded from Inductor's FX graph cache, none is
-    compiled or left out of it."""
+def test_a_record_holds_expressions_of_torchs_sympy_functions(tmp_path, monkeypatch):
+    """Token counts such as FloorDiv(s0, 2) read back as themselves."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    torch.manual_seed(0)
-    x, w_up, w_down = torch.randn(8, 16), torch.randn(16, 32), torch.randn(32, 16)
-    torch._dynamo.mark_dynamic(x, 0)
-    counts = []
-    with fake_world(2, kernels=True) as group:
+    symbol, _ = _token_count(80)
+    found = {(FloorDiv(symbol, 2), 100): False, (8 * CeilDiv(symbol, 8), 300): True}
+    size_ranges._keep("graph", found)
+    assert size_ranges._kept("graph", {symbol}) == found
 
-        def sp_mlp(x, w_up, w_down):
-            gathered = funcol.all_gather_tensor(x, 0, group)
-            return funcol.reduce_scatter_tensor(torch.relu(gathered @ w_up) @ w_down, "sum", 0, group)
 
-        for _ in range(2):
-            torch._dynamo.reset()
-            counters.clear()
-            torch.compile(sp_mlp, backend="overlap")(x, w_up, w_down)
-            counts.append({k: counters["inductor"][f"fxgraph_cache_{k}"] for k in ("hit", "miss", "bypass")})
-            assert counters["overlap_pass"]["all_gather_matmul_rewritten"] == (1 if len(counts) == 1 else 0)
-    assert counts[0] == {"hit": 0, "miss": 1, "bypass": 0}
-    assert counts[1] == {"hit": 1, "miss": 0, "bypass": 0}
+def test_a_second_run_loads_every_graph_and_keeps_its_ranges(tmp_path):
+    """A job's second run on the first one's caches (a process of its own each): backend="overlap"
+    loads every graph on symbolic token counts from Inductor's FX graph cache, the traced count's
+    too, and compiles the same ranges of counts from the record its first run kept."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.cpu.ranges_run"], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first == {"fx": {"hit": 0, "miss": 2, "bypass": 0}, "returned": "ByTokenCount", "thresholds": [100]}
+    assert second == {"fx": {"hit": 2, "miss": 0, "bypass": 0}, "returned": "ByTokenCount", "thresholds": [100]}
