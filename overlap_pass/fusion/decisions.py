@@ -77,4 +77,4 @@ def describe(candidate: Candidate) -> Decision:
             ],
             "scattered": describe_node(match.scattered),
         }
-    return Decision(candidate.kind, describe_node(node), facts=facts)
+    return Decision.of(candidate.kind, node, **facts)

@@ -170,7 +170,7 @@ def _keep(record: str, found: dict) -> None:
     path = _record_path(record)
     rows = [[sympy.srepr(expr), threshold, split] for (expr, threshold), split in found.items()]
     try:
-        whole = all(_expression(sympy.srepr(expr)) == expr for expr, _ in found)
+        whole = all(_expression(text) == expr for (text, _, _), (expr, _) in zip(rows, found))
     except Exception:  # (an expression torch's sympy functions cannot rebuild)
         whole = False
     try:
