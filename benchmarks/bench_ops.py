@@ -3,9 +3,11 @@
     torchrun --nproc-per-node 4 -m benchmarks.bench_ops --op all_gather_matmul --out ag.json [--png ag.png]
     torchrun --nproc-per-node 4 -m benchmarks.bench_ops --op matmul_reduce_scatter --out rs.json
     torchrun --nproc-per-node 2 -m benchmarks.bench_ops --op all_gather_matmul --float8 rowwise --out ag8.json
+    python3 -m benchmarks.bench_ops --emulate 8 --op all_gather_matmul --graph --out ag_e8.json  # one GPU
     python3 -m benchmarks.bench_ops --render ag.json     # the tables of an earlier run, on any machine
 
-Hardware: W CUDA GPUs of one host (NVLink), one process per GPU under torchrun.
+Hardware: W CUDA GPUs of one host (NVLink), one process per GPU under torchrun; or with
+--emulate W one GPU, rank 0 of an emulated world (benchmarks/emulated/), every time "emulated".
 
 Per shape (bf16; B a linear weight N x K used transposed), all in one process, interleaved round
 by round in a shuffled order so drift hits every variant alike: mm alone, the NCCL collective
@@ -36,6 +38,7 @@ set_defaults()  # (before torch and overlap_pass read the environment)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from benchmarks import emulated  # noqa: E402
 from benchmarks.measure import relative_error, slowest  # noqa: E402
 
 # (name, M, K, N) per op and world size: Llama 3 8B's and 70B's projections and a wide shape
@@ -47,12 +50,17 @@ SHAPES = {
         2: [("llama3-8b qkv", 8192, 4096, 3072), ("llama3-8b up+gate", 8192, 4096, 14336),
             ("llama3-70b qkv", 8192, 8192, 5120), ("llama3-70b up+gate", 8192, 8192, 28672),
             ("wide", 4096, 16384, 6656)],
+        8: [("llama3-8b qkv", 8192, 4096, 768), ("llama3-8b up+gate", 8192, 4096, 3584),
+            ("llama3-70b qkv", 8192, 8192, 1280), ("llama3-70b up+gate", 8192, 8192, 7168),
+            ("wide", 4096, 16384, 6656)],
     },
     "matmul_reduce_scatter": {
         4: [("llama3-8b o", 8192, 1024, 4096), ("llama3-8b down", 8192, 3584, 4096),
             ("llama3-70b o", 8192, 2048, 8192), ("llama3-70b down", 8192, 7168, 8192)],
         2: [("llama3-8b o", 8192, 2048, 4096), ("llama3-8b down", 8192, 7168, 4096),
             ("llama3-70b o", 8192, 4096, 8192), ("llama3-70b down", 8192, 14336, 8192)],
+        8: [("llama3-8b o", 8192, 512, 4096), ("llama3-8b down", 8192, 1792, 4096),
+            ("llama3-70b o", 8192, 1024, 8192), ("llama3-70b down", 8192, 3584, 8192)],
     },
 }  # fmt: skip
 COLLECTIVE = {"all_gather_matmul": "all-gather", "matmul_reduce_scatter": "reduce-scatter"}
@@ -356,6 +364,8 @@ def summary_table(rows: list[dict], timings: str = "us") -> str:
 
 def print_tables(meta: dict, rows: list[dict]) -> None:
     print(json.dumps(meta))
+    if meta.get("emulated"):
+        print(f"\nEMULATED (one GPU, rank 0 of W={meta['world']}):\n{meta['emulated']}")
     print("\nEager calls, us per call:")
     print(summary_table(rows, "us"))
     if rows and rows[0].get("us_graph"):
@@ -405,6 +415,7 @@ def main() -> None:
         "--float8", choices=("tensorwise", "rowwise"), default=None,
         help="the float8 ops (e4m3 operands, these scales, fast accumulation, bf16 out) instead of bf16",
     )  # fmt: skip
+    emulated.add_argument(parser)
     args = parser.parse_args()
     if args.render:
         with open(args.render) as f:
@@ -417,7 +428,7 @@ def main() -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank)
-    dist.init_process_group("nccl", device_id=device)
+    world = emulated.init_process_group(device, args.emulate)
     group_name = dist.group.WORLD.group_name
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -427,7 +438,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(), "world": dist.get_world_size(),
         "torch": torch.__version__, "triton": __import__("triton").__version__,
         "rounds": args.rounds, "calls": args.calls, "dtype": f"float8 {args.float8}" if args.float8 else "bf16",
-        "split": args.split,
+        "split": args.split, "emulated": world and world.describe(),
     }  # fmt: skip
     rows = []
     meta["op"] = args.op

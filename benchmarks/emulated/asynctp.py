@@ -1,0 +1,96 @@
+"""PyTorch's async TP (torch.ops.symm_mem.fused_*) in the emulated world: its own Python
+pipelines run for real on rank 0, against a symmetric-memory handle whose peers are emulated.
+
+Those pipelines (torch/distributed/_symmetric_memory/__init__.py, torch 2.11 to 2.15) take
+their handle from the module's ``get_symm_mem_workspace`` at every call and use only its rank,
+world_size, get_buffer and barrier; a peer's memory is read only by the pulls, ``copy_`` from a
+peer's buffer. So the handle here:
+- gives rank 0's own buffer for every peer's: every peer is rank 0's mirror (timeline.py), and a
+  peer's buffer holds at each step what rank 0's holds then (an all-gather's shard; at a
+  reduce-scatter's step s, rank 0's partial of chunk s, which is the partial of rank 0's chunk
+  that peer -s pulled from its own buffer);
+- paces every pull at the link's time for its bytes (timeline.Parameters.push), on the stream
+  the pipeline made current for it;
+- holds the stream ``barrier_us`` at each barrier, where the mirrored peers arrive.
+The native path (one CUTLASS kernel, behind an environment setting) and the multicast one are
+left off: the first would need the handle's rendezvous, the second NVLink multicast.
+"""
+
+import torch
+
+from . import pacing, timeline
+
+NS = 1000
+STAMP_SLOTS = 256  # pulls in flight at once, at most (a CUDA graph of many calls reuses them)
+
+
+class _PeerBuffer(torch.Tensor):
+    """A view of a peer's buffer, as get_buffer gives it: a copy out of it is a pull."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            if getattr(func, "__name__", "") == "copy_" and isinstance(args[1], _PeerBuffer):
+                source = args[1]
+                return source._handle.pull(args[0], source.as_subclass(torch.Tensor))
+            return func(*args, **(kwargs or {}))
+
+
+class EmulatedHandle:
+    """Stands for torch's _SymmetricMemory of a group (module docstring)."""
+
+    def __init__(self, params: timeline.Parameters, nbytes: int, device: torch.device):
+        self.params, self.rank, self.world_size, self.nbytes = params, 0, params.world, nbytes
+        self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        self.stamps = torch.zeros(STAMP_SLOTS, dtype=torch.int64, device=device)
+        self._pulls = 0
+
+    def get_buffer(self, rank: int, sizes, dtype: torch.dtype, storage_offset: int = 0) -> torch.Tensor:
+        count = 1
+        for size in sizes:
+            count *= size
+        view = self.buffer.view(dtype)[storage_offset : storage_offset + count].view(sizes)
+        if rank == self.rank:
+            return view
+        peer = view.as_subclass(_PeerBuffer)
+        peer._handle = self
+        return peer
+
+    def pull(self, target: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """``target.copy_(source)``, a peer's bytes over the link: done when the link's time for
+        them has passed since the copy began."""
+        slot = self._pulls % STAMP_SLOTS
+        self._pulls += 1
+        link_us = self.params.push.us(source.numel() * source.element_size())
+        pacing.STAMP[(1,)](self.stamps, slot, num_warps=1)
+        target.copy_(source)
+        pacing.WAIT_SINCE[(1,)](self.stamps, slot, int(link_us * NS), num_warps=1)
+        return target
+
+    def barrier(self, channel: int = 0, timeout_ms: int = 0) -> None:
+        pacing.DELAY[(1,)](int(self.params.barrier_us * NS), num_warps=1)
+
+
+class AsyncTP:
+    """Installs the emulated handles into torch's symmetric-memory module (``install``)."""
+
+    def __init__(self, params: timeline.Parameters):
+        self.params = params
+        self.handles: dict[str, EmulatedHandle] = {}
+
+    def workspace(self, group_name: str, min_size: int, *args, **kwargs) -> EmulatedHandle:
+        handle = self.handles.get(group_name)
+        if handle is None or handle.nbytes < min_size:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"the emulated async TP workspace of {group_name} must grow while a graph is captured")
+            device = torch.device("cuda", torch.cuda.current_device())
+            handle = self.handles[group_name] = EmulatedHandle(self.params, min_size, device)
+        return handle
+
+    def install(self) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        symm_mem.get_symm_mem_workspace = self.workspace
+        for path in ("_should_use_multimem_all_gather_matmul", "_should_use_fused_all_gather_matmul_native"):
+            if hasattr(symm_mem, path):
+                setattr(symm_mem, path, lambda *args, **kwargs: False)

@@ -1,0 +1,183 @@
+"""The emulated world's process group: rank 0 of W in one process, its collectives run as NCCL's
+would on this GPU.
+
+The backend is torch's own fake process group (groups, subgroups and device meshes of any size,
+nothing moved), registered as "emulated_nccl". Every collective, whoever calls it (the classic API,
+the functional ops of DTensor and of Inductor's generated code), reaches torch's ``c10d::``
+dispatcher ops; their CPU and CUDA kernels are replaced here (process-wide, for as long as the
+world lasts) by ones that do what ProcessGroupNCCL does with streams: the collective's kernel
+(nccl_kernel.py) runs on the group's own stream after the caller's work, holding
+``nccl_sms`` SMs for NCCL's time (timeline.Parameters.nccl_us), and waiting for the returned
+work makes the caller's stream wait for it. A synchronous call runs on the caller's stream. On
+the CPU the values come from torch's ops and nothing is timed (the CPU tests).
+"""
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+from . import timeline
+
+# "nccl" in its name: overlap takes a group for symmetric memory by its backend's name
+BACKEND = "emulated_nccl"
+
+# (the kernels' modes and ops; nccl_kernel.py needs triton, so the CPU path does not import it)
+GATHER, REDUCE_SCATTER, ALL_REDUCE, NOTHING = 0, 1, 2, 3
+# the collective whose NCCL time a call takes (broadcasts and barriers: none, setup only)
+_TIMED_AS = {"all_gather": "all_gather", "all_to_all": "all_gather", "reduce_scatter": "reduce_scatter", "all_reduce": "all_reduce"}
+_OPS = {"SUM": 0, "AVG": 1, "MAX": 2, "MIN": 3, "PREMUL_SUM": 0, "PRODUCT": 0}
+
+
+class Collectives:
+    """The replaced kernels, for ``params`` (a timeline.Parameters of the world's size; a
+    subgroup's collectives take its own size through the same links)."""
+
+    def __init__(self, params: timeline.Parameters):
+        self.params = params
+        self.streams: dict[tuple[str, int], torch.cuda.Stream] = {}
+        self.calls: dict[str, int] = {}
+        self._library = None
+
+    # -- installing -----------------------------------------------------------------------------
+
+    def install(self) -> None:
+        self._library = torch.library.Library("c10d", "IMPL")
+        for name in (
+            "allreduce_", "allreduce_coalesced_", "_allgather_base_", "allgather_into_tensor_coalesced_", "allgather_",
+            "_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_", "alltoall_base_", "broadcast_", "barrier",
+        ):  # fmt: skip
+            for key in ("CPU", "CUDA"):
+                self._library.impl(name, getattr(self, name), key)
+
+    def uninstall(self) -> None:
+        """torch's kernels back (the library's registrations go with it)."""
+        self._library = None
+
+    # -- one collective -----------------------------------------------------------------------
+
+    def _run(self, kind: str, pg, parts, values, inputs, rest, op: str = "SUM"):
+        """``parts``: (mode, src, dst, nbytes) per tensor; returns the work (boxed)."""
+        from torch._C._distributed_c10d import _create_work_from_future
+
+        self.calls[kind] = self.calls.get(kind, 0) + 1
+        async_op = next((a for a in rest if isinstance(a, bool)), True)  # (schemas differ by version)
+        group = dist.ProcessGroup.unbox(pg)
+        device = next((t.device for t in values), torch.device("cpu"))
+        with torch._C._AutoDispatchBelowADInplaceOrView():  # the values are the op's, not autograd's
+            if device.type != "cuda":
+                for mode, src, dst, _ in parts:
+                    _fill_on_cpu(mode, src, dst, group.size(), op)
+                future = torch.futures.Future()
+                future.set_result(values)
+                return _create_work_from_future(future).boxed()
+            caller = torch.cuda.current_stream(device)
+            stream = caller
+            if async_op:
+                key = (group.group_name, device.index)
+                stream = self.streams.get(key) or self.streams.setdefault(key, torch.cuda.Stream(device))
+                stream.wait_stream(caller)
+            with torch.cuda.stream(stream):
+                self._launch(kind, parts, group.size(), op)
+                if stream is not caller:
+                    for t in inputs:  # the caller may free an input before it waits
+                        t.record_stream(stream)
+                future = torch.futures.Future(devices=[device])  # records its event on this stream
+                future.set_result(values)
+        return _create_work_from_future(future).boxed()
+
+    def _launch(self, kind: str, parts, world: int, op: str) -> None:
+        from . import nccl_kernel
+
+        params = self.params if world == self.params.world else dataclasses.replace(self.params, world=world)
+        total = sum(nbytes for *_, nbytes in parts)
+        timed = _TIMED_AS.get(kind)
+        for mode, src, dst, nbytes in parts:
+            # a coalesced call's parts share its one latency
+            us = params.nccl_us(timed, total) * nbytes / total if timed and total else 0.0
+            nccl_kernel.launch(mode, src, dst, world, us, params.nccl_sms, _OPS.get(op, 0))
+
+    # -- the c10d ops -----------------------------------------------------------------------------
+
+    def allreduce_(self, tensors, pg, reduce_op, sparse_indices, *rest):
+        op = _op_name(reduce_op)
+        parts = [(ALL_REDUCE, t, t, _bytes(t)) for t in tensors]
+        return tensors, self._run("all_reduce", pg, parts, tensors, tensors, rest, op)
+
+    def allreduce_coalesced_(self, tensors, pg, reduce_op, *rest):
+        op = _op_name(reduce_op)
+        parts = [(ALL_REDUCE, t, t, _bytes(t)) for t in tensors]
+        return self._run("all_reduce", pg, parts, tensors, tensors, rest, op)
+
+    def _allgather_base_(self, output, inp, pg, *rest):
+        return output, self._run("all_gather", pg, [(GATHER, inp, output, _bytes(output))], [output], [inp], rest)
+
+    def allgather_into_tensor_coalesced_(self, outputs, inputs, pg, *rest):
+        parts = [(GATHER, i, o, _bytes(o)) for o, i in zip(outputs, inputs)]
+        return self._run("all_gather", pg, parts, outputs, inputs, rest)
+
+    def allgather_(self, output_lists, inputs, pg, *rest):
+        outs = output_lists[0]
+        parts = [(ALL_REDUCE, inputs[0], o, _bytes(o)) for o in outs]  # each rank's: the input (avg: as is)
+        return output_lists, self._run("all_gather", pg, parts, outs, inputs, rest, "AVG")
+
+    def _reduce_scatter_base_(self, output, inp, pg, reduce_op, *rest):
+        parts = [(REDUCE_SCATTER, inp, output, _bytes(inp))]
+        return output, self._run("reduce_scatter", pg, parts, [output], [inp], rest, _op_name(reduce_op))
+
+    def reduce_scatter_tensor_coalesced_(self, outputs, inputs, pg, reduce_op, *rest):
+        parts = [(REDUCE_SCATTER, i, o, _bytes(i)) for o, i in zip(outputs, inputs)]
+        return self._run("reduce_scatter", pg, parts, outputs, inputs, rest, _op_name(reduce_op))
+
+    def alltoall_base_(self, output, inp, pg, output_splits, input_splits, *rest):
+        same = output.numel() == inp.numel()
+        parts = [(ALL_REDUCE if same else NOTHING, inp, output, _bytes(inp))]  # (avg: the input as is)
+        return self._run("all_to_all", pg, parts, [output], [inp], rest, "AVG")
+
+    def broadcast_(self, tensors, pg, root_rank, root_tensor, *rest):
+        parts = [(NOTHING, t, t, _bytes(t)) for t in tensors]
+        return tensors, self._run("broadcast", pg, parts, tensors, tensors, rest)
+
+    def barrier(self, tensor, pg, device_ids, *rest):
+        return self._run("barrier", pg, [(NOTHING, tensor, tensor, 0)], [tensor], [], rest)
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _op_name(reduce_op) -> str:
+    """The reduce op's name (SUM, AVG, ...): the dispatcher hands a ScriptObject, whose op()
+    is ReduceOp.RedOpType's value."""
+    value = reduce_op.op() if isinstance(reduce_op, torch.ScriptObject) else reduce_op
+    return dist.ReduceOp.RedOpType(int(value)).name
+
+
+def _fill_on_cpu(mode: int, src: torch.Tensor, dst: torch.Tensor, world: int, op: str) -> None:
+    """The values nccl_kernel.py writes on the GPU (timeline.py: the mirror's)."""
+    if mode == GATHER:
+        dst.view(world, -1).copy_(src.reshape(1, -1))
+    elif mode == REDUCE_SCATTER:
+        chunks = src.reshape(world, -1).float()
+        if op == "MAX":
+            reduced = chunks.amax(0)
+        elif op == "MIN":
+            reduced = chunks.amin(0)
+        else:
+            reduced = chunks.sum(0) / (world if op == "AVG" else 1)
+        dst.view(-1).copy_(reduced)
+    elif mode == ALL_REDUCE:
+        dst.copy_(src * world if op == "SUM" and src.dtype != torch.bool else src)
+
+
+def register_backend() -> None:
+    """The "emulated_nccl" backend: torch's fake process group, for every rank count (once a process)."""
+    if BACKEND in dist.Backend.backend_list:
+        return
+    from torch._C._distributed_c10d import FakeProcessGroup
+
+    def create(common, backend_options):
+        make = getattr(FakeProcessGroup, "_create_internal", FakeProcessGroup)
+        return make(common.group_rank, common.group_size)
+
+    dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu", "cuda"])
