@@ -5,9 +5,11 @@ in one process on the same inputs: plain Inductor, Inductor with ``_micro_pipeli
 
     torchrun --nproc-per-node 4 -m benchmarks.bench_model --model block --out block.json
     python3 -m benchmarks.bench_model --fake-world 8          # the floor alone at W=8, on one GPU
+    python3 -m benchmarks.bench_model --emulate 8 --model block --compilers inductor,overlap,no_communication
 
 Hardware: W CUDA GPUs of one host (NVLink), one process per GPU under torchrun; --fake-world W:
-one GPU, no torchrun.
+one GPU, no torchrun; --emulate W: one GPU, rank 0 of an emulated world (benchmarks/emulated/),
+every time "emulated".
 
 --model block: the transformer block (RMSNorm -> all-gather -> Q, K, V -> causal attention ->
 O -> reduce-scatter -> RMSNorm -> all-gather -> gate, up -> SiLU * mul -> down ->
@@ -43,6 +45,7 @@ set_defaults()  # (before torch and overlap_pass read the environment)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from benchmarks import emulated  # noqa: E402
 from benchmarks.measure import add_settle_argument, op_calls_since, relative_error, time_interleaved  # noqa: E402
 from benchmarks.no_comm import NoCommunication  # noqa: E402
 
@@ -188,7 +191,7 @@ def bench_size(name, args, device, mesh) -> dict:
     for layout in dict.fromkeys(_layout_of(c, args)[0] for c in compilers):
         torch.manual_seed(0)
         eager = _model(args.model, dim, heads, kv_heads, hidden, mesh, layout, args.float8).to(device=device, dtype=dtype)
-        if args.fake_world:
+        if args.fake_world or args.emulate:
             _draw_local_weights(eager)
         # [batch, seq, dim]: sequence parallel shards seq (with batch > 1 each rank's rows are not
         # one block of the gathered tensor); plain TP gives every rank the whole, the same values
@@ -360,8 +363,9 @@ def main() -> None:
         "--fake-world", type=int, default=0,
         help=f"one process, rank 0 of a fake process group of this size: times {FLOOR} alone at that world size",
     )  # fmt: skip
+    emulated.add_argument(parser)
     args = parser.parse_args()
-    if args.tokens % (args.batch * (args.fake_world or int(os.environ.get("WORLD_SIZE", 1)))):
+    if args.tokens % (args.batch * (args.fake_world or args.emulate or int(os.environ.get("WORLD_SIZE", 1)))):
         parser.error("tokens must be divisible by batch x world size")
     if args.fake_world:  # a fake group moves no data: nothing but the floor means anything
         args.compilers = FLOOR
@@ -383,8 +387,7 @@ def main() -> None:
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
         dist.init_process_group("fake", rank=0, world_size=args.fake_world, store=FakeStore())
-    else:
-        dist.init_process_group("nccl", device_id=device)
+    world = None if args.fake_world else emulated.init_process_group(device, args.emulate)
     mesh = init_device_mesh("cuda", (dist.get_world_size(),))
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -394,6 +397,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(), "world": dist.get_world_size(), "torch": torch.__version__,
         "triton": __import__("triton").__version__, "rounds": args.rounds, "calls": args.calls, "mode": args.mode,
         "autocast": args.autocast, "fake_world": args.fake_world, "float8": args.float8,
+        "emulated": world and world.describe(),
     }  # fmt: skip
     rows = []
     for name in args.sizes.split(","):
@@ -407,6 +411,8 @@ def main() -> None:
                 json.dump({"meta": meta, "rows": rows}, f, indent=1)
     if dist.get_rank() == 0 and not args.fake_world:  # (the floor alone is printed above)
         print(json.dumps(meta))
+        if world:
+            print(f"EMULATED (one GPU, rank 0 of W={world.world}):\n{world.describe()}")
         print(table(rows))
     # CUDA graphs that captured NCCL collectives (reduce-overhead) must go before the
     # communicators, or destroying them waits forever (pytorch/pytorch#115388)

@@ -6,7 +6,8 @@ replaces process-wide kernels and makes the default process group):
 Rank 0 of W: every symmetric-memory variant of overlap's two ops (called directly, and through
 the op, whose later calls replay per-call CUDA graphs), NCCL + cuBLAS and PyTorch's async TP,
 against the emulated world's values (benchmarks/emulated/timeline.py: gathered = the shard W
-times, reduce-scattered = the sum of the W chunks of the full product), on fresh random inputs,
+times, reduce-scattered = the sum of the W chunks of the full product, all-reduced = W times
+the input), on fresh random inputs,
 outputs poisoned first, calls back to back, batch 1 and 2 (one block of rows per chunk, and a
 block per batch); the same calls' rank 0 outputs in the simulated-ranks world (tests/sim_world.py),
 every rank given rank 0's inputs; and a lower bound on a communication-bound call's time, the
@@ -97,6 +98,20 @@ def reduce_scatter_cases(world: int, sim: SimWorld, group: str, failures: list) 
             check(f"W{world} matmul_reduce_scatter simulated ranks batch {batch} call {call}", got, want, failures)
 
 
+def all_reduce_cases(world: int, group: str, failures: list) -> None:
+    """The one-shot all-reduce (all peers' stores mirrored at once): W times the input, for a
+    few sizes (a program's elements and several programs'), back to back."""
+    from overlap_pass.lowering import all_reduce as ar
+
+    gen = torch.Generator(device="cuda").manual_seed(200 + world)
+    for numel in (5, 3000, 70_000):
+        for dtype in (torch.float32, torch.bfloat16):
+            for call in range(2):
+                inp = torch.randn(numel, generator=gen, device="cuda").to(dtype)
+                got = ar.one_shot(inp, "sum", world, group, outputs=poisoned(torch.empty_like(inp)))
+                check(f"W{world} all_reduce one_shot {numel} {dtype} call {call}", got, inp.float() * world, failures)
+
+
 def paced(world: int, group: str, params, failures: list) -> None:
     """A communication-bound all-gather (a matmul of 64 columns) takes at least the link's time
     for the chunks of the W - 1 peers, one after another, at rank 0."""
@@ -134,6 +149,7 @@ def main() -> int:
     failures: list = []
     all_gather_cases(world, sim, group, failures)
     reduce_scatter_cases(world, sim, group, failures)
+    all_reduce_cases(world, group, failures)
     paced(world, group, params, failures)
     sim.close()
     print(f"{len(failures)} failed: {failures}" if failures else "every check passed", flush=True)

@@ -49,7 +49,7 @@ def start(params: timeline.Parameters, device: torch.device) -> timeline.Paramet
     """Makes this process rank 0 of ``params.world`` ranks (once a process) and prints the
     parameters."""
     from overlap_pass.lowering import symm
-    from overlap_pass.templates import gemm
+    from overlap_pass.templates import all_reduce, gemm
 
     from . import asynctp, nccl, peers
 
@@ -60,6 +60,7 @@ def start(params: timeline.Parameters, device: torch.device) -> timeline.Paramet
     dist.init_process_group(nccl.BACKEND, rank=0, world_size=params.world, store=dist.HashStore())
     peers.EmulatedWorkspace.params = params
     symm.Workspace = peers.EmulatedWorkspace  # what symm.workspace() makes from now on
+    all_reduce.ONE_SHOT = peers.MirroredOneShot(all_reduce.ONE_SHOT)
     all_sms = gemm._sm_count_of
     gemm._sm_count_of = lambda index: all_sms(index) - RESERVED_SMS
     asynctp.AsyncTP(params).install()

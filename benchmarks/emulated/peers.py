@@ -122,13 +122,15 @@ class EmulatedWorkspace(symm.Workspace):
 
     def _mirror(self, copies, flag, count, stride, a_us, b_us, sender, waits_on=None) -> None:
         """On the emulation's stream: READY (once rank 0's words ``waits_on`` = (ptr tensor,
-        count, stride) are set, if given), the copies, then the landing (pacing.py)."""
+        count, stride) are set, if given; not at all for a push landing beside the last one,
+        b_us = 0), the copies, then the landing (pacing.py)."""
         wait_ptr, wait_count, wait_stride = waits_on or (flag, 0, 1)
         with self._on_emulation():
-            pacing.READY_KERNEL[(1,)](
-                self.clock, wait_ptr, wait_count, wait_stride, self.epoch, self.peer_timeouts, sender,
-                SPIN_LIMIT=config.spin_limit, num_warps=1,
-            )  # fmt: skip
+            if waits_on is not None or b_us:
+                pacing.READY_KERNEL[(1,)](
+                    self.clock, wait_ptr, wait_count, wait_stride, self.epoch, self.peer_timeouts, sender,
+                    SPIN_LIMIT=config.spin_limit, num_warps=1,
+                )  # fmt: skip
             for source, target in copies:
                 target.copy_(source)
             pacing.ARRIVE[(1,)](
@@ -158,6 +160,24 @@ class EmulatedWorkspace(symm.Workspace):
             waits_on = (self.peer_flag(owner, self.rank), 1, 1)
             self._mirror([(source, target)], flag, 1, 1, self.params.stores.latency_us, store_us, sender, waits_on)
 
+    def mirror_one_shot(self, programs: int, flag_bytes: int) -> None:
+        """The one-shot all-reduce's stores (templates/all_reduce.py), every peer's at once:
+        once each of rank 0's ``programs`` programs has stored its elements into rank 0's own
+        slot and flagged them, that slot is copied into every peer's slot of rank 0's data,
+        and each peer's flags of every program land the stores' latency and the slot's bytes
+        after (the peers' links run side by side)."""
+        world = self.world_size
+        slot = (self._data_bytes - flag_bytes) // world
+        flags = self.peer_data(self.rank, (programs * world,), torch.int32)  # [program][rank]
+        own = self.peer_data(self.rank, (slot,), torch.uint8, flag_bytes)
+        self._fork_emulation.record(torch.cuda.current_stream(self.device))
+        self.emulation.wait_event(self._fork_emulation)
+        landing_us = self.params.stores.us(slot)
+        for sender in range(1, world):
+            target = self.peer_data(self.rank, (slot,), torch.uint8, flag_bytes + sender * slot)
+            waits_on = (flags[self.rank :], programs, world) if sender == 1 else None
+            self._mirror([(own, target)], flags[sender:], programs, world, landing_us, 0.0, sender, waits_on)
+
     def leave(self) -> None:
         self._join_emulation.record(self.emulation)
         self.main.wait_event(self._join_emulation)
@@ -171,3 +191,22 @@ class EmulatedWorkspace(symm.Workspace):
                 f"{self.kind}: the emulated peers {late} of group {self.group_name} gave up waiting for "
                 "rank 0's data of a push they mirror"
             )
+
+
+class MirroredOneShot:
+    """Stands for templates/all_reduce.ONE_SHOT: a launch of the one-shot all-reduce first
+    queues its peers' mirrored stores (EmulatedWorkspace.mirror_one_shot), which its kernel
+    waits for, then launches it."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(src, out, data_ptrs, epoch, *args, **meta):
+            ws = next(w for w in symm._WORKSPACES.values() if w.epoch is epoch)
+            ws.mirror_one_shot(grid[0], meta["FLAG_BYTES"])
+            launch(src, out, data_ptrs, epoch, *args, **meta)
+
+        return run
