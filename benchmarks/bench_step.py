@@ -66,6 +66,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from benchmarks import emulated  # noqa: E402
 from benchmarks.measure import add_settle_argument, op_calls_since, time_interleaved  # noqa: E402
 
 COMPILERS = ("inductor", "async_tp", "overlap")
@@ -397,6 +398,7 @@ def main() -> None:
     add_settle_argument(parser)
     parser.add_argument("--profile", type=int, default=0, help="profile this many steps per compiler: where GPU time goes")
     parser.add_argument("--out", default="bench_step.json")
+    emulated.add_argument(parser)
     args = parser.parse_args()
     unknown = set(args.compilers.split(",")) - set(COMPILERS)
     if unknown:
@@ -411,7 +413,7 @@ def main() -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
+    world_params = emulated.init_process_group(device, args.emulate)
     world = dist.get_world_size()
     tp = args.tp or world
     if world % tp or args.seq % tp:
@@ -424,6 +426,7 @@ def main() -> None:
     meta = {
         "model": args.model, "size": args.size, "layers": args.layers, "vocab": args.vocab, "batch": args.batch, "seq": args.seq,
         "tp": tp, "dp": world // tp, "world": world, "device": torch.cuda.get_device_name(device),
+        "emulated": world_params and world_params.describe(),
         "torch": torch.__version__, "triton": triton.__version__, "rounds": args.rounds, "calls": args.calls,
     }  # fmt: skip
     recipe = _hf_recipe(args, device) if args.model == "hf" else _titan_recipe(args, mesh, device)

@@ -38,6 +38,7 @@ set_defaults()  # (before torch and overlap_pass read the environment)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from benchmarks import emulated  # noqa: E402
 from benchmarks.measure import add_settle_argument, relative_error, time_interleaved  # noqa: E402
 
 COMPILERS = ("inductor", "async_tp", "dist_gemm", "overlap")
@@ -201,6 +202,7 @@ def main() -> None:
     parser.add_argument("--out", default="bench_torchtitan.json")
     parser.add_argument("--png", default=None)
     parser.add_argument("--render", default=None, help="JSON files of earlier runs (commas): print their table, draw --png")
+    emulated.add_argument(parser)
     args = parser.parse_args()
     if args.render:
         rows = []
@@ -226,7 +228,7 @@ def main() -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank)
-    dist.init_process_group("nccl", device_id=device)
+    world_params = emulated.init_process_group(device, args.emulate)
     if args.seq % dist.get_world_size():
         parser.error("seq must be divisible by the world size")
     mesh = init_device_mesh("cuda", (dist.get_world_size(),))
@@ -234,6 +236,7 @@ def main() -> None:
         symm_mem.enable_symm_mem_for_group(dist.group.WORLD.group_name)
     meta = {
         "device": torch.cuda.get_device_name(), "world": dist.get_world_size(), "torch": torch.__version__,
+        "emulated": world_params and world_params.describe(),
         "triton": __import__("triton").__version__, "rounds": args.rounds, "calls": args.calls,
         "model": "benchmarks/titan_llama3.py (torchtitan 0.3.0's Llama 3 block and TP/SP plan)",
     }  # fmt: skip

@@ -44,6 +44,8 @@ set_defaults()  # (before torch and overlap_pass read the environment)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from benchmarks import emulated  # noqa: E402
+
 PASSES = ("forward", "backward")
 MARK = "exposed_time:"  # the profiler ranges that open each pass
 BETWEEN = "between passes"  # the range that closes one (what follows until the next pass is no pass's)
@@ -64,6 +66,8 @@ def kind_of(event: dict) -> str:
     if category == "kernel":
         if name.startswith("ncclDevKernel") or name.startswith("ncclKernel"):
             return next((kind for marker, kind in NCCL_KINDS if marker in name), "nccl")
+        if name.startswith("emulated_nccl_"):  # (benchmarks/emulated/nccl_kernel.py)
+            return next((kind for kind in ("all_gather", "reduce_scatter", "all_reduce") if kind in name), "nccl")
         if any(marker in name for marker in WAITING):
             return "waiting"
         return next((kind for marker, kind in OVERLAP_COLLECTIVES if marker in name), "compute")
@@ -342,6 +346,7 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--rank", type=int, default=0, help="the rank whose tables are printed (the JSON has every rank's)")
     parser.add_argument("--out", default="exposed_time.json")
+    emulated.add_argument(parser)
     args = parser.parse_args()
 
     import overlap_pass  # noqa: F401  (registers the backend)
@@ -354,7 +359,7 @@ def main() -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
+    world_params = emulated.init_process_group(device, args.emulate)
     world = dist.get_world_size()
     mesh = init_device_mesh("cuda", (world,))
     if hasattr(symm_mem, "enable_symm_mem_for_group"):
@@ -403,6 +408,7 @@ def main() -> None:
             "model": args.model, "layout": args.layout, "size": args.size, "tokens": args.tokens, "world": world,
             "float8": args.float8, "whole_step": args.whole_step, "printed_rank": args.rank,
             "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
+            "emulated": world_params and world_params.describe(),
             "triton": __import__("triton").__version__,
         }  # fmt: skip
         with open(args.out, "w") as f:
