@@ -176,8 +176,7 @@ def register_backend() -> None:
         return
     from torch._C._distributed_c10d import FakeProcessGroup
 
-    def create(common, backend_options):
-        make = getattr(FakeProcessGroup, "_create_internal", FakeProcessGroup)
-        return make(common.group_rank, common.group_size)
+    def create(common, backend_options):  # (as torch's own "fake" backend makes its groups)
+        return FakeProcessGroup._create_internal(common.group_rank, common.group_size, backend_options)
 
     dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu", "cuda"])
