@@ -13,6 +13,7 @@ the CPU the values come from torch's ops and nothing is timed (the CPU tests).
 """
 
 import dataclasses
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -43,6 +44,11 @@ class Collectives:
 
     def install(self) -> None:
         self._library = torch.library.Library("c10d", "IMPL")
+        with warnings.catch_warnings():  # ("Overriding a previously registered kernel": the point)
+            warnings.simplefilter("ignore", UserWarning)
+            self._register()
+
+    def _register(self) -> None:
         for name in (
             "allreduce_", "allreduce_coalesced_", "_allgather_base_", "allgather_into_tensor_coalesced_", "allgather_",
             "_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_", "alltoall_base_", "broadcast_", "barrier",
