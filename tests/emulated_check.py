@@ -14,6 +14,7 @@ every rank given rank 0's inputs; and a lower bound on a communication-bound cal
 link's time for the W - 1 chunks that reach rank 0, which only a paced emulation meets."""
 
 import sys
+import traceback
 
 from tools.run_env import set_defaults
 
@@ -147,10 +148,19 @@ def main() -> int:
 
     group = dist.group.WORLD.group_name
     failures: list = []
-    all_gather_cases(world, sim, group, failures)
-    reduce_scatter_cases(world, sim, group, failures)
-    all_reduce_cases(world, group, failures)
-    paced(world, group, params, failures)
+    cases = (
+        ("all-gather", lambda: all_gather_cases(world, sim, group, failures)),
+        ("reduce-scatter", lambda: reduce_scatter_cases(world, sim, group, failures)),
+        ("all-reduce", lambda: all_reduce_cases(world, group, failures)),
+        ("pacing", lambda: paced(world, group, params, failures)),
+    )
+    for name, run in cases:
+        try:
+            run()
+        except Exception:  # the others still run: one GPU run reports every family
+            traceback.print_exc()
+            print(f"BAD W{world} {name}: raised", flush=True)
+            failures.append(name)
     sim.close()
     print(f"{len(failures)} failed: {failures}" if failures else "every check passed", flush=True)
     return 1 if failures else 0
