@@ -48,11 +48,14 @@ def init_process_group(device: torch.device, emulate: int = 0, **changes) -> tim
 def start(params: timeline.Parameters, device: torch.device) -> timeline.Parameters:
     """Makes this process rank 0 of ``params.world`` ranks (once a process) and prints the
     parameters."""
-    from overlap_pass.lowering import symm
+    from overlap_pass.lowering import gluon_kernels, symm
     from overlap_pass.templates import all_reduce, gemm
+    from overlap_pass.templates import matmul_reduce_scatter as producer
 
     from . import asynctp, nccl, peers
 
+    if _COLLECTIVES:
+        raise RuntimeError("this process is an emulated world already")
     nccl.register_backend()
     collectives = nccl.Collectives(params)
     collectives.install()
@@ -60,7 +63,12 @@ def start(params: timeline.Parameters, device: torch.device) -> timeline.Paramet
     dist.init_process_group(nccl.BACKEND, rank=0, world_size=params.world, store=dist.HashStore())
     peers.EmulatedWorkspace.params = params
     symm.Workspace = peers.EmulatedWorkspace  # what symm.workspace() makes from now on
+    # the kernels that store into the peers: their mirrors queued once they launched
     all_reduce.ONE_SHOT = peers.MirroredOneShot(all_reduce.ONE_SHOT)
+    producer.matmul_reduce_scatter_producer = peers.MirroredProducer(producer.matmul_reduce_scatter_producer)
+    gluon = gluon_kernels.load()
+    if gluon is not None:
+        gluon.producer.matmul_reduce_scatter_pingpong = peers.MirroredProducer(gluon.producer.matmul_reduce_scatter_pingpong)
     all_sms = gemm._sm_count_of
     gemm._sm_count_of = lambda index: all_sms(index) - RESERVED_SMS
     asynctp.AsyncTP(params).install()

@@ -11,12 +11,14 @@ peer's buffer. So the handle here:
   that peer -s pulled from its own buffer);
 - paces every pull at the link's time for its bytes (timeline.Parameters.push), on the stream
   the pipeline made current for it;
-- holds the stream ``barrier_us`` at each barrier, where the mirrored peers arrive.
+- holds the stream ``barrier_us`` at a call's first barrier, where the mirrored peers arrive,
+  and ``signal_us`` at the later ones, which they reach in step.
 The native path (one CUTLASS kernel, behind an environment setting) and the multicast one are
 left off: the first would need the handle's rendezvous, the second NVLink multicast.
 """
 
 import torch
+import torch.distributed.distributed_c10d as c10d
 
 from . import pacing, timeline
 
@@ -39,11 +41,12 @@ class _PeerBuffer(torch.Tensor):
 class EmulatedHandle:
     """Stands for torch's _SymmetricMemory of a group (module docstring)."""
 
-    def __init__(self, params: timeline.Parameters, nbytes: int, device: torch.device):
-        self.params, self.rank, self.world_size, self.nbytes = params, 0, params.world, nbytes
-        self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    def __init__(self, params: timeline.Parameters, world: int, nbytes: int, device: torch.device):
+        self.params, self.rank, self.world_size, self.nbytes = params, 0, world, nbytes
+        self.buffer = torch.empty(-(-nbytes // 256) * 256, dtype=torch.uint8, device=device)
         self.stamps = torch.zeros(STAMP_SLOTS, dtype=torch.int64, device=device)
         self._pulls = 0
+        self.first_barrier = True  # of the call in progress (AsyncTP.workspace starts a call)
 
     def get_buffer(self, rank: int, sizes, dtype: torch.dtype, storage_offset: int = 0) -> torch.Tensor:
         count = 1
@@ -68,7 +71,11 @@ class EmulatedHandle:
         return target
 
     def barrier(self, channel: int = 0, timeout_ms: int = 0) -> None:
-        pacing.DELAY[(1,)](int(self.params.barrier_us * NS), num_warps=1)
+        """The peers reach a call's first barrier ``barrier_us`` after rank 0, as at overlap's;
+        the later ones, which they reach in step, cost a signal's way there and back."""
+        us = self.params.barrier_us if self.first_barrier else self.params.signal_us
+        self.first_barrier = False
+        pacing.DELAY[(1,)](int(us * NS), num_warps=1)
 
 
 class AsyncTP:
@@ -84,7 +91,9 @@ class AsyncTP:
             if torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(f"the emulated async TP workspace of {group_name} must grow while a graph is captured")
             device = torch.device("cuda", torch.cuda.current_device())
-            handle = self.handles[group_name] = EmulatedHandle(self.params, min_size, device)
+            world = c10d._resolve_process_group(group_name).size()  # (a mesh's TP group, not the world)
+            handle = self.handles[group_name] = EmulatedHandle(self.params, world, min_size, device)
+        handle.first_barrier = True  # every op takes its handle here, once a call
         return handle
 
     def install(self) -> None:

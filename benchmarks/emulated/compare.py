@@ -1,7 +1,7 @@
 """The emulated world against real ranks: a run measured on W GPUs beside the same run emulated
 on one, row by row.
 
-    python3 -m benchmarks.emulated.compare MEASURED.json EMULATED.json [--markdown]
+    python3 -m benchmarks.emulated.compare MEASURED.json EMULATED.json [--keys mm,overlap,...]
 
 Either file is a bench_ops or a bench_model JSON (any tool whose rows hold a "us" table of
 times per compiler or variant). Per row and timing: measured, emulated, error; then per row
@@ -67,6 +67,8 @@ def main() -> None:
     print("| row | timing | measured (µs) | emulated (µs) | error |\n|---|---|---|---|---|")
     errors = []
     for name, key, m, e in rows:
+        if not m or e is None:
+            continue
         error = (e - m) / m
         errors.append(abs(error))
         print(f"| {name} | {key} | {m:.0f} | {e:.0f} | {error:+.1%} |")

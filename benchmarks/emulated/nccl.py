@@ -5,10 +5,10 @@ The backend is torch's own fake process group (groups, subgroups and device mesh
 nothing moved), registered as "emulated_nccl". Every collective, whoever calls it (the classic API,
 the functional ops of DTensor and of Inductor's generated code), reaches torch's ``c10d::``
 dispatcher ops; their CPU and CUDA kernels are replaced here (process-wide, for as long as the
-world lasts) by ones that do what ProcessGroupNCCL does with streams: the collective's kernel
-(nccl_kernel.py) runs on the group's own stream after the caller's work, holding
-``nccl_sms`` SMs for NCCL's time (timeline.Parameters.nccl_us), and waiting for the returned
-work makes the caller's stream wait for it. A synchronous call runs on the caller's stream. On
+world lasts) by ones that do what ProcessGroupNCCL does with streams: on the group's own stream,
+after the caller's work, the collective writes its values with torch's kernels and then holds
+``nccl_sms`` SMs (nccl_kernel.py) until NCCL's time (timeline.Parameters.nccl_us) has passed
+since it began; waiting for the returned work makes the caller's stream wait for it. A synchronous call runs on the caller's stream. On
 the CPU the values come from torch's ops and nothing is timed (the CPU tests).
 """
 
@@ -18,16 +18,18 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from overlap_pass.lowering import symm
+
 from . import timeline
 
 # "nccl" in its name: overlap takes a group for symmetric memory by its backend's name
 BACKEND = "emulated_nccl"
 
-# (the kernels' modes and ops; nccl_kernel.py needs triton, so the CPU path does not import it)
+# how a part's values are made (_fill); nccl_kernel.py needs triton, so the CPU path does not import it
 GATHER, REDUCE_SCATTER, ALL_REDUCE, NOTHING = 0, 1, 2, 3
+STAMP_SLOTS = 1024  # collectives in flight at once, at most
 # the collective whose NCCL time a call takes (broadcasts and barriers: none, setup only)
 _TIMED_AS = {"all_gather": "all_gather", "all_to_all": "all_gather", "reduce_scatter": "reduce_scatter", "all_reduce": "all_reduce"}
-_OPS = {"SUM": 0, "AVG": 1, "MAX": 2, "MIN": 3, "PREMUL_SUM": 0, "PRODUCT": 0}
 
 
 class Collectives:
@@ -39,6 +41,8 @@ class Collectives:
         self.streams: dict[tuple[str, int], torch.cuda.Stream] = {}
         self.calls: dict[str, int] = {}
         self._library = None
+        self._stamps: dict[torch.device, torch.Tensor] = {}  # each collective's start (the GPU's timer)
+        self._slot = 0
 
     # -- installing -----------------------------------------------------------------------------
 
@@ -73,7 +77,7 @@ class Collectives:
         with torch._C._AutoDispatchBelowADInplaceOrView():  # the values are the op's, not autograd's
             if device.type != "cuda":
                 for mode, src, dst, _ in parts:
-                    _fill_on_cpu(mode, src, dst, group.size(), op)
+                    _fill(mode, src, dst, group.size(), op)
                 future = torch.futures.Future()
                 future.set_result(values)
                 return _create_work_from_future(future).boxed()
@@ -93,15 +97,22 @@ class Collectives:
         return _create_work_from_future(future).boxed()
 
     def _launch(self, kind: str, parts, world: int, op: str) -> None:
-        from . import nccl_kernel
+        """The collective's values (torch's kernels, brief) then the hold of NCCL's SMs until
+        NCCL's time has passed since it began."""
+        from . import nccl_kernel, pacing
 
+        device = parts[0][1].device
+        if device not in self._stamps:
+            self._stamps[device] = symm._lasting([0] * STAMP_SLOTS, torch.int64, device)
+        stamps, slot = self._stamps[device], self._slot % STAMP_SLOTS
+        self._slot += 1
+        pacing.STAMP[(1,)](stamps, slot, num_warps=1)
+        for mode, src, dst, _ in parts:
+            _fill(mode, src, dst, world, op)
         params = self.params if world == self.params.world else dataclasses.replace(self.params, world=world)
-        total = sum(nbytes for *_, nbytes in parts)
         timed = _TIMED_AS.get(kind)
-        for mode, src, dst, nbytes in parts:
-            # a coalesced call's parts share its one latency
-            us = params.nccl_us(timed, total) * nbytes / total if timed and total else 0.0
-            nccl_kernel.launch(mode, src, dst, world, us, params.nccl_sms, _OPS.get(op, 0))
+        us = params.nccl_us(timed, sum(nbytes for *_, nbytes in parts)) if timed else 0.0
+        nccl_kernel.hold(timed or kind, stamps, slot, us, params.nccl_sms)
 
     # -- the c10d ops -----------------------------------------------------------------------------
 
@@ -159,8 +170,8 @@ def _op_name(reduce_op) -> str:
     return dist.ReduceOp.RedOpType(int(value)).name
 
 
-def _fill_on_cpu(mode: int, src: torch.Tensor, dst: torch.Tensor, world: int, op: str) -> None:
-    """The values nccl_kernel.py writes on the GPU (timeline.py: the mirror's)."""
+def _fill(mode: int, src: torch.Tensor, dst: torch.Tensor, world: int, op: str) -> None:
+    """What a collective leaves in ``dst`` (timeline.py: the mirror's values)."""
     if mode == GATHER:
         dst.view(world, -1).copy_(src.reshape(1, -1))
     elif mode == REDUCE_SCATTER:

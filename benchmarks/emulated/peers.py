@@ -51,15 +51,17 @@ class EmulatedWorkspace(symm.Workspace):
     def __init__(self, kind: str, group_name: str, device: torch.device, group=None):
         super().__init__(kind, group_name, device, group)
         self.emulation = symm.new_stream(device)
-        self.clock = torch.zeros(pacing.CLOCK_WORDS, dtype=torch.int64, device=device)
-        self.peer_epoch = torch.zeros(1, dtype=torch.int32, device=device)
+        # (kept for good, outside CUDA graph trees' pool, as the base class keeps its words)
+        self.clock = symm._lasting([0] * pacing.CLOCK_WORDS, torch.int64, device)
+        self.peer_epoch = symm._lasting([0], torch.int32, device)
         # a word per peer: a mirrored push whose data rank 0 never flagged (rank 0's call gave up)
-        self.peer_timeouts = torch.zeros(self.world_size, dtype=torch.int32, device=device)
+        self.peer_timeouts = symm._lasting([0] * self.world_size, torch.int32, device)
         self._fork_emulation, self._join_emulation = torch.cuda.Event(), torch.cuda.Event()
-        self._push_queued = torch.cuda.Event()
+        # a push's start (rank 0's copy queued) and end (its data in the peer's buffer)
+        self._push_started, self._push_queued = torch.cuda.Event(), torch.cuda.Event()
+        self._started: set[int] = set()  # the peers whose push's start was recorded
         self._written: dict[int, list[tuple]] = {}  # peer -> views rank 0 wrote since its last signal
         self._data_bytes = 0
-        self._kernel_pushes_mirrored = False
 
     # -- memory -----------------------------------------------------------------------------
 
@@ -72,7 +74,14 @@ class EmulatedWorkspace(symm.Workspace):
 
     def _allocate(self, size: int) -> None:
         super()._allocate(size)
-        self.peer_epoch.copy_(self.epoch)  # the peers' words start where rank 0's do
+        # the peers' words start where rank 0's do: their control words, the flags of a kind
+        # that keeps some in its data, and the epoch they advance
+        world = self.world_size
+        words = (symm.CONTROL_BYTES + symm._FLAGS_IN_DATA.get(self.kind, lambda w: 0)(world)) // 4
+        for peer in range(world):
+            if peer != self.rank:
+                self._alloc.handle.get_buffer(peer, (words,), torch.int32).copy_(self.epoch.expand(words))
+        self.peer_epoch.copy_(self.epoch)
 
     # -- the protocol, with the peers' side queued beside it ------------------------------------
 
@@ -87,8 +96,8 @@ class EmulatedWorkspace(symm.Workspace):
 
     def enter(self, data_bytes: int, spin_limit: int) -> None:
         self._written.clear()
+        self._started.clear()
         self._data_bytes = data_bytes
-        self._kernel_pushes_mirrored = False
         super().enter(data_bytes, spin_limit)
 
     def barrier(self, spin_limit: int) -> None:
@@ -103,6 +112,12 @@ class EmulatedWorkspace(symm.Workspace):
 
     def peer_rows(self, peer: int, shape, dtype: torch.dtype, start: int, stop: int, offset: int = 0) -> torch.Tensor:
         if peer != self.rank:
+            stream = torch.cuda.current_stream(self.device)
+            if peer not in self._written and stream == self.side_stream:
+                # a copy-engine push: its data was ready when rank 0's copy of it was queued (a
+                # matmul writing into a peer's rows, on the caller's stream, is ready at its signal)
+                self._push_started.record(stream)
+                self._started.add(peer)
             self._written.setdefault(peer, []).append((tuple(shape), dtype, start, stop, offset))
         return super().peer_rows(peer, shape, dtype, start, stop, offset)
 
@@ -115,15 +130,19 @@ class EmulatedWorkspace(symm.Workspace):
             source = super().peer_rows(peer, shape, dtype, start, stop, offset)
             copies.append((source, super().peer_rows(self.rank, shape, dtype, start + shift, stop + shift, offset)))
         flag = self.peer_flag(self.rank, sender + (2 * self.world_size if late else 0))
-        self._push_queued.record()  # on the stream that queued rank 0's push
-        self.emulation.wait_event(self._push_queued)
+        started = peer in self._started
+        self._started.discard(peer)
+        # the push's data in the peer's rows: rank 0's copies (or matmul) queued so far
+        self._push_queued.record(torch.cuda.current_stream(self.device))
+        self.emulation.wait_event(self._push_started if started else self._push_queued)
         link_us = self.params.push.us(sum(s.numel() * s.element_size() for s, _ in copies))
-        self._mirror(copies, flag, 1, 1, link_us, link_us, sender)
+        self._mirror(copies, flag, 1, 1, link_us, link_us, sender, before_copies=self._push_queued if started else None)
 
-    def _mirror(self, copies, flag, count, stride, a_us, b_us, sender, waits_on=None) -> None:
+    def _mirror(self, copies, flag, count, stride, a_us, b_us, sender, waits_on=None, before_copies=None) -> None:
         """On the emulation's stream: READY (once rank 0's words ``waits_on`` = (ptr tensor,
         count, stride) are set, if given; not at all for a push landing beside the last one,
-        b_us = 0), the copies, then the landing (pacing.py)."""
+        b_us = 0), the copies (after the event ``before_copies``, if given: rank 0's own copy
+        of their source), then the landing (pacing.py)."""
         wait_ptr, wait_count, wait_stride = waits_on or (flag, 0, 1)
         with self._on_emulation():
             if waits_on is not None or b_us:
@@ -131,26 +150,26 @@ class EmulatedWorkspace(symm.Workspace):
                     self.clock, wait_ptr, wait_count, wait_stride, self.epoch, self.peer_timeouts, sender,
                     SPIN_LIMIT=config.spin_limit, num_warps=1,
                 )  # fmt: skip
+            if before_copies is not None:
+                self.emulation.wait_event(before_copies)
             for source, target in copies:
                 target.copy_(source)
             pacing.ARRIVE[(1,)](
                 self.clock, flag, count, stride, self.peer_epoch, int(a_us * NS), int(b_us * NS), num_warps=1
             )  # fmt: skip
 
-    def peer_flag_addresses(self) -> torch.Tensor:
-        """A producer kernel is about to store into the peers: mirror its pushes (once a call)."""
-        if not self._kernel_pushes_mirrored:
-            self._kernel_pushes_mirrored = True
-            self._mirror_kernel_pushes()
-        return super().peer_flag_addresses()
+    def fork_emulation(self) -> None:
+        """The emulation's stream from here on comes after the work queued so far on the
+        current stream (and not after what comes next: a kernel that waits for the peers)."""
+        self._fork_emulation.record(torch.cuda.current_stream(self.device))
+        self.emulation.wait_event(self._fork_emulation)
 
-    def _mirror_kernel_pushes(self) -> None:
-        if self.kind != "matmul_reduce_scatter":
-            raise NotImplementedError(f"the emulated world does not mirror {self.kind}'s kernel stores yet")
+    def mirror_producer(self) -> None:
+        """The fused reduce-scatter producer's stores (templates/matmul_reduce_scatter.py), once
+        it has launched: each partial rank 0's kernel flags in its owner's slot, copied into the
+        mirrored sender's slot of rank 0's data and flagged at the landing time."""
         world = self.world_size
         slot = self._data_bytes // (2 * world)  # recv: W slots of one partial, then staging
-        self._fork_emulation.record(self.main)
-        self.emulation.wait_event(self._fork_emulation)
         store_us = slot / (self.params.stores.gbps * 1e3)
         for owner in schedule.reduce_scatter_order(self.rank, world)[:-1]:
             sender = timeline.pushing_peer(owner, world)
@@ -170,8 +189,6 @@ class EmulatedWorkspace(symm.Workspace):
         slot = (self._data_bytes - flag_bytes) // world
         flags = self.peer_data(self.rank, (programs * world,), torch.int32)  # [program][rank]
         own = self.peer_data(self.rank, (slot,), torch.uint8, flag_bytes)
-        self._fork_emulation.record(torch.cuda.current_stream(self.device))
-        self.emulation.wait_event(self._fork_emulation)
         landing_us = self.params.stores.us(slot)
         for sender in range(1, world):
             target = self.peer_data(self.rank, (slot,), torch.uint8, flag_bytes + sender * slot)
@@ -187,16 +204,40 @@ class EmulatedWorkspace(symm.Workspace):
         super().check_timeouts()
         late = self.peer_timeouts.nonzero().flatten().tolist()
         if late:
-            raise symm.ChunkTimeout(
+            self.peer_timeouts.zero_()
+            error = (
                 f"{self.kind}: the emulated peers {late} of group {self.group_name} gave up waiting for "
                 "rank 0's data of a push they mirror"
             )
+            self.out_of_step = self.out_of_step or error  # (as a wait of rank 0's that gave up)
+            raise symm.ChunkTimeout(error)
+
+
+def _workspace_of(args, kwargs) -> EmulatedWorkspace:
+    """The workspace whose epoch a kernel launch takes among its arguments."""
+    epochs = {id(ws.epoch): ws for ws in symm._WORKSPACES.values()}
+    return next(epochs[id(a)] for a in (*args, *kwargs.values()) if id(a) in epochs)
+
+
+class MirroredProducer:
+    """Stands for templates/matmul_reduce_scatter.matmul_reduce_scatter_producer: the
+    emulation's stream forks before the launch, and the peers' mirrored stores, which the
+    kernel's own sum waits for, are queued once it has launched (a launch that raises leaves
+    nothing waiting)."""
+
+    def __init__(self, launch):
+        self.launch = launch
+
+    def __call__(self, *args, **kwargs):
+        ws = _workspace_of(args, kwargs)
+        ws.fork_emulation()
+        out = self.launch(*args, **kwargs)
+        ws.mirror_producer()
+        return out
 
 
 class MirroredOneShot:
-    """Stands for templates/all_reduce.ONE_SHOT: a launch of the one-shot all-reduce first
-    queues its peers' mirrored stores (EmulatedWorkspace.mirror_one_shot), which its kernel
-    waits for, then launches it."""
+    """Stands for templates/all_reduce.ONE_SHOT, as MirroredProducer does for the producer."""
 
     def __init__(self, kernel):
         self.kernel = kernel
@@ -204,9 +245,10 @@ class MirroredOneShot:
     def __getitem__(self, grid):
         launch = self.kernel[grid]
 
-        def run(src, out, data_ptrs, epoch, *args, **meta):
-            ws = next(w for w in symm._WORKSPACES.values() if w.epoch is epoch)
+        def run(*args, **meta):
+            ws = _workspace_of(args, meta)
+            ws.fork_emulation()
+            launch(*args, **meta)
             ws.mirror_one_shot(grid[0], meta["FLAG_BYTES"])
-            launch(src, out, data_ptrs, epoch, *args, **meta)
 
         return run

@@ -52,6 +52,9 @@ class Parameters:
     all_reduce: Link
     nccl_sms: int  # the SMs an NCCL collective's kernel holds while it runs
     source: str  # where the numbers come from
+    # a barrier that every peer has reached already: one signal's way there and back (async
+    # TP's barriers after a call's first, which its peers reach as rank 0 does)
+    signal_us: float = 3.0
 
     def nccl_us(self, collective: str, nbytes: int) -> float:
         """NCCL's time for ``collective`` over ``nbytes`` (an all-gather's output, the others'
