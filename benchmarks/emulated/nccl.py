@@ -8,8 +8,9 @@ dispatcher ops; their CPU and CUDA kernels are replaced here (process-wide, for 
 world lasts) by ones that do what ProcessGroupNCCL does with streams: on the group's own stream,
 after the caller's work, the collective writes its values with torch's kernels and then holds
 ``nccl_sms`` SMs (nccl_kernel.py) until NCCL's time (timeline.Parameters.nccl_us) has passed
-since it began; waiting for the returned work makes the caller's stream wait for it. A synchronous call runs on the caller's stream. On
-the CPU the values come from torch's ops and nothing is timed (the CPU tests).
+since it began; waiting for the returned work makes the caller's stream wait for it. A
+synchronous call runs on the caller's stream. On the CPU the values are written alike and
+nothing is timed (the CPU tests).
 """
 
 import dataclasses
