@@ -30,7 +30,9 @@ BACKEND = "emulated_nccl"
 GATHER, REDUCE_SCATTER, ALL_REDUCE, NOTHING = 0, 1, 2, 3
 STAMP_SLOTS = 1024  # collectives in flight at once, at most
 # the collective whose NCCL time a call takes (broadcasts and barriers: none, setup only)
-_TIMED_AS = {"all_gather": "all_gather", "all_to_all": "all_gather", "reduce_scatter": "reduce_scatter", "all_reduce": "all_reduce"}
+_TIMED_AS = {
+    "all_gather": "all_gather", "all_to_all": "all_gather", "reduce_scatter": "reduce_scatter", "all_reduce": "all_reduce",
+}  # fmt: skip
 
 
 class Collectives:

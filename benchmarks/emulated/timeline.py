@@ -59,7 +59,7 @@ class Parameters:
     def nccl_us(self, collective: str, nbytes: int) -> float:
         """NCCL's time for ``collective`` over ``nbytes`` (an all-gather's output, the others'
         input)."""
-        link = {"all_gather": self.all_gather, "reduce_scatter": self.reduce_scatter, "all_reduce": self.all_reduce}[collective]
+        link = getattr(self, collective)  # all_gather, reduce_scatter or all_reduce
         moved = nbytes * (self.world - 1) / self.world * (2 if collective == "all_reduce" else 1)
         return link.us(moved) if self.world > 1 else 0.0
 
