@@ -20,9 +20,11 @@ left off: the first would need the handle's rendezvous, the second NVLink multic
 import torch
 import torch.distributed.distributed_c10d as c10d
 
-from . import pacing, timeline
+from overlap_pass.lowering import symm
 
-NS = 1000
+from . import pacing, timeline
+from .peers import buffer_view
+
 STAMP_SLOTS = 256  # pulls in flight at once, at most (a CUDA graph of many calls reuses them)
 
 
@@ -44,15 +46,12 @@ class EmulatedHandle:
     def __init__(self, params: timeline.Parameters, world: int, nbytes: int, device: torch.device):
         self.params, self.rank, self.world_size, self.nbytes = params, 0, world, nbytes
         self.buffer = torch.empty(-(-nbytes // 256) * 256, dtype=torch.uint8, device=device)
-        self.stamps = torch.zeros(STAMP_SLOTS, dtype=torch.int64, device=device)
+        self.stamps = symm._lasting([0] * STAMP_SLOTS, torch.int64, device)  # (outside graph trees' pool)
         self._pulls = 0
         self.first_barrier = True  # of the call in progress (AsyncTP.workspace starts a call)
 
     def get_buffer(self, rank: int, sizes, dtype: torch.dtype, storage_offset: int = 0) -> torch.Tensor:
-        count = 1
-        for size in sizes:
-            count *= size
-        view = self.buffer.view(dtype)[storage_offset : storage_offset + count].view(sizes)
+        view = buffer_view(self.buffer, sizes, dtype, storage_offset)
         if rank == self.rank:
             return view
         peer = view.as_subclass(_PeerBuffer)
@@ -67,7 +66,7 @@ class EmulatedHandle:
         link_us = self.params.push.us(source.numel() * source.element_size())
         pacing.STAMP[(1,)](self.stamps, slot, num_warps=1)
         target.copy_(source)
-        pacing.WAIT_SINCE[(1,)](self.stamps, slot, int(link_us * NS), num_warps=1)
+        pacing.WAIT_SINCE[(1,)](self.stamps, slot, pacing.ns(link_us), num_warps=1)
         return target
 
     def barrier(self, channel: int = 0, timeout_ms: int = 0) -> None:
@@ -75,7 +74,7 @@ class EmulatedHandle:
         the later ones, which they reach in step, cost a signal's way there and back."""
         us = self.params.barrier_us if self.first_barrier else self.params.signal_us
         self.first_barrier = False
-        pacing.DELAY[(1,)](int(us * NS), num_warps=1)
+        pacing.DELAY[(1,)](pacing.ns(us), num_warps=1)
 
 
 class AsyncTP:

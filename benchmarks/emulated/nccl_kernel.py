@@ -9,7 +9,7 @@ import triton.language as tl
 
 from overlap_pass.templates.launch import DirectKernel
 
-from .pacing import _wait_until
+from .pacing import _wait_until, ns
 
 
 @triton.jit
@@ -41,4 +41,4 @@ OTHER = DirectKernel(emulated_nccl_other)
 
 def hold(collective: str, stamps, slot: int, duration_us: float, sms: int) -> None:
     """On the current stream: ``sms`` programs held until ``duration_us`` after stamps[slot]."""
-    HOLDS.get(collective, OTHER)[(max(1, sms),)](stamps, slot, int(duration_us * 1000), num_warps=1)
+    HOLDS.get(collective, OTHER)[(max(1, sms),)](stamps, slot, ns(duration_us), num_warps=1)

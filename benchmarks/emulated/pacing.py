@@ -22,6 +22,11 @@ SLACK_NS = tl.constexpr(4_000)
 POLL_LIMIT = tl.constexpr(2**31 - 1)
 
 
+def ns(us: float) -> int:
+    """µs as the kernels' int ns."""
+    return int(us * 1000)
+
+
 @triton.jit
 def _now():
     """The global timer, ns (the program id: an operand the asm needs, unused)."""

@@ -17,6 +17,7 @@ What a kind's peers push, mirrored from rank 0's:
 """
 
 import contextlib
+import math
 
 import torch
 
@@ -26,7 +27,10 @@ from overlap_pass.ops import schedule
 
 from . import pacing, timeline
 
-NS = 1000  # per µs
+def buffer_view(buffer: torch.Tensor, shape, dtype: torch.dtype, storage_offset: int = 0) -> torch.Tensor:
+    """A uint8 buffer's words of ``dtype`` from ``storage_offset`` on, as a ``shape`` tensor (what
+    torch's _SymmetricMemory.get_buffer gives)."""
+    return buffer.view(dtype)[storage_offset : storage_offset + math.prod(shape)].view(shape)
 
 
 class _LocalPeers:
@@ -36,11 +40,7 @@ class _LocalPeers:
         self.buffers = buffers
 
     def get_buffer(self, peer: int, shape, dtype: torch.dtype, storage_offset: int = 0) -> torch.Tensor:
-        words = self.buffers[peer].view(dtype)
-        count = 1
-        for size in shape:
-            count *= size
-        return words[storage_offset : storage_offset + count].view(shape)
+        return buffer_view(self.buffers[peer], shape, dtype, storage_offset)
 
 
 class EmulatedWorkspace(symm.Workspace):
@@ -106,7 +106,7 @@ class EmulatedWorkspace(symm.Workspace):
         pad = self._alloc.handle.get_buffer(self.rank, (self.world_size,), torch.int32, storage_offset=self.world_size)
         with self._on_emulation():
             pacing.PEERS_ENTER[(1,)](
-                self.clock, self.peer_epoch, pad, self.world_size, int(self.params.barrier_us * NS), num_warps=1
+                self.clock, self.peer_epoch, pad, self.world_size, pacing.ns(self.params.barrier_us), num_warps=1
             )
         super().barrier(spin_limit)
 
@@ -155,7 +155,7 @@ class EmulatedWorkspace(symm.Workspace):
             for source, target in copies:
                 target.copy_(source)
             pacing.ARRIVE[(1,)](
-                self.clock, flag, count, stride, self.peer_epoch, int(a_us * NS), int(b_us * NS), num_warps=1
+                self.clock, flag, count, stride, self.peer_epoch, pacing.ns(a_us), pacing.ns(b_us), num_warps=1
             )  # fmt: skip
 
     def fork_emulation(self) -> None:
