@@ -88,7 +88,7 @@ class Collectives:
             stream = caller
             if async_op:
                 key = (group.group_name, device.index)
-                stream = self.streams.get(key) or self.streams.setdefault(key, torch.cuda.Stream(device))
+                stream = self.streams.get(key) or self.streams.setdefault(key, symm.new_stream(device))  # (none of torch's pool)
                 stream.wait_stream(caller)
             with torch.cuda.stream(stream):
                 self._launch(kind, parts, group.size(), op)
