@@ -38,7 +38,7 @@ def _run(backend: str, layout: str, symbolic: bool) -> dict:
     """One row, in this process (whose caches the parent made empty)."""
     import torch
     import torch.distributed as dist
-    from torch._dynamo.utils import compilation_time_metrics, counters
+    from torch._dynamo.utils import compilation_time_metrics
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -79,13 +79,31 @@ def _run(backend: str, layout: str, symbolic: bool) -> dict:
     row["pass s"] = in_passes[0]
     # (torch's own timers of its compile stages: seconds summed over the compiles of the row)
     row["phases"] = {k: round(sum(v), 3) for k, v in compilation_time_metrics.items()}
-    row["frames"] = counters["stats"]["unique_graphs"]
-    row["graphs"] = sum(counters["inductor"][f"fxgraph_cache_{k}"] for k in ("hit", "miss", "bypass"))
-    for cache, prefix in (("fx", "inductor:fxgraph_cache_"), ("aot", "aot_autograd:autograd_cache_")):
-        group, _, name = prefix.partition(":")
-        row[cache] = {k: counters[group][f"{name}{k}"] for k in ("hit", "miss", "bypass")}
+    row.update(cache_counts())
     dist.destroy_process_group()
     return row
+
+
+def cache_counts() -> dict:
+    """This process's compiles so far: Dynamo's frames, Inductor's graphs, and the FX graph
+    cache's and AOTAutograd cache's hits, misses and bypasses (torch's own counters)."""
+    from torch._dynamo.utils import counters
+
+    counts = {"frames": counters["stats"]["unique_graphs"]}
+    counts["graphs"] = sum(counters["inductor"][f"fxgraph_cache_{k}"] for k in ("hit", "miss", "bypass"))
+    for cache, prefix in (("fx", "inductor:fxgraph_cache_"), ("aot", "aot_autograd:autograd_cache_")):
+        group, _, name = prefix.partition(":")
+        counts[cache] = {k: counters[group][f"{name}{k}"] for k in ("hit", "miss", "bypass")}
+    return counts
+
+
+def cache_env(caches: str) -> dict:
+    """The environment of a process whose Inductor, Triton and choice caches are under ``caches``."""
+    return {
+        **os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
+        "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
+        "OVERLAP_PASS_CHOICE_CACHE": os.path.join(caches, "choices.json"),
+    }  # fmt: skip
 
 
 def _timed(method, spent: list):
@@ -101,20 +119,15 @@ def _timed(method, spent: list):
 
 def _child(backend: str, layout: str, shapes: str, caches: str) -> dict:
     """One row in a process of its own, on the caches under ``caches``."""
-    env = {
-        **os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
-        "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
-        "OVERLAP_PASS_CHOICE_CACHE": os.path.join(caches, "choices.json"),
-    }  # fmt: skip
     command = [sys.executable, "-m", "benchmarks.compile_time", "--child", backend, layout, shapes]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, env=cache_env(caches), capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
         return {"failed": (done.stderr.strip().splitlines() or ["no output"])[-1][:160]}
     return json.loads(lines[-1])
 
 
-def _hits(row: dict) -> str:
+def hits(row: dict) -> str:
     """The caches' counts as "fx 3/0/1, aot 1/0/0" (hits / misses / bypasses)."""
     if "fx" not in row:
         return "-"
@@ -153,7 +166,7 @@ def main(argv=None) -> int:
                         tail = f" ({row['failed']})" if "failed" in row else ""
                         print(
                             f"| {backend} | {layout} | {shapes} | {run} | {cells} | {row.get('frames', '-')} | "
-                            f"{row.get('graphs', '-')} | {_hits(row)}{tail} |", flush=True,
+                            f"{row.get('graphs', '-')} | {hits(row)}{tail} |", flush=True,
                         )
                         if args.phases:
                             top = sorted(row.get("phases", {}).items(), key=lambda kv: -kv[1])[:12]

@@ -17,6 +17,8 @@ DEFAULTS = (
 )  # fmt: skip
 
 
-def set_defaults() -> None:
+def set_defaults(fused_from_first_call: bool = True) -> None:
+    """The defaults above; without ``fused_from_first_call``, the first calls as users get them."""
     for var, value in DEFAULTS:
-        os.environ.setdefault(var, value)
+        if fused_from_first_call or var != "OVERLAP_PASS_FUSED_FROM_CALL":
+            os.environ.setdefault(var, value)
