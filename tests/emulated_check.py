@@ -21,6 +21,8 @@ from tools.run_env import set_defaults
 set_defaults()  # (before torch and overlap_pass read the environment)
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.distributed._symmetric_memory  # noqa: E402, F401  (defines torch.ops.symm_mem)
 
 from tests.sim_world import SimWorld  # noqa: E402  (before the emulated world replaces symm.Workspace)
 
@@ -141,11 +143,6 @@ def main() -> int:
     torch.cuda.set_device(0)
     sim = SimWorld(world)
     params = emulated.init_process_group(torch.device("cuda", 0), world)
-    import torch.distributed as dist
-    import torch.distributed._symmetric_memory  # noqa: F401  (defines torch.ops.symm_mem)
-
-    import overlap_pass  # noqa: F401  (registers the ops)
-
     group = dist.group.WORLD.group_name
     failures: list = []
     cases = (

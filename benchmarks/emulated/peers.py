@@ -200,6 +200,25 @@ class EmulatedWorkspace(symm.Workspace):
         self.main.wait_event(self._join_emulation)
         super().leave()
 
+    def _describe_timeouts(self, timeouts: torch.Tensor) -> None:
+        try:
+            super()._describe_timeouts(timeouts)
+        except symm.ChunkTimeout as error:
+            raise symm.ChunkTimeout(f"{error} [{self.emulation_state()}]") from None
+
+    def emulation_state(self) -> str:
+        """What the peers' emulation had done when a wait gave up: the epochs, the clock, rank
+        0's flags (the peers' words for it) and rank 0's words at each peer."""
+        torch.cuda.synchronize(self.device)
+        enter, ready, landed = self.clock.tolist()
+        words = [self.peer_flag(p, 0, 3 * self.world_size).tolist() for p in range(self.world_size)]
+        return (
+            f"emulation: epoch {self.epoch.item()}, peers' epoch {self.peer_epoch.item()}, "
+            f"READY {(ready - enter) / 1e3:.1f} us and LANDED {(landed - enter) / 1e3:.1f} us after ENTER, "
+            f"peers' timeouts {self.peer_timeouts.tolist()}, control words (flags, pads, late flags) of "
+            + ", ".join(f"rank {p} {w}" for p, w in enumerate(words))
+        )
+
     def check_timeouts(self) -> None:
         super().check_timeouts()
         late = self.peer_timeouts.nonzero().flatten().tolist()
