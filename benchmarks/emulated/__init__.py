@@ -52,7 +52,7 @@ def start(params: timeline.Parameters, device: torch.device) -> timeline.Paramet
     from overlap_pass.templates import all_reduce, gemm
     from overlap_pass.templates import matmul_reduce_scatter as producer
 
-    from . import asynctp, nccl, peers
+    from . import asynctp, nccl, nccl_kernel, pacing, peers
 
     if _COLLECTIVES:
         raise RuntimeError("this process is an emulated world already")
@@ -72,5 +72,7 @@ def start(params: timeline.Parameters, device: torch.device) -> timeline.Paramet
     all_sms = gemm._sm_count_of
     gemm._sm_count_of = lambda index: all_sms(index) - RESERVED_SMS
     asynctp.AsyncTP(params).install()
+    pacing.preload(device)
+    nccl_kernel.preload(device)
     print(params.describe(), flush=True)
     return params

@@ -4,30 +4,29 @@ the collective has passed since the collective began (a stamp taken before its v
 written, nccl.py). One kernel per collective, named so that a profile tells them apart
 (benchmarks/exposed_time.py)."""
 
-import triton
 import triton.language as tl
 
 from overlap_pass.templates.launch import DirectKernel
 
-from .pacing import _wait_until, ns
+from .pacing import _wait_until, ns, unspecialized
 
 
-@triton.jit
+@unspecialized(("slot", "duration_ns"), ("stamps_ptr",))
 def emulated_nccl_all_gather(stamps_ptr, slot, duration_ns):
     _wait_until(tl.load(stamps_ptr + slot) + duration_ns)
 
 
-@triton.jit
+@unspecialized(("slot", "duration_ns"), ("stamps_ptr",))
 def emulated_nccl_reduce_scatter(stamps_ptr, slot, duration_ns):
     _wait_until(tl.load(stamps_ptr + slot) + duration_ns)
 
 
-@triton.jit
+@unspecialized(("slot", "duration_ns"), ("stamps_ptr",))
 def emulated_nccl_all_reduce(stamps_ptr, slot, duration_ns):
     _wait_until(tl.load(stamps_ptr + slot) + duration_ns)
 
 
-@triton.jit
+@unspecialized(("slot", "duration_ns"), ("stamps_ptr",))
 def emulated_nccl_other(stamps_ptr, slot, duration_ns):
     _wait_until(tl.load(stamps_ptr + slot) + duration_ns)
 
@@ -42,3 +41,13 @@ OTHER = DirectKernel(emulated_nccl_other)
 def hold(collective: str, stamps, slot: int, duration_us: float, sms: int) -> None:
     """On the current stream: ``sms`` programs held until ``duration_us`` after stamps[slot]."""
     HOLDS.get(collective, OTHER)[(max(1, sms),)](stamps, slot, ns(duration_us), num_warps=1)
+
+
+def preload(device) -> None:
+    """Compiles and loads the holds (pacing.preload says why), holding nothing."""
+    import torch
+
+    stamps = torch.zeros(1, dtype=torch.int64, device=device)
+    for kernel in (*HOLDS.values(), OTHER):
+        kernel[(1,)](stamps, 0, 0, num_warps=1)
+    torch.cuda.synchronize(device)

@@ -101,6 +101,7 @@ class EmulatedWorkspace(symm.Workspace):
         super().enter(data_bytes, spin_limit)
 
     def barrier(self, spin_limit: int) -> None:
+        self._raise_on_earlier_timeouts()  # (before the peers enter: a refused call moves nobody)
         self._fork_emulation.record(self.main)
         self.emulation.wait_event(self._fork_emulation)
         pad = self._alloc.handle.get_buffer(self.rank, (self.world_size,), torch.int32, storage_offset=self.world_size)
@@ -148,7 +149,7 @@ class EmulatedWorkspace(symm.Workspace):
             if waits_on is not None or b_us:
                 pacing.READY_KERNEL[(1,)](
                     self.clock, wait_ptr, wait_count, wait_stride, self.epoch, self.peer_timeouts, sender,
-                    SPIN_LIMIT=config.spin_limit, num_warps=1,
+                    config.spin_limit, num_warps=1,
                 )  # fmt: skip
             if before_copies is not None:
                 self.emulation.wait_event(before_copies)
