@@ -233,10 +233,11 @@ class EmulatedWorkspace(symm.Workspace):
             raise symm.ChunkTimeout(error)
 
 
-def _workspace_of(args, kwargs) -> EmulatedWorkspace:
-    """The workspace whose epoch a kernel launch takes among its arguments."""
-    epochs = {id(ws.epoch): ws for ws in symm._WORKSPACES.values()}
-    return next(epochs[id(a)] for a in (*args, *kwargs.values()) if id(a) in epochs)
+def _workspace_of(args, kwargs) -> EmulatedWorkspace | None:
+    """The emulated workspace whose epoch a kernel launch takes among its arguments; None for a
+    launch on another's (the simulated ranks' of tests/sim_world.py, whose peers are real)."""
+    epochs = {id(ws.epoch): ws for ws in symm._WORKSPACES.values() if isinstance(ws, EmulatedWorkspace)}
+    return next((epochs[id(a)] for a in (*args, *kwargs.values()) if id(a) in epochs), None)
 
 
 class MirroredProducer:
@@ -250,6 +251,8 @@ class MirroredProducer:
 
     def __call__(self, *args, **kwargs):
         ws = _workspace_of(args, kwargs)
+        if ws is None:
+            return self.launch(*args, **kwargs)
         ws.fork_emulation()
         out = self.launch(*args, **kwargs)
         ws.mirror_producer()
@@ -267,6 +270,8 @@ class MirroredOneShot:
 
         def run(*args, **meta):
             ws = _workspace_of(args, meta)
+            if ws is None:
+                return launch(*args, **meta)
             ws.fork_emulation()
             launch(*args, **meta)
             ws.mirror_one_shot(grid[0], meta["FLAG_BYTES"])
