@@ -127,32 +127,32 @@ def _child(backend: str, layout: str, shapes: str, caches: str) -> dict:
     return json.loads(lines[-1])
 
 
-def hits(row: dict) -> str:
+def _hits(row: dict) -> str:
     """The caches' counts as "fx 3/0/1, aot 1/0/0" (hits / misses / bypasses)."""
     if "fx" not in row:
         return "-"
     return ", ".join(f"{c} " + "/".join(str(row[c][k]) for k in ("hit", "miss", "bypass")) for c in ("fx", "aot"))
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser, unit: str = "run") -> None:
+    """The arguments of a table of rows (run_rows), and the hidden one of a row's process."""
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
     parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--cold-only", action="store_true", help="no warm run on the cold run's caches")
-    parser.add_argument("--phases", action="store_true", help="also print torch's timers of each compile stage")
+    parser.add_argument("--cold-only", action="store_true", help=f"no warm {unit} on the cold {unit}'s caches")
     parser.add_argument("--out", help="write the rows here as JSON")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        backend, layout, shapes = args.child
-        print(json.dumps(_run(backend, layout, shapes == "symbolic")))
-        return 0
+
+
+def run_rows(args, timed: dict, job, after_row=None) -> list:
+    """A row per layout, token counts and compiler of ``args``, cold then warm on one set of
+    caches: ``job(backend, layout, shapes, caches)`` measures it. Prints the table as it goes
+    (``timed``: a row's keys of seconds -> their columns' names; ``after_row(row)`` prints more),
+    writes the rows to ``args.out``, and returns them."""
+    print(f"| compiler | layout | token counts | caches | {' | '.join(timed.values())} | frames | Inductor graphs |"
+          " cache hits / misses / bypasses |")
+    print("|---" * (len(timed) + 7) + "|")
     rows = []
-    timed = ("first s", "same count s", "other count s", "pass s")
-    print("| compiler | layout | token counts | caches | first call s | same count s | other count s |"
-          " in overlap's passes s | frames | Inductor graphs | cache hits / misses / bypasses |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
     runs = ("cold",) if args.cold_only else ("cold", "warm")
     for layout in args.layouts.split(","):
         for shapes in args.shapes.split(","):
@@ -160,22 +160,42 @@ def main(argv=None) -> int:
                 with tempfile.TemporaryDirectory() as caches:
                     for run in runs:
                         row = {"compiler": backend, "layout": layout, "token counts": shapes, "caches": run}
-                        row.update(_child(backend, layout, shapes, caches))
+                        row.update(job(backend, layout, shapes, caches))
                         rows.append(row)
                         cells = " | ".join(f"{row[k]:.2f}" if k in row else "-" for k in timed)
                         tail = f" ({row['failed']})" if "failed" in row else ""
                         print(
                             f"| {backend} | {layout} | {shapes} | {run} | {cells} | {row.get('frames', '-')} | "
-                            f"{row.get('graphs', '-')} | {hits(row)}{tail} |", flush=True,
+                            f"{row.get('graphs', '-')} | {_hits(row)}{tail} |", flush=True,
                         )
-                        if args.phases:
-                            top = sorted(row.get("phases", {}).items(), key=lambda kv: -kv[1])[:12]
-                            print("    phases s: " + ", ".join(f"{k} {v:.2f}" for k, v in top), flush=True)
-    if rows:
-        print(f"device: {rows[0].get('device', '?')}, torch {rows[0].get('torch', '?')}")
+                        if after_row is not None:
+                            after_row(row)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.add_argument("--phases", action="store_true", help="also print torch's timers of each compile stage")
+    args = parser.parse_args(argv)
+    if args.child:
+        backend, layout, shapes = args.child
+        print(json.dumps(_run(backend, layout, shapes == "symbolic")))
+        return 0
+
+    def phases(row: dict) -> None:
+        if args.phases:
+            top = sorted(row.get("phases", {}).items(), key=lambda kv: -kv[1])[:12]
+            print("    phases s: " + ", ".join(f"{k} {v:.2f}" for k, v in top), flush=True)
+
+    timed = {"first s": "first call s", "same count s": "same count s", "other count s": "other count s",
+             "pass s": "in overlap's passes s"}  # fmt: skip
+    rows = run_rows(args, timed, _child, phases)
+    if rows:
+        print(f"device: {rows[0].get('device', '?')}, torch {rows[0].get('torch', '?')}")
     return 0
 
 

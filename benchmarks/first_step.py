@@ -27,10 +27,9 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
-from benchmarks.compile_time import BACKENDS, FIRST, LAYOUTS, SHAPES, cache_counts, cache_env, hits
+from benchmarks.compile_time import FIRST, add_arguments, cache_counts, cache_env, run_rows
 
 SPAWNED_AT = "OVERLAP_FIRST_STEP_SPAWNED_AT"
 
@@ -91,7 +90,7 @@ def _run(backend: str, layout: str, symbolic: bool, world: int) -> dict:
     return row
 
 
-def _job(backend: str, layout: str, shapes: str, world: int, caches: str, gpu: bool) -> dict:
+def _job(backend: str, layout: str, shapes: str, caches: str, world: int, gpu: bool) -> dict:
     """One row: the job's processes spawned now, on the caches under ``caches``; the slowest
     rank's times, rank 0's counts."""
     env = cache_env(caches)
@@ -127,13 +126,8 @@ def _free_port() -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backends", default=",".join(BACKENDS))
-    parser.add_argument("--layouts", default=",".join(LAYOUTS))
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    add_arguments(parser, unit="job")
     parser.add_argument("--world", type=int, default=2, help="ranks (on one GPU: an emulated world of this many)")
-    parser.add_argument("--cold-only", action="store_true", help="no warm job on the cold job's caches")
-    parser.add_argument("--out", help="write the rows here as JSON")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         backend, layout, shapes = args.child
@@ -142,30 +136,12 @@ def main(argv=None) -> int:
     import torch  # (the parent only asks which hardware the jobs get)
 
     gpu = torch.cuda.is_available()
-    timed = ("startup s", "first step s", "to first step s", "to steady s", "steady step s")
-    print(f"| compiler | layout | token counts | caches | {' | '.join(timed)} | frames | Inductor graphs |"
-          " cache hits / misses / bypasses |")
-    print("|---" * (len(timed) + 7) + "|")
-    rows = []
-    for layout in args.layouts.split(","):
-        for shapes in args.shapes.split(","):
-            for backend in args.backends.split(","):
-                with tempfile.TemporaryDirectory() as caches:
-                    for run in ("cold",) if args.cold_only else ("cold", "warm"):
-                        row = {"compiler": backend, "layout": layout, "token counts": shapes, "caches": run}
-                        row.update(_job(backend, layout, shapes, args.world, caches, gpu))
-                        rows.append(row)
-                        cells = " | ".join(f"{row[k]:.2f}" if k in row else "-" for k in timed)
-                        tail = f" ({row['failed']})" if "failed" in row else ""
-                        print(f"| {backend} | {layout} | {shapes} | {run} | {cells} | {row.get('frames', '-')} | "
-                              f"{row.get('graphs', '-')} | {hits(row)}{tail} |", flush=True)
+    timed = {k: k for k in ("startup s", "first step s", "to first step s", "to steady s", "steady step s")}
+    rows = run_rows(args, timed, lambda *row: _job(*row, args.world, gpu))
     if rows:
         where = "emulated world" if gpu else "gloo ranks"
         print(f"device: {rows[0].get('device', '?')}, {where} of {args.world}, torch {rows[0].get('torch', '?')}, "
               f"{rows[0].get('steps', '?')} steps")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
     return 0
 
 
