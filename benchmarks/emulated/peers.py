@@ -1,19 +1,20 @@
 """overlap's workspaces in the emulated world: rank 0's buffers, flags and protocol for real,
-its peers' as plain device memory of this GPU that their emulation fills.
+its peers' as plain device memory of this GPU.
 
-Rank 0's pushes land in its peers' buffers here (copy-engine copies or a producer's stores, at
-this GPU's own speed); each peer's pushes to rank 0 are rank 0's mirrored (timeline.py): the
-same bytes, copied by the copy engine on the emulation's stream from where rank 0 put them, and
-flagged by pacing.py's kernels at the time the schedule gives. The emulation's stream forks
-from the caller's at the barrier and joins it at the call's end, so a per-call CUDA graph
-(replay.py) captures it with the rest and replays it.
+Every peer is rank 0's mirror (timeline.py): what peer s pushes to rank 0 is what rank 0 pushes
+to peer q = (W - s) % W at the same step, landing s chunks along in rank 0's own data. So rank
+0's pushes are aimed there: a push rank 0 makes to peer q (a copy, a matmul or a producer
+kernel's stores) writes rank 0's own rows where peer s's push would land, and pacing.py's
+kernels raise peer s's flag at the time the schedule gives, after rank 0's write is done. Nothing
+is copied twice, and no copy of the emulation's own takes the SMs that rank 0's kernels hold
+(a same-GPU copy runs on SMs: with rank 0's persistent kernels holding all but one, a copy of
+the emulation's crawled). What rank 0's data receives is what it would receive from real peers:
+the same bytes, written once.
 
-What a kind's peers push, mirrored from rank 0's:
-- a push rank 0's host queues (an all-gather's chunk, a reduce-scatter's partial through the
-  copy engine or cuBLAS): the views of peer q that rank 0 wrote since its last signal to q,
-  into rank 0's own rows shifted by s chunks (s the pushing peer), flagged at signal time;
-- a push a kernel makes (the fused reduce-scatter producer's stores): each chunk's partial
-  from rank 0's slot of its owner once rank 0's kernel flags it there, into slot s of rank 0's.
+The one-shot all-reduce keeps its flags in its data, where a shifted write would land on them:
+its peers' stores are copies of rank 0's own slot, made by the emulation (mirror_one_shot).
+The emulation's stream forks from the caller's at the barrier and joins it at the call's end,
+so a per-call CUDA graph (replay.py) captures it with the rest and replays it.
 """
 
 import contextlib
@@ -57,10 +58,11 @@ class EmulatedWorkspace(symm.Workspace):
         # a word per peer: a mirrored push whose data rank 0 never flagged (rank 0's call gave up)
         self.peer_timeouts = symm._lasting([0] * self.world_size, torch.int32, device)
         self._fork_emulation, self._join_emulation = torch.cuda.Event(), torch.cuda.Event()
-        # a push's start (rank 0's copy queued) and end (its data in the peer's buffer)
+        # a push's start (rank 0's copy queued) and end (its data in rank 0's rows)
         self._push_started, self._push_queued = torch.cuda.Event(), torch.cuda.Event()
         self._started: set[int] = set()  # the peers whose push's start was recorded
-        self._written: dict[int, list[tuple]] = {}  # peer -> views rank 0 wrote since its last signal
+        self._written: dict[int, int] = {}  # peer -> bytes rank 0 pushed to it since its last signal
+        self._producer_copies = False  # whether the call's producer stores into the peers' own data
         self._data_bytes = 0
 
     # -- memory -----------------------------------------------------------------------------
@@ -112,32 +114,55 @@ class EmulatedWorkspace(symm.Workspace):
         super().barrier(spin_limit)
 
     def peer_rows(self, peer: int, shape, dtype: torch.dtype, start: int, stop: int, offset: int = 0) -> torch.Tensor:
-        if peer != self.rank:
-            stream = torch.cuda.current_stream(self.device)
-            if peer not in self._written and stream == self.side_stream:
-                # a copy-engine push: its data was ready when rank 0's copy of it was queued (a
-                # matmul writing into a peer's rows, on the caller's stream, is ready at its signal)
-                self._push_started.record(stream)
-                self._started.add(peer)
-            self._written.setdefault(peer, []).append((tuple(shape), dtype, start, stop, offset))
-        return super().peer_rows(peer, shape, dtype, start, stop, offset)
+        """A push to ``peer``: rank 0's own rows where the mirrored peer's push lands (module
+        docstring)."""
+        if peer == self.rank:
+            return super().peer_rows(peer, shape, dtype, start, stop, offset)
+        stream = torch.cuda.current_stream(self.device)
+        if peer not in self._written and stream == self.side_stream:
+            # a copy-engine push: its data was ready when rank 0's copy of it was queued (a
+            # matmul writing into a peer's rows, on the caller's stream, is ready at its signal)
+            self._push_started.record(stream)
+            self._started.add(peer)
+        rows = super().peer_rows(self.rank, shape, dtype, *self._landing(peer, start, stop), offset)
+        self._written[peer] = self._written.get(peer, 0) + rows.numel() * rows.element_size()
+        return rows
+
+    def _landing(self, peer: int, start: int, stop: int) -> tuple[int, int]:
+        """Rows start:stop of a push to ``peer`` as where its mirror lands at rank 0: the pushing
+        peer's chunk of rank 0's rows (rank 0's own are the first of each block)."""
+        shift = timeline.pushing_peer(peer, self.world_size) * (stop - start)
+        return start + shift, stop + shift
+
+    def peer_data_addresses(self) -> torch.Tensor:
+        """The producer kernel's peers (templates/matmul_reduce_scatter.py): the data of owner q
+        starts, for rank 0's stores, where rank 0's slot of the pushing peer starts less rank 0's
+        own slot, so a partial stored into q lands in that slot of rank 0. One table per slot
+        size (the call's). The peers' own data where that cannot be: the one-shot all-reduce's
+        (flags in its data), and slots whose bytes are no multiple of 16 (the kernel's stores
+        assume the alignment); mirror_producer then copies."""
+        slot = self._data_bytes // (2 * self.world_size)  # recv: W slots of one partial, then staging
+        self._producer_copies = self.kind in symm._FLAGS_IN_DATA or slot % 16 != 0
+        if self._producer_copies:
+            return super().peer_data_addresses()
+        table = self._tables.get(("landing", slot))
+        if table is None:
+            own = self.data((1,), torch.uint8).data_ptr()
+            ptrs = [own + timeline.pushing_peer(q, self.world_size) * slot for q in range(self.world_size)]
+            table = self._tables[("landing", slot)] = symm._lasting(ptrs, torch.int64, self.device)
+        return table
 
     def signal_peer(self, peer: int, late: bool = False) -> None:
         super().signal_peer(peer, late)
         sender = timeline.pushing_peer(peer, self.world_size)
-        copies = []
-        for shape, dtype, start, stop, offset in self._written.pop(peer, []):
-            shift = sender * (stop - start)
-            source = super().peer_rows(peer, shape, dtype, start, stop, offset)
-            copies.append((source, super().peer_rows(self.rank, shape, dtype, start + shift, stop + shift, offset)))
         flag = self.peer_flag(self.rank, sender + (2 * self.world_size if late else 0))
         started = peer in self._started
         self._started.discard(peer)
-        # the push's data in the peer's rows: rank 0's copies (or matmul) queued so far
+        # the push's data in rank 0's rows: rank 0's copies (or matmul) queued so far
         self._push_queued.record(torch.cuda.current_stream(self.device))
         self.emulation.wait_event(self._push_started if started else self._push_queued)
-        link_us = self.params.push.us(sum(s.numel() * s.element_size() for s, _ in copies))
-        self._mirror(copies, flag, 1, 1, link_us, link_us, sender, before_copies=self._push_queued if started else None)
+        link_us = self.params.push.us(self._written.pop(peer, 0))
+        self._mirror([], flag, 1, 1, link_us, link_us, sender, before_copies=self._push_queued if started else None)
 
     def _mirror(self, copies, flag, count, stride, a_us, b_us, sender, waits_on=None, before_copies=None) -> None:
         """On the emulation's stream: READY (once rank 0's words ``waits_on`` = (ptr tensor,
@@ -167,18 +192,20 @@ class EmulatedWorkspace(symm.Workspace):
 
     def mirror_producer(self) -> None:
         """The fused reduce-scatter producer's stores (templates/matmul_reduce_scatter.py), once
-        it has launched: each partial rank 0's kernel flags in its owner's slot, copied into the
-        mirrored sender's slot of rank 0's data and flagged at the landing time."""
+        it has launched: each partial rank 0's kernel flags in its owner, in the mirrored
+        sender's slot of rank 0 (peer_data_addresses; or copied there from the owner's data),
+        flagged at the landing time."""
         world = self.world_size
-        slot = self._data_bytes // (2 * world)  # recv: W slots of one partial, then staging
+        slot = self._data_bytes // (2 * world)
         store_us = slot / (self.params.stores.gbps * 1e3)
         for owner in schedule.reduce_scatter_order(self.rank, world)[:-1]:
             sender = timeline.pushing_peer(owner, world)
-            source = self.peer_data(owner, (slot,), torch.uint8, self.rank * slot)
-            target = self.peer_data(self.rank, (slot,), torch.uint8, sender * slot)
-            flag = self.peer_flag(self.rank, sender)
-            waits_on = (self.peer_flag(owner, self.rank), 1, 1)
-            self._mirror([(source, target)], flag, 1, 1, self.params.stores.latency_us, store_us, sender, waits_on)
+            copies = []
+            if self._producer_copies:
+                source = self.peer_data(owner, (slot,), torch.uint8, self.rank * slot)
+                copies.append((source, self.peer_data(self.rank, (slot,), torch.uint8, sender * slot)))
+            flag, waits_on = self.peer_flag(self.rank, sender), (self.peer_flag(owner, self.rank), 1, 1)
+            self._mirror(copies, flag, 1, 1, self.params.stores.latency_us, store_us, sender, waits_on)
 
     def mirror_one_shot(self, programs: int, flag_bytes: int) -> None:
         """The one-shot all-reduce's stores (templates/all_reduce.py), every peer's at once:
