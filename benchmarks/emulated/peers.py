@@ -124,15 +124,10 @@ class EmulatedWorkspace(symm.Workspace):
             # matmul writing into a peer's rows, on the caller's stream, is ready at its signal)
             self._push_started.record(stream)
             self._started.add(peer)
-        rows = super().peer_rows(self.rank, shape, dtype, *self._landing(peer, start, stop), offset)
+        landing = timeline.landing_rows(peer, self.world_size, start, stop)
+        rows = super().peer_rows(self.rank, shape, dtype, *landing, offset)
         self._written[peer] = self._written.get(peer, 0) + rows.numel() * rows.element_size()
         return rows
-
-    def _landing(self, peer: int, start: int, stop: int) -> tuple[int, int]:
-        """Rows start:stop of a push to ``peer`` as where its mirror lands at rank 0: the pushing
-        peer's chunk of rank 0's rows (rank 0's own are the first of each block)."""
-        shift = timeline.pushing_peer(peer, self.world_size) * (stop - start)
-        return start + shift, stop + shift
 
     def peer_data_addresses(self) -> torch.Tensor:
         """The producer kernel's peers (templates/matmul_reduce_scatter.py): the data of owner q

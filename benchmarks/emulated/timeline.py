@@ -77,6 +77,14 @@ def pushing_peer(to_peer: int, world: int) -> int:
     return (world - to_peer) % world
 
 
+def landing_rows(to_peer: int, world: int, start: int, stop: int) -> tuple[int, int]:
+    """Where rank 0's rows start:stop of a push to ``to_peer`` land as the mirrored push: the
+    pushing peer's rows of rank 0's data, that many runs of rows along (rank 0's run comes first
+    in each block of its data: an all-gather's chunk of a block, a reduce-scatter's slot)."""
+    shift = pushing_peer(to_peer, world) * (stop - start)
+    return start + shift, stop + shift
+
+
 @dataclasses.dataclass(frozen=True)
 class Push:
     """One of rank 0's pushes, in its order: to whom, how many bytes, when its data was ready

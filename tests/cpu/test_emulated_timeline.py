@@ -4,6 +4,7 @@ rank 0 when, for W = 2, 4, 8, against the protocol's own orders (overlap_pass.op
 import pytest
 
 from benchmarks.emulated import timeline
+from overlap_pass.lowering.row_layout import RowLayout
 from overlap_pass.ops import schedule
 
 LINK = timeline.Link(latency_us=5.0, gbps=400.0)
@@ -100,3 +101,21 @@ def test_every_parameter_is_described():
     text = params(8).describe()
     for name in ("W=8", "push", "stores", "barrier_us", "all_gather", "reduce_scatter", "all_reduce", "nccl_sms", "test"):
         assert name in text
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("outer", [1, 3])
+def test_rank_0s_pushes_land_once_on_every_row_of_its_peers_and_never_on_its_own(world, outer):
+    """Rank 0's pushes, aimed where the mirrored peers' land (peers.py), cover every row of its
+    data that a peer's chunk fills, each once, in the pushing peer's chunk of the same block."""
+    inner = 5
+    layout = RowLayout(outer, world, inner)
+    landed = []
+    for step in range(1, world):
+        to_peer = schedule.all_gather_peers(0, world, step)[0]
+        for block in range(outer):
+            start, stop = timeline.landing_rows(to_peer, world, *layout.block_span(0, block))
+            assert (start, stop) == layout.block_span(timeline.pushing_peer(to_peer, world), block)
+            landed += range(start, stop)
+    own = {row for block in range(outer) for row in range(*layout.block_span(0, block))}
+    assert sorted(landed) == sorted(set(range(outer * world * inner)) - own)
