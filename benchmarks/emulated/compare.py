@@ -5,7 +5,8 @@ on one, row by row.
     python3 -m benchmarks.emulated.compare benchmarks/results EMULATED_DIR    # every run of both
 
 Either file is a bench_ops or a bench_model JSON (any tool whose rows hold a "us" table of
-times per compiler or variant). Per row and timing: measured, emulated, error; then per row
+times per compiler or variant). Per row and timing: measured, emulated, error, and the host time
+of a call beside it where the runs keep one; then per row
 whether the compilers rank as measured (which is faster of each pair, and whether overlap beats
 plain Inductor); last the median and largest |error|. Given two folders, every emulated run
 (EMULATED_DIR/NAME.json, as ``EMULATE=1 OUT=EMULATED_DIR bash benchmarks/SCRIPT.sh`` writes
@@ -77,10 +78,15 @@ def print_comparison(measured: dict, emulated: dict, keys=None) -> list[tuple[st
     rows = pairs(measured, emulated, keys)
     print(f"measured: {measured['meta'].get('device')} W={measured['meta'].get('world')}; "
           f"emulated: {emulated['meta'].get('device')} W={emulated['meta'].get('world')} (EMULATED)")  # fmt: skip
-    print("| row | timing | measured (µs) | emulated (µs) | error |\n|---|---|---|---|---|")
+    # a rank's host time per call (the emulation measures rank 0's for real), where a tool keeps it
+    hosts = [{_row_name(r): r.get("host_us", {}) for r in run["rows"]} for run in (measured, emulated)]
+    print("| row | timing | measured (µs) | emulated (µs) | error | host time, measured / emulated (µs) |")
+    print("|---|---|---|---|---|---|")
     for name, key, m, e in rows:
         if m and e is not None:
-            print(f"| {name} | {key} | {m:.0f} | {e:.0f} | {(e - m) / m:+.1%} |")
+            host = [h.get(name, {}).get(key) for h in hosts]
+            host_cell = f"{host[0]:.0f} / {host[1]:.0f}" if None not in host else ""
+            print(f"| {name} | {key} | {m:.0f} | {e:.0f} | {(e - m) / m:+.1%} | {host_cell} |")
     alike = ranked_alike(rows)
     print("\nranked as measured: " + ", ".join(f"{n}: {'yes' if ok else 'NO'}" for n, ok in alike.items()))
     errors = errors_of(rows)
