@@ -178,16 +178,22 @@ def _fill(mode: int, src: torch.Tensor, dst: torch.Tensor, world: int, op: str) 
     if mode == GATHER:
         dst.view(world, -1).copy_(src.reshape(1, -1))
     elif mode == REDUCE_SCATTER:
-        chunks = src.reshape(world, -1).float()
+        # (no temporary the input's size: NCCL takes none, and the emulation's memory is rank 0's)
+        chunks = src.reshape(world, -1)
         if op == "MAX":
-            reduced = chunks.amax(0)
+            dst.view(-1).copy_(chunks.amax(0))
         elif op == "MIN":
-            reduced = chunks.amin(0)
+            dst.view(-1).copy_(chunks.amin(0))
         else:
-            reduced = chunks.sum(0) / (world if op == "AVG" else 1)
-        dst.view(-1).copy_(reduced)
+            reduced = chunks.sum(0, dtype=torch.float32)
+            dst.view(-1).copy_(reduced.div_(world) if op == "AVG" else reduced)
     elif mode == ALL_REDUCE:
-        dst.copy_(src * world if op == "SUM" and src.dtype != torch.bool else src)
+        if op != "SUM" or src.dtype == torch.bool:
+            dst.copy_(src)
+        elif dst.data_ptr() == src.data_ptr():
+            dst.mul_(world)
+        else:
+            torch.mul(src, world, out=dst)
 
 
 def register_backend() -> None:
