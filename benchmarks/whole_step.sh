@@ -22,7 +22,7 @@ done
 torchrun --nproc-per-node 2 -m benchmarks.host_cost --implementation fused --out "$OUT/host_cost_w2.json"
 torchrun --nproc-per-node 2 -m benchmarks.exposed_time --whole-step --out "$OUT/exposed_step_block8b_w2.json"
 torchrun --nproc-per-node 2 -m benchmarks.exposed_time --per-collective --out "$OUT/exposed_block8b_w2.json"
-if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
+if [ "${EMULATE:-0}" = 1 ] || [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
     torchrun --nproc-per-node 4 -m benchmarks.bench_step --tp 4 --out "$OUT/step_tp4_w4.json"
     for compiler in inductor overlap; do
         OVERLAP_PASS_CHOICE_CACHE=$(mktemp -d)/choices.json torchrun --nproc-per-node 4 -m benchmarks.bench_step \
