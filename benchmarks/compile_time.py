@@ -9,7 +9,9 @@ Triton caches, as a first run on a machine.
 
 Each row runs twice: cold (empty caches) and warm (a second process on the first one's caches:
 Inductor's FX graph cache, AOTAutograd's cache, the Triton cache), counting Inductor's graph
-compiles and each cache's hits, misses and bypasses; ``--cold-only`` skips the warm run.
+compiles and each cache's hits, misses and bypasses, and printing below it each graph's compile
+(forward or backward, seconds, and whether the FX graph cache had it); ``--cold-only`` skips the
+warm run.
 
 Each run calls the compiled block at 4096 tokens (the first call: the compile), again at 4096,
 then at 2048: with ``symbolic``, the input's token dim is marked dynamic before the first call,
@@ -21,6 +23,7 @@ plain Inductor's compile alike, and the row says so).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -69,13 +72,15 @@ def _run(backend: str, layout: str, symbolic: bool) -> dict:
         return time.perf_counter() - start
 
     row = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__}
-    try:
-        row["first s"] = call(FIRST, True)
-        row["same count s"] = call(FIRST, False)
-        row["other count s"] = call(OTHER, False)
-    except Exception as error:  # (the CPU's plain-TP training on symbolic sizes, see above)
-        lines = [line for line in str(error).splitlines() if line.strip()]  # (past a backend's "raised:")
-        row["failed"] = " ".join(lines[:2])[:160]
+    with graph_compiles() as graphs:
+        try:
+            row["first s"] = call(FIRST, True)
+            row["same count s"] = call(FIRST, False)
+            row["other count s"] = call(OTHER, False)
+        except Exception as error:  # (the CPU's plain-TP training on symbolic sizes, see above)
+            lines = [line for line in str(error).splitlines() if line.strip()]  # (past a backend's "raised:")
+            row["failed"] = " ".join(lines[:2])[:160]
+    row["per graph"] = graphs
     row["pass s"] = in_passes[0]
     # (torch's own timers of its compile stages: seconds summed over the compiles of the row)
     row["phases"] = {k: round(sum(v), 3) for k, v in compilation_time_metrics.items()}
@@ -95,6 +100,42 @@ def cache_counts() -> dict:
         group, _, name = prefix.partition(":")
         counts[cache] = {k: counters[group][f"{name}{k}"] for k in ("hit", "miss", "bypass")}
     return counts
+
+
+@contextlib.contextmanager
+def graph_compiles():
+    """Yields a list that gets, per Inductor graph compiled inside (forward, backward or
+    inference, in their order), its seconds and what the FX graph cache did for it (hit, miss,
+    bypass; "none" where the cache was not asked)."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import compile_fx
+
+    graphs: list[dict] = []
+    inner = getattr(compile_fx, "_compile_fx_inner", None)  # (each graph's compile, where torch has it)
+    if inner is None:
+        yield graphs
+        return
+
+    def timed(gm, example_inputs, **kwargs):
+        before = {k: counters["inductor"][f"fxgraph_cache_{k}"] for k in ("hit", "miss", "bypass")}
+        start = time.perf_counter()
+        try:
+            return inner(gm, example_inputs, **kwargs)
+        finally:
+            outcome = next((k for k, n in before.items() if counters["inductor"][f"fxgraph_cache_{k}"] > n), "none")
+            kind = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
+            graphs.append({"graph": kind, "s": round(time.perf_counter() - start, 3), "fx cache": outcome})
+
+    compile_fx._compile_fx_inner = timed
+    try:
+        yield graphs
+    finally:
+        compile_fx._compile_fx_inner = inner
+
+
+def describe_graphs(row: dict) -> str:
+    """A row's graphs as "forward 3.21 s miss, backward 4.02 s miss"."""
+    return ", ".join(f"{g['graph']} {g['s']:.2f} s {g['fx cache']}" for g in row.get("per graph", []))
 
 
 def cache_env(caches: str) -> dict:
@@ -168,6 +209,8 @@ def run_rows(args, timed: dict, job, after_row=None) -> list:
                             f"| {backend} | {layout} | {shapes} | {run} | {cells} | {row.get('frames', '-')} | "
                             f"{row.get('graphs', '-')} | {_hits(row)}{tail} |", flush=True,
                         )
+                        if row.get("per graph"):
+                            print(f"    graphs: {describe_graphs(row)}", flush=True)
                         if after_row is not None:
                             after_row(row)
     if args.out:

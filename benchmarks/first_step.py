@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.compile_time import FIRST, add_arguments, cache_counts, cache_env, run_rows
+from benchmarks.compile_time import FIRST, add_arguments, cache_counts, cache_env, graph_compiles, run_rows
 
 SPAWNED_AT = "OVERLAP_FIRST_STEP_SPAWNED_AT"
 
@@ -65,25 +65,27 @@ def _run(backend: str, layout: str, symbolic: bool, world: int) -> dict:
     row = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__}
     row["startup s"] = time.time() - spawned
     steps = max(config.fused_from_call, 1) + 1
-    try:
-        for step in range(steps):
-            start = time.perf_counter()
-            x = torch.randn(1, rows, dim, device=device, dtype=torch.bfloat16, requires_grad=True)
-            if symbolic and step == 0:
-                torch._dynamo.mark_dynamic(x, 1)
-            compiled(x).float().pow(2).mean().backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            if step == 0:
-                row["first step s"] = time.perf_counter() - start
-                row["to first step s"] = time.time() - spawned
-        row["to steady s"] = time.time() - spawned
-        row["steady step s"] = time.perf_counter() - start
-    except Exception as error:  # (the CPU's plain-TP training on symbolic sizes, see above)
-        lines = [line for line in str(error).splitlines() if line.strip()]
-        row["failed"] = " ".join(lines[:2])[:160]
+    with graph_compiles() as graphs:
+        try:
+            for step in range(steps):
+                start = time.perf_counter()
+                x = torch.randn(1, rows, dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+                if symbolic and step == 0:
+                    torch._dynamo.mark_dynamic(x, 1)
+                compiled(x).float().pow(2).mean().backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                if step == 0:
+                    row["first step s"] = time.perf_counter() - start
+                    row["to first step s"] = time.time() - spawned
+            row["to steady s"] = time.time() - spawned
+            row["steady step s"] = time.perf_counter() - start
+        except Exception as error:  # (the CPU's plain-TP training on symbolic sizes, see above)
+            lines = [line for line in str(error).splitlines() if line.strip()]
+            row["failed"] = " ".join(lines[:2])[:160]
+    row["per graph"] = graphs
     row["steps"] = steps
     row.update(cache_counts())
     dist.destroy_process_group()
