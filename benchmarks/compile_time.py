@@ -89,13 +89,20 @@ def _run(backend: str, layout: str, symbolic: bool) -> dict:
     return row
 
 
+def _fx_cache_counts() -> dict[str, int]:
+    """The FX graph cache's hits, misses and bypasses so far (torch's counters)."""
+    from torch._dynamo.utils import counters
+
+    return {k: counters["inductor"][f"fxgraph_cache_{k}"] for k in ("hit", "miss", "bypass")}
+
+
 def cache_counts() -> dict:
     """This process's compiles so far: Dynamo's frames, Inductor's graphs, and the FX graph
     cache's and AOTAutograd cache's hits, misses and bypasses (torch's own counters)."""
     from torch._dynamo.utils import counters
 
     counts = {"frames": counters["stats"]["unique_graphs"]}
-    counts["graphs"] = sum(counters["inductor"][f"fxgraph_cache_{k}"] for k in ("hit", "miss", "bypass"))
+    counts["graphs"] = sum(_fx_cache_counts().values())
     for cache, prefix in (("fx", "inductor:fxgraph_cache_"), ("aot", "aot_autograd:autograd_cache_")):
         group, _, name = prefix.partition(":")
         counts[cache] = {k: counters[group][f"{name}{k}"] for k in ("hit", "miss", "bypass")}
@@ -107,7 +114,6 @@ def graph_compiles():
     """Yields a list that gets, per Inductor graph compiled inside (forward, backward or
     inference, in their order), its seconds and what the FX graph cache did for it (hit, miss,
     bypass; "none" where the cache was not asked)."""
-    from torch._dynamo.utils import counters
     from torch._inductor import compile_fx
 
     graphs: list[dict] = []
@@ -117,12 +123,13 @@ def graph_compiles():
         return
 
     def timed(gm, example_inputs, **kwargs):
-        before = {k: counters["inductor"][f"fxgraph_cache_{k}"] for k in ("hit", "miss", "bypass")}
+        before = _fx_cache_counts()
         start = time.perf_counter()
         try:
             return inner(gm, example_inputs, **kwargs)
         finally:
-            outcome = next((k for k, n in before.items() if counters["inductor"][f"fxgraph_cache_{k}"] > n), "none")
+            after = _fx_cache_counts()
+            outcome = next((k for k, n in before.items() if after[k] > n), "none")
             kind = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
             graphs.append({"graph": kind, "s": round(time.perf_counter() - start, 3), "fx cache": outcome})
 

@@ -62,7 +62,6 @@ class EmulatedWorkspace(symm.Workspace):
         self._push_started, self._push_queued = torch.cuda.Event(), torch.cuda.Event()
         self._started: set[int] = set()  # the peers whose push's start was recorded
         self._written: dict[int, int] = {}  # peer -> bytes rank 0 pushed to it since its last signal
-        self._producer_copies = False  # whether the call's producer stores into the peers' own data
         self._data_bytes = 0
 
     # -- memory -----------------------------------------------------------------------------
@@ -129,16 +128,22 @@ class EmulatedWorkspace(symm.Workspace):
         self._written[peer] = self._written.get(peer, 0) + rows.numel() * rows.element_size()
         return rows
 
+    def _producer_slot(self) -> tuple[int, bool]:
+        """The call's reduce-scatter slot in bytes (its data: W slots of one partial, then
+        staging), and whether a producer's stores into the peers are aimed at rank 0's slots: not
+        for the one-shot all-reduce (flags in its data) nor for slots whose bytes are no multiple
+        of 16 (the kernel's stores assume the alignment)."""
+        slot = self._data_bytes // (2 * self.world_size)
+        return slot, self.kind not in symm._FLAGS_IN_DATA and slot % 16 == 0
+
     def peer_data_addresses(self) -> torch.Tensor:
         """The producer kernel's peers (templates/matmul_reduce_scatter.py): the data of owner q
         starts, for rank 0's stores, where rank 0's slot of the pushing peer starts less rank 0's
         own slot, so a partial stored into q lands in that slot of rank 0. One table per slot
-        size (the call's). The peers' own data where that cannot be: the one-shot all-reduce's
-        (flags in its data), and slots whose bytes are no multiple of 16 (the kernel's stores
-        assume the alignment); mirror_producer then copies."""
-        slot = self._data_bytes // (2 * self.world_size)  # recv: W slots of one partial, then staging
-        self._producer_copies = self.kind in symm._FLAGS_IN_DATA or slot % 16 != 0
-        if self._producer_copies:
+        size (the call's); the peers' own data where the stores are not aimed (_producer_slot),
+        which mirror_producer then copies."""
+        slot, aimed = self._producer_slot()
+        if not aimed:
             return super().peer_data_addresses()
         table = self._tables.get(("landing", slot))
         if table is None:
@@ -191,12 +196,12 @@ class EmulatedWorkspace(symm.Workspace):
         sender's slot of rank 0 (peer_data_addresses; or copied there from the owner's data),
         flagged at the landing time."""
         world = self.world_size
-        slot = self._data_bytes // (2 * world)
+        slot, aimed = self._producer_slot()
         store_us = slot / (self.params.stores.gbps * 1e3)
         for owner in schedule.reduce_scatter_order(self.rank, world)[:-1]:
             sender = timeline.pushing_peer(owner, world)
             copies = []
-            if self._producer_copies:
+            if not aimed:
                 source = self.peer_data(owner, (slot,), torch.uint8, self.rank * slot)
                 copies.append((source, self.peer_data(self.rank, (slot,), torch.uint8, sender * slot)))
             flag, waits_on = self.peer_flag(self.rank, sender), (self.peer_flag(owner, self.rank), 1, 1)
